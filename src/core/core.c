@@ -1,0 +1,166 @@
+/*
+ * core.c: errors (thread-local detail), counted allocation, file mapping, time and the
+ * counter-based RNG. The RNG is SplitMix64's finalizer applied to seed and counter, so a draw
+ * is a pure function of (seed, counter) with no state to carry.
+ */
+#define _GNU_SOURCE
+#include "core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { ST_ERR_CAP = 1024 };
+static _Thread_local char st_err_buf[ST_ERR_CAP];
+
+const char *st_last_error(void) { return st_err_buf; }
+
+const char *st_status_str(st_status s) {
+    switch (s) {
+    case ST_OK:
+        return "ok";
+    case ST_ERR_INVALID:
+        return "invalid argument";
+    case ST_ERR_IO:
+        return "i/o error";
+    case ST_ERR_FORMAT:
+        return "bad format";
+    case ST_ERR_NOMEM:
+        return "out of memory";
+    case ST_ERR_UNSUPPORTED:
+        return "unsupported";
+    case ST_ERR_RANGE:
+        return "out of range";
+    }
+    return "unknown status";
+}
+
+st_status st_fail(st_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st_err_buf, sizeof st_err_buf, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+void st_error_prefix(const char *fmt, ...) {
+    char old[ST_ERR_CAP];
+    memcpy(old, st_err_buf, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(st_err_buf, sizeof st_err_buf, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof st_err_buf - 3)
+        return;
+    snprintf(st_err_buf + n, sizeof st_err_buf - (size_t)n, ": %s", old);
+}
+
+static atomic_llong st_n_allocs;
+
+int64_t st_alloc_count(void) { return (int64_t)atomic_load(&st_n_allocs); }
+
+void *st_malloc(size_t size) {
+    atomic_fetch_add(&st_n_allocs, 1);
+    return malloc(size ? size : 1);
+}
+
+void *st_calloc(size_t n, size_t size) {
+    atomic_fetch_add(&st_n_allocs, 1);
+    if (n == 0 || size == 0)
+        return calloc(1, 1);
+    return calloc(n, size);
+}
+
+void *st_realloc(void *p, size_t size) {
+    atomic_fetch_add(&st_n_allocs, 1);
+    return realloc(p, size ? size : 1);
+}
+
+void st_free(void *p) { free(p); }
+
+char *st_strndup(const char *s, size_t n) {
+    char *d = st_malloc(n + 1);
+    if (!d)
+        return NULL;
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+char *st_strdup(const char *s) { return st_strndup(s, strlen(s)); }
+
+void *st_malloc_aligned(size_t size, size_t align) {
+    atomic_fetch_add(&st_n_allocs, 1);
+    void *p = NULL;
+    if (posix_memalign(&p, align, size ? size : 1) != 0)
+        return NULL;
+    return p;
+}
+
+void st_free_aligned(void *p) { free(p); }
+
+st_status st_mmap_open(const char *path, st_mmap *out) {
+    out->data = NULL;
+    out->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return st_fail(ST_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return st_fail(ST_ERR_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return st_fail(ST_ERR_FORMAT, "%s: empty file", path);
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED)
+        return st_fail(ST_ERR_IO, "%s: cannot map: %s", path, strerror(e));
+    out->data = p;
+    out->size = (size_t)st.st_size;
+    return ST_OK;
+}
+
+void st_mmap_close(st_mmap *m) {
+    if (m && m->data)
+        munmap((void *)m->data, m->size);
+    if (m) {
+        m->data = NULL;
+        m->size = 0;
+    }
+}
+
+double st_time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t st_rng_u64(uint64_t seed, uint64_t counter) {
+    return mix64(mix64(seed + 0x9e3779b97f4a7c15ULL) ^ (counter * 0xd1b54a32d192ed03ULL + 1));
+}
+
+float st_rng_uniform(uint64_t seed, uint64_t counter) {
+    return (float)(st_rng_u64(seed, counter) >> 40) * (1.0f / 16777216.0f);
+}

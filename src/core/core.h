@@ -1,0 +1,67 @@
+/*
+ * core.h: internal services every module uses: status helpers with a thread-local error detail,
+ * counted allocation, file mapping, a deterministic counter-based RNG, and the thread pool.
+ * Nothing here exits or aborts; callers get a status and a message.
+ */
+#ifndef ST_CORE_H
+#define ST_CORE_H
+
+#include "spectree.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define ST_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define ST_PRINTF(a, b)
+#endif
+
+/* Records the detail of an error for st_last_error() on this thread and returns `s`, so callers
+ * can write `return st_fail(ST_ERR_FORMAT, "%s: bad magic", path);`. */
+st_status st_fail(st_status s, const char *fmt, ...) ST_PRINTF(2, 3);
+
+/* Prefixes the current error detail with "prefix: " (for adding context, e.g. a file name). */
+void st_error_prefix(const char *fmt, ...) ST_PRINTF(1, 2);
+
+/* Counted allocation: all library heap memory goes through these (see st_alloc_count). They
+ * return NULL on failure (and on a zero size for st_malloc/st_calloc, which never happens in
+ * practice since callers plan sizes). st_malloc_checked multiplies with overflow detection. */
+void *st_malloc(size_t size);
+void *st_calloc(size_t n, size_t size);
+void *st_realloc(void *p, size_t size);
+void st_free(void *p);
+char *st_strdup(const char *s);
+char *st_strndup(const char *s, size_t n);
+/* Aligned allocation (alignment a power of two >= sizeof(void*)); free with st_free_aligned. */
+void *st_malloc_aligned(size_t size, size_t align);
+void st_free_aligned(void *p);
+
+/* Checked size arithmetic: false on overflow. */
+static inline bool st_mul_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool st_add_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* A read-only file mapping (the whole file). */
+typedef struct st_mmap {
+    const void *data;
+    size_t size;
+} st_mmap;
+st_status st_mmap_open(const char *path, st_mmap *out);
+void st_mmap_close(st_mmap *m);
+
+/* Monotonic time in seconds. */
+double st_time_now(void);
+
+/* Counter-based random numbers: a pure function of (seed, counter), so that the uniform draw for
+ * absolute position p depends only on (seed, p) (DESIGN.md invariant 1). */
+uint64_t st_rng_u64(uint64_t seed, uint64_t counter);
+/* Uniform in [0, 1) with 24 bits of resolution (exactly representable as float). */
+float st_rng_uniform(uint64_t seed, uint64_t counter);
+
+#endif /* ST_CORE_H */
