@@ -1,0 +1,738 @@
+/*
+ * gguf.c: a bounds-checked GGUF v2/v3 reader over a read-only mapping (FORMATS.md §b).
+ * One pass validates the whole header: every key, value, array and tensor info is checked
+ * against the end of the buffer before it is used, so a truncated or corrupt file gives an
+ * error naming the file and the problem, never a crash. Values are not copied: the KV table
+ * keeps offsets into the mapping.
+ */
+#include "io/gguf_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { GGUF_MAX_DIMS = 4, GGUF_MAX_NAME = 64, GGUF_DEFAULT_ALIGNMENT = 32 };
+
+typedef struct gguf_kv {
+    char *key;
+    st_gguf_type type;
+    st_gguf_type arr_type; /* for arrays */
+    int64_t n;             /* element count for arrays, 1 otherwise */
+    size_t off;            /* offset of the value (for arrays: of the first element) */
+    size_t *str_offs;      /* for arrays of strings: offset of each element's length field */
+} gguf_kv;
+
+struct st_gguf {
+    char *name;
+    st_mmap map; /* owned when opened from a path */
+    const uint8_t *data;
+    size_t size;
+    uint32_t version;
+    uint32_t alignment;
+    int64_t n_kv;
+    gguf_kv *kv;
+    int64_t n_tensors;
+    st_gguf_tensor *tensors;
+    size_t data_off; /* start of the tensor data blob */
+};
+
+/* A cursor over the buffer; every read checks the remaining length. */
+typedef struct cursor {
+    const uint8_t *p;
+    size_t size;
+    size_t off;
+    const char *name;
+} cursor;
+
+static st_status need(cursor *c, size_t n, const char *what) {
+    if (n > c->size - c->off)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: truncated file: %s at byte %zu needs %zu bytes, %zu left", c->name,
+                       what, c->off, n, c->size - c->off);
+    return ST_OK;
+}
+
+static st_status rd(cursor *c, void *dst, size_t n, const char *what) {
+    st_status s = need(c, n, what);
+    if (s)
+        return s;
+    memcpy(dst, c->p + c->off, n);
+    c->off += n;
+    return ST_OK;
+}
+
+static size_t type_size(st_gguf_type t) {
+    switch (t) {
+    case ST_GGUF_UINT8:
+    case ST_GGUF_INT8:
+    case ST_GGUF_BOOL:
+        return 1;
+    case ST_GGUF_UINT16:
+    case ST_GGUF_INT16:
+        return 2;
+    case ST_GGUF_UINT32:
+    case ST_GGUF_INT32:
+    case ST_GGUF_FLOAT32:
+        return 4;
+    case ST_GGUF_UINT64:
+    case ST_GGUF_INT64:
+    case ST_GGUF_FLOAT64:
+        return 8;
+    case ST_GGUF_STRING:
+    case ST_GGUF_ARRAY:
+        return 0;
+    }
+    return 0;
+}
+
+static bool type_valid(uint32_t t) { return t <= ST_GGUF_FLOAT64; }
+
+static const char *type_name(st_gguf_type t) {
+    static const char *names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                  "bool", "string", "array", "u64", "i64", "f64"};
+    return (unsigned)t <= ST_GGUF_FLOAT64 ? names[t] : "?";
+}
+
+/* Reads a string header: length then bytes. Returns the offset of the bytes. */
+static st_status rd_str(cursor *c, size_t *str_off, uint64_t *len, const char *what) {
+    uint64_t n;
+    st_status s = rd(c, &n, 8, what);
+    if (s)
+        return s;
+    if (n > c->size - c->off)
+        return st_fail(ST_ERR_FORMAT, "%s: %s at byte %zu has length %" PRIu64 " past end of file",
+                       c->name, what, c->off - 8, n);
+    *str_off = c->off;
+    *len = n;
+    c->off += (size_t)n;
+    return ST_OK;
+}
+
+/* Tensor type geometry: elements per block and bytes per block; 0 if unknown. */
+static void dtype_block(uint32_t type, int64_t *blk, size_t *bytes) {
+    *blk = 0;
+    *bytes = 0;
+    switch (type) {
+    case ST_DTYPE_F32:
+        *blk = 1, *bytes = 4;
+        break;
+    case ST_DTYPE_F16:
+    case ST_DTYPE_BF16:
+        *blk = 1, *bytes = 2;
+        break;
+    case ST_DTYPE_Q8_0:
+        *blk = 32, *bytes = 34;
+        break;
+    case ST_DTYPE_Q4_0:
+        *blk = 32, *bytes = 18;
+        break;
+    default:
+        break;
+    }
+}
+
+const char *st_dtype_name(uint32_t type) {
+    switch (type) {
+    case ST_DTYPE_F32:
+        return "f32";
+    case ST_DTYPE_F16:
+        return "f16";
+    case ST_DTYPE_BF16:
+        return "bf16";
+    case ST_DTYPE_Q8_0:
+        return "q8_0";
+    case ST_DTYPE_Q4_0:
+        return "q4_0";
+    case 3:
+        return "q4_1";
+    case 6:
+        return "q5_0";
+    case 7:
+        return "q5_1";
+    case 10:
+        return "q2_k";
+    case 11:
+        return "q3_k";
+    case 12:
+        return "q4_k";
+    case 13:
+        return "q5_k";
+    case 14:
+        return "q6_k";
+    default:
+        return "unsupported";
+    }
+}
+
+static st_status parse_kv(cursor *c, gguf_kv *kv, int64_t idx) {
+    size_t koff;
+    uint64_t klen;
+    st_status s = rd_str(c, &koff, &klen, "metadata key");
+    if (s)
+        return s;
+    if (klen == 0)
+        return st_fail(ST_ERR_FORMAT, "%s: metadata key %" PRId64 " is empty", c->name, idx);
+    if (memchr(c->p + koff, 0, (size_t)klen))
+        return st_fail(ST_ERR_FORMAT, "%s: metadata key %" PRId64 " contains a NUL byte", c->name,
+                       idx);
+    kv->key = st_strndup((const char *)c->p + koff, (size_t)klen);
+    if (!kv->key)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", c->name);
+    uint32_t t;
+    if ((s = rd(c, &t, 4, "metadata value type")))
+        return s;
+    if (!type_valid(t))
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has invalid value type %u", c->name, kv->key,
+                       t);
+    kv->type = (st_gguf_type)t;
+    kv->n = 1;
+    if (t == ST_GGUF_STRING) {
+        size_t so;
+        uint64_t sl;
+        kv->off = c->off;
+        return rd_str(c, &so, &sl, "string value");
+    }
+    if (t != ST_GGUF_ARRAY) {
+        kv->off = c->off;
+        if ((s = need(c, type_size(kv->type), "metadata value")))
+            return s;
+        if (t == ST_GGUF_BOOL && c->p[c->off] > 1)
+            return st_fail(ST_ERR_FORMAT, "%s: key '%s' has bool value %u (must be 0 or 1)",
+                           c->name, kv->key, c->p[c->off]);
+        c->off += type_size(kv->type);
+        return ST_OK;
+    }
+    uint32_t at;
+    uint64_t n;
+    if ((s = rd(c, &at, 4, "array element type")) || (s = rd(c, &n, 8, "array length")))
+        return s;
+    if (!type_valid(at) || at == ST_GGUF_ARRAY)
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' is an array of invalid element type %u",
+                       c->name, kv->key, at);
+    if (n > (uint64_t)INT64_MAX || n > c->size - c->off)
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s': array length %" PRIu64 " past end of file",
+                       c->name, kv->key, n);
+    kv->arr_type = (st_gguf_type)at;
+    kv->n = (int64_t)n;
+    kv->off = c->off;
+    if (at != ST_GGUF_STRING) {
+        size_t bytes;
+        if (!st_mul_size((size_t)n, type_size(kv->arr_type), &bytes))
+            return st_fail(ST_ERR_FORMAT, "%s: key '%s': array too large", c->name, kv->key);
+        if ((s = need(c, bytes, "array data")))
+            return s;
+        if (at == ST_GGUF_BOOL)
+            for (size_t i = 0; i < bytes; i++)
+                if (c->p[c->off + i] > 1)
+                    return st_fail(ST_ERR_FORMAT, "%s: key '%s': bool element %zu is %u", c->name,
+                                   kv->key, i, c->p[c->off + i]);
+        c->off += bytes;
+        return ST_OK;
+    }
+    /* Each string takes at least 8 bytes, so n is bounded by the file size checked above. */
+    kv->str_offs = st_malloc((size_t)(n ? n : 1) * sizeof(size_t));
+    if (!kv->str_offs)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory for array '%s'", c->name, kv->key);
+    for (uint64_t i = 0; i < n; i++) {
+        size_t so;
+        uint64_t sl;
+        kv->str_offs[i] = c->off;
+        if ((s = rd_str(c, &so, &sl, "array string")))
+            return s;
+    }
+    return ST_OK;
+}
+
+static st_status parse_tensor(cursor *c, st_gguf_tensor *t, int64_t idx) {
+    size_t noff;
+    uint64_t nlen;
+    st_status s = rd_str(c, &noff, &nlen, "tensor name");
+    if (s)
+        return s;
+    if (nlen == 0 || nlen >= GGUF_MAX_NAME || memchr(c->p + noff, 0, (size_t)nlen))
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: tensor %" PRId64 " has an invalid name (length %" PRIu64
+                       ", must be 1..%d bytes without NUL)",
+                       c->name, idx, nlen, GGUF_MAX_NAME - 1);
+    t->name = st_strndup((const char *)c->p + noff, (size_t)nlen);
+    if (!t->name)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", c->name);
+    if ((s = rd(c, &t->n_dims, 4, "tensor dimension count")))
+        return s;
+    if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has %u dimensions (must be 1..4)", c->name,
+                       t->name, t->n_dims);
+    int64_t nel = 1;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++)
+        t->ne[d] = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++) {
+        if ((s = rd(c, &t->ne[d], 8, "tensor dimension")))
+            return s;
+        if (t->ne[d] < 0)
+            return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has negative dimension %" PRId64,
+                           c->name, t->name, t->ne[d]);
+        if (t->ne[d] != 0 && nel > INT64_MAX / t->ne[d])
+            return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has too many elements", c->name,
+                           t->name);
+        nel *= t->ne[d];
+    }
+    if ((s = rd(c, &t->type, 4, "tensor type")) || (s = rd(c, &t->offset, 8, "tensor offset")))
+        return s;
+    int64_t blk;
+    size_t bb;
+    dtype_block(t->type, &blk, &bb);
+    if (blk == 0)
+        return st_fail(ST_ERR_UNSUPPORTED,
+                       "%s: tensor '%s' has type %s (id %u); supported: f32, f16, bf16, q8_0, q4_0",
+                       c->name, t->name, st_dtype_name(t->type), t->type);
+    if (t->ne[0] % blk != 0)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: tensor '%s': row length %" PRId64 " is not a multiple of the %s block "
+                       "size %" PRId64,
+                       c->name, t->name, t->ne[0], st_dtype_name(t->type), blk);
+    if (!st_mul_size((size_t)(nel / blk), bb, &t->size))
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is too large", c->name, t->name);
+    return ST_OK;
+}
+
+void st_gguf_free(st_gguf *g) {
+    if (!g)
+        return;
+    if (g->kv)
+        for (int64_t i = 0; i < g->n_kv; i++) {
+            st_free(g->kv[i].key);
+            st_free(g->kv[i].str_offs);
+        }
+    st_free(g->kv);
+    if (g->tensors)
+        for (int64_t i = 0; i < g->n_tensors; i++)
+            st_free((char *)g->tensors[i].name);
+    st_free(g->tensors);
+    st_mmap_close(&g->map);
+    st_free(g->name);
+    st_free(g);
+}
+
+static st_status gguf_parse(st_gguf *g) {
+    cursor c = {g->data, g->size, 0, g->name};
+    char magic[4];
+    st_status s = rd(&c, magic, 4, "magic");
+    if (s)
+        return s;
+    if (memcmp(magic, "GGUF", 4) != 0)
+        return st_fail(ST_ERR_FORMAT, "%s: not a GGUF file (bad magic)", g->name);
+    if ((s = rd(&c, &g->version, 4, "version")))
+        return s;
+    if (g->version != 2 && g->version != 3) {
+        if (g->version == 0x03000000u || g->version == 0x02000000u)
+            return st_fail(ST_ERR_UNSUPPORTED, "%s: big-endian GGUF files are not supported",
+                           g->name);
+        return st_fail(ST_ERR_UNSUPPORTED, "%s: GGUF version %u is not supported (2 or 3)", g->name,
+                       g->version);
+    }
+    int64_t nt, nkv;
+    if ((s = rd(&c, &nt, 8, "tensor count")) || (s = rd(&c, &nkv, 8, "metadata count")))
+        return s;
+    /* Each KV takes at least 8+1+4+1 bytes and each tensor info 8+1+4+8+4+8 bytes. */
+    if (nkv < 0 || (uint64_t)nkv > g->size / 14)
+        return st_fail(ST_ERR_FORMAT, "%s: invalid metadata count %" PRId64, g->name, nkv);
+    if (nt < 0 || (uint64_t)nt > g->size / 33)
+        return st_fail(ST_ERR_FORMAT, "%s: invalid tensor count %" PRId64, g->name, nt);
+    g->kv = st_calloc((size_t)(nkv ? nkv : 1), sizeof *g->kv);
+    g->tensors = st_calloc((size_t)(nt ? nt : 1), sizeof *g->tensors);
+    if (!g->kv || !g->tensors)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", g->name);
+    for (int64_t i = 0; i < nkv; i++) {
+        g->n_kv = i + 1;
+        if ((s = parse_kv(&c, &g->kv[i], i)))
+            return s;
+        for (int64_t j = 0; j < i; j++)
+            if (strcmp(g->kv[j].key, g->kv[i].key) == 0)
+                return st_fail(ST_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->name,
+                               g->kv[i].key);
+    }
+    g->alignment = GGUF_DEFAULT_ALIGNMENT;
+    int64_t ai = st_gguf_find(g, "general.alignment");
+    if (ai >= 0) {
+        if (g->kv[ai].type != ST_GGUF_UINT32)
+            return st_fail(ST_ERR_FORMAT, "%s: general.alignment has type %s, expected u32",
+                           g->name, type_name(g->kv[ai].type));
+        memcpy(&g->alignment, g->data + g->kv[ai].off, 4);
+        if (g->alignment == 0 || (g->alignment & (g->alignment - 1)) != 0)
+            return st_fail(ST_ERR_FORMAT, "%s: general.alignment %u is not a power of two", g->name,
+                           g->alignment);
+    }
+    for (int64_t i = 0; i < nt; i++) {
+        g->n_tensors = i + 1;
+        if ((s = parse_tensor(&c, &g->tensors[i], i)))
+            return s;
+        for (int64_t j = 0; j < i; j++)
+            if (strcmp(g->tensors[j].name, g->tensors[i].name) == 0)
+                return st_fail(ST_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->name,
+                               g->tensors[i].name);
+    }
+    if (nt == 0) {
+        g->data_off = c.off; /* vocab-only file: no padding required after the KV section */
+        return ST_OK;
+    }
+    size_t pad = (g->alignment - c.off % g->alignment) % g->alignment;
+    if (pad > g->size - c.off)
+        return st_fail(ST_ERR_FORMAT, "%s: truncated file: tensor data would start past the end",
+                       g->name);
+    g->data_off = c.off + pad;
+    size_t blob = g->size - g->data_off;
+    for (int64_t i = 0; i < nt; i++) {
+        st_gguf_tensor *t = &g->tensors[i];
+        if (t->offset % g->alignment != 0)
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: tensor '%s' offset %" PRIu64
+                           " is not a multiple of the alignment %u",
+                           g->name, t->name, t->offset, g->alignment);
+        if (t->offset > blob || t->size > blob - t->offset)
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: tensor '%s' (offset %" PRIu64
+                           ", %zu bytes) extends past end of file",
+                           g->name, t->name, t->offset, t->size);
+        t->data = g->data + g->data_off + t->offset;
+    }
+    return ST_OK;
+}
+
+static st_status gguf_open_common(st_gguf *g, st_gguf **out) {
+    st_status s = gguf_parse(g);
+    if (s) {
+        st_gguf_free(g);
+        return s;
+    }
+    *out = g;
+    return ST_OK;
+}
+
+st_status st_gguf_open_memory(const void *data, size_t size, const char *name, st_gguf **out) {
+    if (!out)
+        return st_fail(ST_ERR_INVALID, "st_gguf_open_memory: out is NULL");
+    *out = NULL;
+    if (!name)
+        name = "<memory>";
+    if (!data && size)
+        return st_fail(ST_ERR_INVALID, "%s: NULL buffer", name);
+    st_gguf *g = st_calloc(1, sizeof *g);
+    if (!g || !(g->name = st_strdup(name))) {
+        st_free(g);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
+    }
+    g->data = data;
+    g->size = size;
+    return gguf_open_common(g, out);
+}
+
+st_status st_gguf_open(const char *path, st_gguf **out) {
+    if (!out || !path)
+        return st_fail(ST_ERR_INVALID, "st_gguf_open: NULL argument");
+    *out = NULL;
+    st_gguf *g = st_calloc(1, sizeof *g);
+    if (!g || !(g->name = st_strdup(path))) {
+        st_free(g);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
+    }
+    st_status s = st_mmap_open(path, &g->map);
+    if (s) {
+        st_gguf_free(g);
+        return s;
+    }
+    g->data = g->map.data;
+    g->size = g->map.size;
+    return gguf_open_common(g, out);
+}
+
+const char *st_gguf_name(const st_gguf *g) { return g->name; }
+uint32_t st_gguf_version(const st_gguf *g) { return g->version; }
+int64_t st_gguf_n_kv(const st_gguf *g) { return g->n_kv; }
+int64_t st_gguf_n_tensors(const st_gguf *g) { return g->n_tensors; }
+uint32_t st_gguf_alignment(const st_gguf *g) { return g->alignment; }
+size_t st_gguf_data_offset(const st_gguf *g) { return g->data_off; }
+
+int64_t st_gguf_find(const st_gguf *g, const char *key) {
+    for (int64_t i = 0; i < g->n_kv; i++)
+        if (strcmp(g->kv[i].key, key) == 0)
+            return i;
+    return -1;
+}
+
+const char *st_gguf_key(const st_gguf *g, int64_t i) {
+    return (i >= 0 && i < g->n_kv) ? g->kv[i].key : NULL;
+}
+
+st_gguf_type st_gguf_kv_type(const st_gguf *g, int64_t i) {
+    return (i >= 0 && i < g->n_kv) ? g->kv[i].type : (st_gguf_type)-1;
+}
+
+st_gguf_type st_gguf_arr_type(const st_gguf *g, int64_t i) {
+    return (i >= 0 && i < g->n_kv && g->kv[i].type == ST_GGUF_ARRAY) ? g->kv[i].arr_type
+                                                                     : (st_gguf_type)-1;
+}
+
+int64_t st_gguf_arr_len(const st_gguf *g, int64_t i) {
+    return (i >= 0 && i < g->n_kv && g->kv[i].type == ST_GGUF_ARRAY) ? g->kv[i].n : -1;
+}
+
+/* Reads one numeric element of type t at p as double; false for non-numeric types. */
+static bool num_at(st_gguf_type t, const uint8_t *p, double *out) {
+    union {
+        uint8_t u8;
+        int8_t i8;
+        uint16_t u16;
+        int16_t i16;
+        uint32_t u32;
+        int32_t i32;
+        float f32;
+        uint64_t u64;
+        int64_t i64;
+        double f64;
+    } v;
+    size_t n = type_size(t);
+    if (n == 0)
+        return false;
+    memcpy(&v, p, n);
+    switch (t) {
+    case ST_GGUF_UINT8:
+    case ST_GGUF_BOOL:
+        *out = v.u8;
+        return true;
+    case ST_GGUF_INT8:
+        *out = v.i8;
+        return true;
+    case ST_GGUF_UINT16:
+        *out = v.u16;
+        return true;
+    case ST_GGUF_INT16:
+        *out = v.i16;
+        return true;
+    case ST_GGUF_UINT32:
+        *out = v.u32;
+        return true;
+    case ST_GGUF_INT32:
+        *out = v.i32;
+        return true;
+    case ST_GGUF_FLOAT32:
+        *out = v.f32;
+        return true;
+    case ST_GGUF_UINT64:
+        *out = (double)v.u64;
+        return true;
+    case ST_GGUF_INT64:
+        *out = (double)v.i64;
+        return true;
+    case ST_GGUF_FLOAT64:
+        *out = v.f64;
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool is_int_type(st_gguf_type t) {
+    return t == ST_GGUF_UINT8 || t == ST_GGUF_INT8 || t == ST_GGUF_UINT16 || t == ST_GGUF_INT16 ||
+           t == ST_GGUF_UINT32 || t == ST_GGUF_INT32 || t == ST_GGUF_UINT64 || t == ST_GGUF_INT64;
+}
+
+static st_status find_typed(const st_gguf *g, const char *key, int64_t *idx) {
+    *idx = st_gguf_find(g, key);
+    if (*idx < 0)
+        return st_fail(ST_ERR_FORMAT, "%s: missing metadata key '%s'", g->name, key);
+    return ST_OK;
+}
+
+st_status st_gguf_get_i64(const st_gguf *g, const char *key, int64_t *out) {
+    int64_t i;
+    st_status s = find_typed(g, key, &i);
+    if (s)
+        return s;
+    const gguf_kv *kv = &g->kv[i];
+    if (!is_int_type(kv->type))
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected an integer", g->name, key,
+                       type_name(kv->type));
+    const uint8_t *p = g->data + kv->off;
+    if (kv->type == ST_GGUF_UINT64) {
+        uint64_t u;
+        memcpy(&u, p, 8);
+        if (u > (uint64_t)INT64_MAX)
+            return st_fail(ST_ERR_FORMAT, "%s: key '%s' value %" PRIu64 " is too large", g->name,
+                           key, u);
+        *out = (int64_t)u;
+    } else if (kv->type == ST_GGUF_INT64) {
+        memcpy(out, p, 8);
+    } else {
+        double d;
+        num_at(kv->type, p, &d);
+        *out = (int64_t)d;
+    }
+    return ST_OK;
+}
+
+st_status st_gguf_get_u32(const st_gguf *g, const char *key, uint32_t *out) {
+    int64_t v;
+    st_status s = st_gguf_get_i64(g, key, &v);
+    if (s)
+        return s;
+    if (v < 0 || v > (int64_t)UINT32_MAX)
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' value %" PRId64 " is out of range", g->name,
+                       key, v);
+    *out = (uint32_t)v;
+    return ST_OK;
+}
+
+st_status st_gguf_get_f32(const st_gguf *g, const char *key, float *out) {
+    int64_t i;
+    st_status s = find_typed(g, key, &i);
+    if (s)
+        return s;
+    const gguf_kv *kv = &g->kv[i];
+    if (kv->type != ST_GGUF_FLOAT32 && kv->type != ST_GGUF_FLOAT64)
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected a float", g->name, key,
+                       type_name(kv->type));
+    double d;
+    num_at(kv->type, g->data + kv->off, &d);
+    *out = (float)d;
+    return ST_OK;
+}
+
+st_status st_gguf_get_bool(const st_gguf *g, const char *key, int *out) {
+    int64_t i;
+    st_status s = find_typed(g, key, &i);
+    if (s)
+        return s;
+    if (g->kv[i].type != ST_GGUF_BOOL)
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected bool", g->name, key,
+                       type_name(g->kv[i].type));
+    *out = g->data[g->kv[i].off] != 0;
+    return ST_OK;
+}
+
+st_status st_gguf_get_str(const st_gguf *g, const char *key, st_gguf_str *out) {
+    int64_t i;
+    st_status s = find_typed(g, key, &i);
+    if (s)
+        return s;
+    if (g->kv[i].type != ST_GGUF_STRING)
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected string", g->name, key,
+                       type_name(g->kv[i].type));
+    uint64_t n;
+    memcpy(&n, g->data + g->kv[i].off, 8);
+    out->ptr = (const char *)g->data + g->kv[i].off + 8;
+    out->len = n;
+    return ST_OK;
+}
+
+st_status st_gguf_arr_str(const st_gguf *g, int64_t kv, int64_t i, st_gguf_str *out) {
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
+        g->kv[kv].arr_type != ST_GGUF_STRING)
+        return st_fail(ST_ERR_FORMAT, "%s: metadata %" PRId64 " is not an array of strings",
+                       g->name, kv);
+    if (i < 0 || i >= g->kv[kv].n)
+        return st_fail(ST_ERR_RANGE, "%s: key '%s': index %" PRId64 " out of range (%" PRId64 ")",
+                       g->name, g->kv[kv].key, i, g->kv[kv].n);
+    size_t o = g->kv[kv].str_offs[i];
+    uint64_t n;
+    memcpy(&n, g->data + o, 8);
+    out->ptr = (const char *)g->data + o + 8;
+    out->len = n;
+    return ST_OK;
+}
+
+st_status st_gguf_arr_num(const st_gguf *g, int64_t kv, int64_t i, double *out) {
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
+        type_size(g->kv[kv].arr_type) == 0)
+        return st_fail(ST_ERR_FORMAT, "%s: metadata %" PRId64 " is not a numeric array", g->name,
+                       kv);
+    if (i < 0 || i >= g->kv[kv].n)
+        return st_fail(ST_ERR_RANGE, "%s: key '%s': index %" PRId64 " out of range (%" PRId64 ")",
+                       g->name, g->kv[kv].key, i, g->kv[kv].n);
+    size_t es = type_size(g->kv[kv].arr_type);
+    num_at(g->kv[kv].arr_type, g->data + g->kv[kv].off + (size_t)i * es, out);
+    return ST_OK;
+}
+
+const void *st_gguf_arr_data(const st_gguf *g, int64_t kv) {
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
+        type_size(g->kv[kv].arr_type) == 0)
+        return NULL;
+    return g->data + g->kv[kv].off;
+}
+
+/* Appends printable text of a string value (escaping control bytes), at most `max` bytes. */
+static int put_str(char *buf, size_t cap, int n, const char *s, uint64_t len, uint64_t max) {
+    for (uint64_t i = 0; i < len && i < max && (size_t)n + 5 < cap; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x20 || ch == 0x7f)
+            n += snprintf(buf + n, cap - (size_t)n, "\\x%02x", ch);
+        else
+            buf[n++] = (char)ch;
+    }
+    if (len > max && (size_t)n + 4 < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "...");
+    buf[n] = 0;
+    return n;
+}
+
+int st_gguf_format_value(const st_gguf *g, int64_t i, char *buf, size_t cap) {
+    if (cap == 0)
+        return 0;
+    buf[0] = 0;
+    if (i < 0 || i >= g->n_kv)
+        return 0;
+    const gguf_kv *kv = &g->kv[i];
+    int n = 0;
+    if (kv->type == ST_GGUF_STRING) {
+        uint64_t len;
+        memcpy(&len, g->data + kv->off, 8);
+        return put_str(buf, cap, 0, (const char *)g->data + kv->off + 8, len, 200);
+    }
+    if (kv->type != ST_GGUF_ARRAY) {
+        double d;
+        num_at(kv->type, g->data + kv->off, &d);
+        if (kv->type == ST_GGUF_BOOL)
+            n = snprintf(buf, cap, "%s", d != 0 ? "true" : "false");
+        else if (kv->type == ST_GGUF_FLOAT32 || kv->type == ST_GGUF_FLOAT64)
+            n = snprintf(buf, cap, "%g", d);
+        else if (kv->type == ST_GGUF_UINT64) {
+            uint64_t u;
+            memcpy(&u, g->data + kv->off, 8);
+            n = snprintf(buf, cap, "%" PRIu64, u);
+        } else if (kv->type == ST_GGUF_INT64) {
+            int64_t v;
+            memcpy(&v, g->data + kv->off, 8);
+            n = snprintf(buf, cap, "%" PRId64, v);
+        } else
+            n = snprintf(buf, cap, "%.0f", d);
+        return n < 0 ? 0 : (n >= (int)cap ? (int)cap - 1 : n);
+    }
+    n = snprintf(buf, cap, "[%s x %" PRId64 "]", type_name(kv->arr_type), kv->n);
+    for (int64_t k = 0; k < kv->n && k < 5 && n > 0 && (size_t)n + 8 < cap; k++) {
+        n += snprintf(buf + n, cap - (size_t)n, k ? ", " : " ");
+        if (kv->arr_type == ST_GGUF_STRING) {
+            st_gguf_str s;
+            st_gguf_arr_str(g, i, k, &s);
+            n = put_str(buf, cap, n, s.ptr, s.len, 24);
+        } else {
+            double d;
+            st_gguf_arr_num(g, i, k, &d);
+            n += snprintf(buf + n, cap - (size_t)n, "%g", d);
+        }
+    }
+    if (kv->n > 5 && n > 0 && (size_t)n + 5 < cap)
+        n += snprintf(buf + n, cap - (size_t)n, ", ...");
+    return n < 0 ? 0 : (n >= (int)cap ? (int)cap - 1 : n);
+}
+
+const st_gguf_tensor *st_gguf_tensor_at(const st_gguf *g, int64_t i) {
+    return (i >= 0 && i < g->n_tensors) ? &g->tensors[i] : NULL;
+}
+
+const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name) {
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (strcmp(g->tensors[i].name, name) == 0)
+            return &g->tensors[i];
+    return NULL;
+}

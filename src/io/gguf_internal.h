@@ -1,0 +1,10 @@
+/* gguf_internal.h: internal additions to the public GGUF reader (file name, data offset). */
+#ifndef ST_GGUF_INTERNAL_H
+#define ST_GGUF_INTERNAL_H
+#include "core/core.h"
+
+/* The name the file was opened with (used to prefix error messages). */
+const char *st_gguf_name(const st_gguf *g);
+/* Byte offset of the tensor data blob from the start of the file. */
+size_t st_gguf_data_offset(const st_gguf *g);
+#endif
