@@ -163,6 +163,114 @@ const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name);
  * buffer per id range so it is always a valid string). */
 const char *st_dtype_name(uint32_t type);
 
+/* ---------------------------------------------------------------------------------------------
+ * Models
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct st_model st_model;
+typedef struct st_tokenizer st_tokenizer;
+
+/* Hyper-parameters of a loaded Llama model (names as in STYLE.md). */
+typedef struct st_model_hparams {
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t n_ctx_train; /* llama.context_length */
+    int32_t n_rot;       /* llama.rope.dimension_count (= head_dim) */
+    float rope_base;     /* llama.rope.freq_base, default 10000 */
+    float rms_eps;       /* llama.attention.layer_norm_rms_epsilon */
+    int tied_output;     /* 1 when output.weight is absent and token_embd is reused */
+    uint32_t wtype;      /* type of the attention/FFN weights of block 0 (st_dtype) */
+} st_model_hparams;
+
+/* Loads a GGUF Llama model (weights mmap'd read-only) with its tokenizer. Validates the
+ * architecture, every hyper-parameter and every tensor's name, type and shape; on error *out is
+ * NULL and st_last_error() names the file and the problem. */
+st_status st_model_load(const char *path, st_model **out);
+void st_model_free(st_model *m);
+const st_model_hparams *st_model_get_hparams(const st_model *m);
+/* The model's tokenizer; owned by the model. */
+const st_tokenizer *st_model_tokenizer(const st_model *m);
+/* Bytes of weights read per token by a forward pass (all matrices). */
+size_t st_model_weight_bytes(const st_model *m);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokenizers (built from a GGUF vocabulary)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Builds the tokenizer described by the tokenizer.ggml.* keys of g ("llama": SentencePiece BPE
+ * with byte fallback; "gpt2": byte-level BPE with the pre-tokenizer named by
+ * tokenizer.ggml.pre). Copies what it needs, so it outlives g. */
+st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out);
+void st_tokenizer_free(st_tokenizer *t);
+int32_t st_tokenizer_n_vocab(const st_tokenizer *t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions: a KV cache for up to n_seq sequences, scratch sized once, and a thread pool.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct st_session st_session;
+
+typedef struct st_session_params {
+    int32_t n_ctx;     /* positions per sequence; 0 = the model's training context */
+    int32_t n_seq;     /* sequences held at once (default 1) */
+    int32_t n_batch;   /* most tokens in one forward pass (default 64) */
+    int32_t n_threads; /* worker threads including the caller (default: online cores) */
+} st_session_params;
+
+st_session_params st_session_default_params(void);
+
+/* Creates a session: every buffer is allocated here, none during evaluation. */
+st_status st_session_create(const st_model *m, const st_session_params *p, st_session **out);
+void st_session_free(st_session *s);
+const st_session_params *st_session_get_params(const st_session *s);
+
+/* Number of positions committed in sequence seq (its KV length). */
+int32_t st_session_seq_len(const st_session *s, int32_t seq);
+/* Forgets sequence seq (length 0). */
+st_status st_session_seq_reset(st_session *s, int32_t seq);
+
+/* Evaluates n tokens of sequence seq with causal attention at positions L..L+n-1 (L = the
+ * sequence's length), appends their K/V, and advances the length by n. Any n >= 1 is accepted
+ * (split internally into forward passes of at most n_batch tokens). If logits is not NULL it
+ * receives the logits of the last n_logits tokens, shape (n_logits, n_vocab), n_logits <= n.
+ * Errors: ST_ERR_INVALID for a bad token id or seq, ST_ERR_RANGE when the context is full. */
+st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
+                          float *logits, int32_t n_logits);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct st_sampler_params {
+    float temp;    /* 0 = greedy (argmax, lowest id on ties) */
+    int32_t top_k; /* <= 0: off */
+    float top_p;   /* >= 1: off */
+    float min_p;   /* <= 0: off; keeps tokens with p >= min_p * p_max */
+    uint64_t seed;
+} st_sampler_params;
+
+st_sampler_params st_sampler_default_params(void);
+
+/* Bytes of scratch st_sample needs for a vocabulary of n_vocab. */
+size_t st_sample_scratch_size(int32_t n_vocab);
+
+/* Samples the token that will occupy absolute position pos from logits (n_vocab floats).
+ * Filters apply in this order: top-k, then softmax at temperature temp, top-p, min-p; the kept
+ * tokens are ordered by probability (ties by lower id) and the token is found by inverse CDF with
+ * the uniform st_sample_uniform(seed, pos). The result is therefore a pure function of (logits,
+ * params, pos): speculative decoding reproduces it exactly. scratch: st_sample_scratch_size
+ * bytes, caller-owned. */
+st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_params *p, int64_t pos,
+                    void *scratch, int32_t *out);
+
+/* The uniform draw in [0, 1) used for position pos. */
+float st_sample_uniform(uint64_t seed, int64_t pos);
+
 #ifdef __cplusplus
 }
 #endif

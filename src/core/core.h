@@ -64,4 +64,23 @@ uint64_t st_rng_u64(uint64_t seed, uint64_t counter);
 /* Uniform in [0, 1) with 24 bits of resolution (exactly representable as float). */
 float st_rng_uniform(uint64_t seed, uint64_t counter);
 
+/* Thread pool: persistent workers; the caller is worker 0. st_pool_run runs fn(ctx, ith, nth)
+ * on every thread (ith in [0, nth)) and returns when all are done. Workers spin briefly on the
+ * next job, then park on a condition variable, so a decode step with hundreds of parallel
+ * regions pays little for each. n_threads is clamped to [1, online cores]. */
+typedef struct st_pool st_pool;
+typedef void (*st_task_fn)(void *ctx, int ith, int nth);
+st_status st_pool_create(int n_threads, st_pool **out);
+void st_pool_free(st_pool *p);
+int st_pool_size(const st_pool *p);
+void st_pool_run(st_pool *p, st_task_fn fn, void *ctx);
+/* Number of online cores. */
+int st_n_cores(void);
+
+/* Splits [0, n) into nth near-equal contiguous parts; part ith is [*b, *e). */
+static inline void st_split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
+    int64_t q = n / nth, r = n % nth;
+    *b = ith * q + (ith < r ? ith : r);
+    *e = *b + q + (ith < r ? 1 : 0);
+}
 #endif /* ST_CORE_H */

@@ -1,0 +1,129 @@
+/*
+ * convert.c: scalar conversions between float and the 16-bit float formats, and row
+ * dequantization for every supported weight type (embedding lookups, tools and tests).
+ */
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+float st_fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while ((man & 0x400) == 0);
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t st_f32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return (uint16_t)(sign | 0x7c00);
+    if (ax < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        float a;
+        memcpy(&a, &ax, 4);
+        /* a * 2^24 rounded to nearest even gives the subnormal mantissa. */
+        float m = nearbyintf(a * 16777216.0f);
+        return (uint16_t)(sign | (uint32_t)m);
+    }
+    /* normal: round mantissa to nearest even at bit 13 */
+    uint32_t r = ax + 0xfffu + ((ax >> 13) & 1);
+    uint32_t e = (r >> 23) - 127 + 15;
+    return (uint16_t)(sign | (e << 10) | ((r >> 13) & 0x3ff));
+}
+
+uint16_t st_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 64); /* quiet NaN */
+    return (uint16_t)((x + (0x7fffu + ((x >> 16) & 1))) >> 16);
+}
+
+size_t st_row_bytes(uint32_t type, int64_t n) {
+    switch (type) {
+    case ST_DTYPE_F32:
+        return (size_t)n * 4;
+    case ST_DTYPE_F16:
+    case ST_DTYPE_BF16:
+        return (size_t)n * 2;
+    case ST_DTYPE_Q8_0:
+        return n % ST_QK ? 0 : (size_t)(n / ST_QK) * sizeof(st_block_q8_0);
+    case ST_DTYPE_Q4_0:
+        return n % ST_QK ? 0 : (size_t)(n / ST_QK) * sizeof(st_block_q4_0);
+    default:
+        return 0;
+    }
+}
+
+void st_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
+    switch (type) {
+    case ST_DTYPE_F32:
+        memcpy(out, row, (size_t)n * 4);
+        break;
+    case ST_DTYPE_F16: {
+        const uint8_t *p = row;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = st_fp16_to_f32(h);
+        }
+        break;
+    }
+    case ST_DTYPE_BF16: {
+        const uint8_t *p = row;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = st_bf16_to_f32(h);
+        }
+        break;
+    }
+    case ST_DTYPE_Q8_0: {
+        const st_block_q8_0 *b = row;
+        for (int64_t i = 0; i < n / ST_QK; i++) {
+            float d = st_fp16_to_f32(b[i].d);
+            for (int j = 0; j < ST_QK; j++)
+                out[i * ST_QK + j] = (float)b[i].q[j] * d;
+        }
+        break;
+    }
+    case ST_DTYPE_Q4_0: {
+        const st_block_q4_0 *b = row;
+        for (int64_t i = 0; i < n / ST_QK; i++) {
+            float d = st_fp16_to_f32(b[i].d);
+            for (int j = 0; j < ST_QK / 2; j++) {
+                out[i * ST_QK + j] = (float)((b[i].qs[j] & 0xf) - 8) * d;
+                out[i * ST_QK + j + 16] = (float)((b[i].qs[j] >> 4) - 8) * d;
+            }
+        }
+        break;
+    }
+    default:
+        memset(out, 0, (size_t)n * 4);
+        break;
+    }
+}

@@ -1,0 +1,86 @@
+/*
+ * kernels.h: the kernel table. Every hot loop goes through one table chosen once at run time
+ * (AVX2+FMA+F16C when the CPU has them, else the scalar `_ref` twins; ST_KERNELS=ref forces the
+ * scalar table). All kernels share one reduction order per output element, independent of the
+ * number of tokens, rows or threads (DESIGN.md invariant 1), and each optimized kernel gives
+ * bitwise the results of its `_ref` twin.
+ *
+ * Canonical float dot product of length n: eight lane accumulators, lane l takes elements
+ * i = l (mod 8) in increasing i with a fused multiply-add (missing tail elements count as
+ * 0*0), then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+ * Quantized weights (Q8_0, Q4_0) multiply activations quantized per block of 32 to int8 with a
+ * float scale (st_block_q8x); per block the integer sum is exact, and blocks are accumulated in
+ * increasing order with acc = fma((float)isum, wd * xd, acc).
+ */
+#ifndef ST_KERNELS_H
+#define ST_KERNELS_H
+
+#include "core/core.h"
+
+enum { ST_QK = 32 };
+
+typedef struct st_block_q8_0 {
+    uint16_t d; /* fp16 scale */
+    int8_t q[ST_QK];
+} st_block_q8_0;
+_Static_assert(sizeof(st_block_q8_0) == 34, "q8_0 block is 34 bytes");
+
+typedef struct st_block_q4_0 {
+    uint16_t d;            /* fp16 scale */
+    uint8_t qs[ST_QK / 2]; /* element j in the low nibble of byte j, j+16 in the high nibble */
+} st_block_q4_0;
+_Static_assert(sizeof(st_block_q4_0) == 18, "q4_0 block is 18 bytes");
+
+/* Activation-side block: float scale, 32 int8 values. */
+typedef struct st_block_q8x {
+    float d;
+    int8_t q[ST_QK];
+} st_block_q8x;
+_Static_assert(sizeof(st_block_q8x) == 36, "q8x block is 36 bytes");
+
+/* Matrix-times-tokens: for rows r in [r0, r1) of W (each row K elements of W's type, rows
+ * row_bytes apart) and tokens m in [0, M): y[m*ldy + r] = dot(W_r, x_m).
+ * For float weights x is float (x_m = x + m*ldx); for quantized weights x is st_block_q8x
+ * (x_m = x + m*ldx blocks, K/32 of them). W rows are streamed once for all M tokens. */
+typedef void (*st_matmul_fn)(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
+
+typedef struct st_kernels {
+    const char *name;
+    st_matmul_fn matmul_f32;
+    st_matmul_fn matmul_f16;
+    st_matmul_fn matmul_bf16;
+    st_matmul_fn matmul_q8_0;
+    st_matmul_fn matmul_q4_0;
+    /* Canonical dot product (see above). */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y[i] = fma(a, x[i], y[i]) for i < n. */
+    void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* Quantizes K floats (K a multiple of 32) into K/32 blocks: d = max|x|/127, q = round(x/d). */
+    void (*quantize_q8x)(st_block_q8x *y, const float *x, int64_t K);
+} st_kernels;
+
+/* The table in use (chosen once, thread-safe). */
+const st_kernels *st_kernels_get(void);
+/* The scalar reference table and, if this CPU supports it, the AVX2 table (else NULL). */
+const st_kernels *st_kernels_ref(void);
+const st_kernels *st_kernels_avx2(void);
+
+/* Conversions shared by kernels and loaders. */
+float st_fp16_to_f32(uint16_t h);
+uint16_t st_f32_to_fp16(float f);
+static inline float st_bf16_to_f32(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)h << 16};
+    return v.f;
+}
+uint16_t st_f32_to_bf16(float f);
+
+/* Dequantizes one row of n elements of any supported type into float. */
+void st_dequant_row(uint32_t type, const void *row, float *out, int64_t n);
+/* Bytes of one row of n elements of a type (n a multiple of the block size); 0 if unknown. */
+size_t st_row_bytes(uint32_t type, int64_t n);
+
+#endif /* ST_KERNELS_H */

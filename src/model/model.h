@@ -1,0 +1,103 @@
+/*
+ * model.h: the Llama model as plain structs of pointers into the mapped GGUF (llama2.c style),
+ * the session (KV cache, scratch, thread pool) and the batched forward pass with an explicit
+ * attention description, shared by plain decoding and tree verification.
+ */
+#ifndef ST_MODEL_H
+#define ST_MODEL_H
+
+#include "core/core.h"
+#include "kernels/kernels.h"
+
+/* A weight matrix: n_out rows of n_in elements of `type`, rows row_bytes apart. */
+typedef struct st_wt {
+    const void *data;
+    uint32_t type;
+    int64_t n_in;
+    int64_t n_out;
+    size_t row_bytes;
+} st_wt;
+
+typedef struct st_layer {
+    float *attn_norm; /* (n_embd) owned float copy */
+    float *ffn_norm;  /* (n_embd) */
+    st_wt wq;         /* (n_head*head_dim, n_embd) */
+    st_wt wk;         /* (n_head_kv*head_dim, n_embd) */
+    st_wt wv;         /* (n_head_kv*head_dim, n_embd) */
+    st_wt wo;         /* (n_embd, n_head*head_dim) */
+    st_wt w_gate;     /* (n_ff, n_embd) */
+    st_wt w_up;       /* (n_ff, n_embd) */
+    st_wt w_down;     /* (n_embd, n_ff) */
+} st_layer;
+
+struct st_model {
+    st_gguf *gguf;
+    st_model_hparams hp;
+    st_wt tok_embd;   /* (n_vocab, n_embd) */
+    float *out_norm;  /* (n_embd) */
+    st_wt output;     /* (n_vocab, n_embd); = tok_embd when tied */
+    st_layer *layers; /* (n_layer) */
+    st_tokenizer *tok;
+};
+
+/* What a token of a forward pass attends to: the rows [0, n_prefix) of its sequence's KV (each
+ * only where prefix_mask[row] != 0 when prefix_mask is given), then the rows listed in
+ * extra_rows[extra_off[i] .. extra_off[i+1]) in increasing position order. Keys are visited in
+ * exactly this order with the same arithmetic as sequential decoding, so a tree node's output
+ * equals that of decoding its path one token at a time (DESIGN.md invariant 1). */
+typedef struct st_fwd {
+    int32_t n;                         /* tokens, 1..n_batch */
+    const int32_t *tokens;             /* (n) */
+    const int32_t *pos;                /* (n) RoPE positions */
+    const int32_t *seq;                /* (n) sequence of each token */
+    const int32_t *kv_row;             /* (n) KV row its K/V are written to */
+    const int32_t *n_prefix;           /* (n) */
+    const uint8_t *const *prefix_mask; /* (n) pointers to n_prefix bytes, or NULL */
+    const int32_t *extra_off;          /* (n+1) or NULL when no token has extra rows */
+    const int32_t *extra_rows;         /* CSR values */
+    int32_t logits_from;               /* tokens i >= logits_from get logits ... */
+    float *logits;                     /* ... in row i - logits_from, (n - logits_from, n_vocab) */
+    float *hidden;                     /* optional (n, n_embd): final-normed hidden states */
+} st_fwd;
+
+struct st_session {
+    const st_model *m;
+    st_session_params p;
+    const st_kernels *kern;
+    st_pool *pool;
+    int32_t *seq_len; /* (n_seq) */
+    float *k_cache;   /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) */
+    float *v_cache;   /* same */
+    float *rope_cos;  /* (n_ctx, n_rot/2) */
+    float *rope_sin;  /* (n_ctx, n_rot/2) */
+    /* scratch for n_batch tokens */
+    float *x;          /* (n_batch, n_embd) residual stream */
+    float *xb;         /* (n_batch, n_embd) normed input */
+    float *q;          /* (n_batch, n_head*head_dim) */
+    float *kt;         /* (n_batch, n_head_kv*head_dim) */
+    float *vt;         /* (n_batch, n_head_kv*head_dim) */
+    float *att;        /* (n_batch, n_head*head_dim) attention output */
+    float *hb;         /* (n_batch, n_ff) */
+    float *hb2;        /* (n_batch, n_ff) */
+    float *tmp;        /* (n_batch, n_embd) matmul output before the residual add */
+    st_block_q8x *xq;  /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
+    float *scores;     /* (n_threads, n_ctx) attention scores per thread */
+    float *logits_tmp; /* (1, n_vocab) */
+    /* per-token attention descriptions for st_session_eval */
+    int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
+    int64_t kv_seq_stride;                     /* floats per sequence in k_cache */
+    int64_t kv_layer_stride;                   /* floats per layer */
+};
+
+/* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */
+st_status st_forward(st_session *s, const st_fwd *f);
+
+/* K/V row pointers of sequence seq, layer l. */
+static inline float *st_kv_k(const st_session *s, int32_t seq, int32_t l) {
+    return s->k_cache + seq * s->kv_seq_stride + l * s->kv_layer_stride;
+}
+static inline float *st_kv_v(const st_session *s, int32_t seq, int32_t l) {
+    return s->v_cache + seq * s->kv_seq_stride + l * s->kv_layer_stride;
+}
+
+#endif /* ST_MODEL_H */

@@ -1,0 +1,145 @@
+/*
+ * sample.c: token sampling as a pure function of (logits, parameters, position). The uniform
+ * for absolute position p comes from a counter-based generator keyed by (seed, p), so plain
+ * decoding and speculative verification draw the same token at the same position
+ * (DESIGN.md invariant 1, the position-coupled sampler).
+ */
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cand {
+    float logit;
+    int32_t id;
+} cand;
+
+/* Total order: higher logit first, then lower id; NaN sorts last. */
+static int cand_before(const cand *a, const cand *b) {
+    int an = isnan(a->logit), bn = isnan(b->logit);
+    if (an != bn)
+        return bn;
+    if (!an && a->logit != b->logit)
+        return a->logit > b->logit;
+    return a->id < b->id;
+}
+
+static int cand_cmp(const void *pa, const void *pb) {
+    const cand *a = pa, *b = pb;
+    if (a->id == b->id)
+        return 0;
+    return cand_before(a, b) ? -1 : 1;
+}
+
+/* Min-heap (by cand_before: the root is the "worst") for top-k selection. */
+static void heap_down(cand *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && cand_before(&h[w], &h[l]))
+            w = l;
+        if (r < n && cand_before(&h[w], &h[r]))
+            w = r;
+        if (w == i)
+            return;
+        cand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+st_sampler_params st_sampler_default_params(void) {
+    st_sampler_params p = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
+    return p;
+}
+
+size_t st_sample_scratch_size(int32_t n_vocab) {
+    return (size_t)(n_vocab > 0 ? n_vocab : 1) * (sizeof(cand) + sizeof(float));
+}
+
+float st_sample_uniform(uint64_t seed, int64_t pos) { return st_rng_uniform(seed, (uint64_t)pos); }
+
+st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_params *p, int64_t pos,
+                    void *scratch, int32_t *out) {
+    if (!logits || !p || !out || n_vocab < 1 || !scratch)
+        return st_fail(ST_ERR_INVALID, "sample: bad arguments");
+    if (!(p->temp >= 0.0f) || !(p->top_p > 0.0f) || !(p->min_p <= 1.0f))
+        return st_fail(ST_ERR_INVALID, "sample: temp %g, top_p %g or min_p %g out of range",
+                       (double)p->temp, (double)p->top_p, (double)p->min_p);
+    if (p->temp == 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab; i++)
+            if (logits[i] > logits[best] || isnan(logits[best]))
+                best = i;
+        *out = best;
+        return ST_OK;
+    }
+    cand *c = scratch;
+    float *pr = (float *)(c + n_vocab);
+    int32_t n;
+    if (p->top_k > 0 && p->top_k < n_vocab) {
+        n = p->top_k;
+        for (int32_t i = 0; i < n; i++)
+            c[i] = (cand){logits[i], i};
+        for (int32_t i = n / 2 - 1; i >= 0; i--)
+            heap_down(c, n, i);
+        for (int32_t i = n; i < n_vocab; i++) {
+            cand x = {logits[i], i};
+            if (cand_before(&x, &c[0])) {
+                c[0] = x;
+                heap_down(c, n, 0);
+            }
+        }
+    } else {
+        n = n_vocab;
+        for (int32_t i = 0; i < n; i++)
+            c[i] = (cand){logits[i], i};
+    }
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    while (n > 1 && !isfinite(c[n - 1].logit)) /* drop NaN and -inf */
+        n--;
+    float mx = c[0].logit;
+    if (!isfinite(mx)) {
+        *out = c[0].id;
+        return ST_OK;
+    }
+    float sum = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        pr[i] = expf((c[i].logit - mx) / p->temp);
+        sum += pr[i];
+    }
+    if (p->top_p < 1.0f) {
+        float acc = 0.0f, lim = p->top_p * sum;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; i++) {
+            acc += pr[i];
+            if (acc >= lim) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0.0f) {
+        float lim = p->min_p * pr[0]; /* pr[0] is the largest */
+        int32_t keep = 1;
+        while (keep < n && pr[keep] >= lim)
+            keep++;
+        n = keep;
+    }
+    float kept = 0.0f;
+    for (int32_t i = 0; i < n; i++)
+        kept += pr[i];
+    float r = st_sample_uniform(p->seed, pos) * kept;
+    float acc = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        acc += pr[i];
+        if (r < acc) {
+            *out = c[i].id;
+            return ST_OK;
+        }
+    }
+    *out = c[n - 1].id;
+    return ST_OK;
+}
