@@ -63,6 +63,9 @@ const char *st_status_str(st_status s);
  * made by the library since the process started (all threads). */
 int64_t st_alloc_count(void);
 
+/* Monotonic clock in seconds (for timing in tools and benchmarks). */
+double st_time_seconds(void);
+
 /* ---------------------------------------------------------------------------------------------
  * GGUF files (read-only, memory-mapped). See docs/FORMATS.md in the shared folder, section (b).
  * ------------------------------------------------------------------------------------------- */
@@ -274,5 +277,9 @@ float st_sample_uniform(uint64_t seed, int64_t pos);
 #ifdef __cplusplus
 }
 #endif
+
+/* TEMPORARY until the fragments are merged into this header. */
+#include "../src/tok/tok_api.h"
+#include "../src/spec/attn_api.h"
 
 #endif /* SPECTREE_H */

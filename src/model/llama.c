@@ -266,9 +266,13 @@ void st_session_free(st_session *s) {
     st_free(s->seq_len);
     st_free_aligned(s->k_cache);
     st_free_aligned(s->v_cache);
-    void *bufs[] = {s->rope_cos, s->rope_sin,   s->x,     s->xb,    s->q,     s->kt,
-                    s->vt,       s->att,        s->hb,    s->hb2,   s->tmp,   s->xq,
-                    s->scores,   s->logits_tmp, s->b_pos, s->b_seq, s->b_row, s->b_prefix};
+    void *bufs[] = {s->rope_cos,    s->rope_sin,   s->x,
+                    s->xb,          s->q,          s->kt,
+                    s->vt,          s->att,        s->hb,
+                    s->hb2,         s->tmp,        s->xq,
+                    s->scores,      s->logits_tmp, s->b_pos,
+                    s->b_seq,       s->b_row,      s->b_prefix,
+                    s->b_extra_off, s->b_extra,    (void *)s->b_pmask};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         st_free_aligned(bufs[i]);
     st_free(s);
@@ -302,7 +306,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
         p.n_batch = 64;
     if (p.n_threads <= 0)
         p.n_threads = st_n_cores();
-    if (p.n_ctx > (1 << 24) || p.n_seq > 4096 || p.n_batch > 65536)
+    if (p.n_ctx > (1 << 24) || p.n_seq > 4096 || p.n_batch > 4096)
         return st_fail(ST_ERR_INVALID, "session: n_ctx %d, n_seq %d or n_batch %d is too large",
                        p.n_ctx, p.n_seq, p.n_batch);
     st_session *s = st_calloc(1, sizeof *s);
@@ -353,6 +357,9 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->b_seq = alloc_f(B, sizeof(int32_t), &ok);
     s->b_row = alloc_f(B, sizeof(int32_t), &ok);
     s->b_prefix = alloc_f(B, sizeof(int32_t), &ok);
+    s->b_extra_off = alloc_f(B + 1, sizeof(int32_t), &ok);
+    s->b_extra = alloc_f(B * B, sizeof(int32_t), &ok);
+    s->b_pmask = alloc_f(B, sizeof(uint8_t *), &ok);
     if (!ok) {
         st_session_free(s);
         return st_fail(ST_ERR_NOMEM,

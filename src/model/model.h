@@ -85,8 +85,11 @@ struct st_session {
     float *logits_tmp; /* (1, n_vocab) */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
-    int64_t kv_seq_stride;                     /* floats per sequence in k_cache */
-    int64_t kv_layer_stride;                   /* floats per layer */
+    int32_t *b_extra_off;                      /* (n_batch + 1) */
+    int32_t *b_extra;        /* (n_batch, n_batch): tree rows visible to each token */
+    const uint8_t **b_pmask; /* (n_batch) prefix-mask row pointers (dense backend) */
+    int64_t kv_seq_stride;   /* floats per sequence in k_cache */
+    int64_t kv_layer_stride; /* floats per layer */
 };
 
 /* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */

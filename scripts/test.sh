@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite: builds with -Werror and runs every test plain, with the scalar kernels
+# (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; checks formatting.
+# Usage: scripts/test.sh [--quick]   (--quick: the plain run only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(nproc)
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+echo "== build (Release, -Werror)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DST_WERROR=ON >/dev/null
+cmake --build build -j"$jobs" >/dev/null
+echo "== tests"
+ctest --test-dir build --output-on-failure -j"$jobs"
+[ $quick -eq 1 ] && exit 0
+
+echo "== tests with the scalar reference kernels (ST_KERNELS=ref)"
+ST_KERNELS=ref ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== build with ASan+UBSan"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_SANITIZE=ON -DST_WERROR=ON >/dev/null
+cmake --build build-asan -j"$jobs" >/dev/null
+echo "== tests under ASan+UBSan"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+echo "== clang-format"
+files=$(git ls-files '*.c' '*.h' | grep -v '^src/tok/unicode_tables.c$' || true)
+clang-format --dry-run -Werror $files
+echo "all checks passed"

@@ -1,0 +1,220 @@
+/*
+ * test_kernels.c: every optimized kernel against its scalar `_ref` twin, bitwise (the kernel
+ * table promises the same reduction order), on sizes that straddle vector widths and tails;
+ * plus conversions and the batch invariance of matmul (a token's output does not depend on how
+ * many tokens share the call or on the row split).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int64_t sizes[] = {0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 4096, 4099};
+
+static uint64_t rs = 0x1234567;
+static float frand(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+}
+
+static const st_kernels *avx2_or_skip(void) {
+    const st_kernels *k = st_kernels_avx2();
+    if (!k)
+        print_message("note: this CPU has no AVX2; comparing ref against ref\n");
+    return k ? k : st_kernels_ref();
+}
+
+static void test_dot_axpy(void **state) {
+    (void)state;
+    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t n = sizes[s];
+        float *x = malloc((size_t)(n + 1) * 4), *y = malloc((size_t)(n + 1) * 4),
+              *y1 = malloc((size_t)(n + 1) * 4), *y2 = malloc((size_t)(n + 1) * 4);
+        fill(x, n, 3.0f);
+        fill(y, n, 2.0f);
+        float dr = r->dot(x, y, n), da = a->dot(x, y, n);
+        assert_memory_equal(&dr, &da, 4);
+        if (n > 0) {
+            double ex = 0;
+            for (int64_t i = 0; i < n; i++)
+                ex += (double)x[i] * y[i];
+            /* sanity against a double-precision sum: |err| <= n * eps * sum|x*y| */
+            double bound = 0;
+            for (int64_t i = 0; i < n; i++)
+                bound += fabs((double)x[i] * y[i]);
+            assert_true(fabs(ex - dr) <= (double)n * 1.2e-7 * bound + 1e-30);
+        }
+        memcpy(y1, y, (size_t)n * 4);
+        memcpy(y2, y, (size_t)n * 4);
+        r->axpy(y1, 0.37f, x, n);
+        a->axpy(y2, 0.37f, x, n);
+        assert_memory_equal(y1, y2, (size_t)n * 4);
+        free(x), free(y), free(y1), free(y2);
+    }
+}
+
+/* Builds a weight matrix of `rows` rows of K elements in `type` from random floats. */
+static void *make_weights(uint32_t type, int64_t rows, int64_t K, size_t *row_bytes) {
+    *row_bytes = st_row_bytes(type, K);
+    uint8_t *w = malloc(*row_bytes * (size_t)rows + 1);
+    float *tmp = malloc((size_t)(K + 1) * 4);
+    for (int64_t r = 0; r < rows; r++) {
+        fill(tmp, K, 1.0f);
+        uint8_t *row = w + (size_t)r * *row_bytes;
+        if (type == ST_DTYPE_F32) {
+            memcpy(row, tmp, (size_t)K * 4);
+        } else if (type == ST_DTYPE_F16 || type == ST_DTYPE_BF16) {
+            for (int64_t i = 0; i < K; i++) {
+                uint16_t h = type == ST_DTYPE_F16 ? st_f32_to_fp16(tmp[i]) : st_f32_to_bf16(tmp[i]);
+                memcpy(row + 2 * i, &h, 2);
+            }
+        } else if (type == ST_DTYPE_Q8_0) {
+            st_block_q8_0 *b = (st_block_q8_0 *)row;
+            for (int64_t i = 0; i < K / ST_QK; i++) {
+                b[i].d = st_f32_to_fp16(0.01f + 0.001f * (float)(i % 7));
+                for (int j = 0; j < ST_QK; j++)
+                    b[i].q[j] =
+                        (int8_t)(int)lrintf(tmp[i * ST_QK + j] * 127.0f + (j == 3 ? -1 : 0));
+                b[i].q[0] = -128; /* the extreme value the kernels must handle */
+            }
+        } else {
+            st_block_q4_0 *b = (st_block_q4_0 *)row;
+            for (int64_t i = 0; i < K / ST_QK; i++) {
+                b[i].d = st_f32_to_fp16(0.02f);
+                for (int j = 0; j < ST_QK / 2; j++)
+                    b[i].qs[j] = (uint8_t)(rs >> (j % 56));
+                frand();
+            }
+        }
+    }
+    free(tmp);
+    return w;
+}
+
+static void check_matmul(uint32_t type, int64_t K, int64_t rows, int64_t M) {
+    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
+    size_t rb;
+    void *w = make_weights(type, rows, K, &rb);
+    float *x = malloc((size_t)(M * K + 1) * 4);
+    fill(x, M * K, 2.0f);
+    int quant = type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0;
+    int64_t nb = K / ST_QK;
+    st_block_q8x *xq = malloc(sizeof(st_block_q8x) * (size_t)(M * nb + 1));
+    st_block_q8x *xq2 = malloc(sizeof(st_block_q8x) * (size_t)(M * nb + 1));
+    const void *xin = x;
+    int64_t ldx = K;
+    if (quant) {
+        for (int64_t m = 0; m < M; m++) {
+            r->quantize_q8x(xq + m * nb, x + m * K, K);
+            a->quantize_q8x(xq2 + m * nb, x + m * K, K);
+        }
+        assert_memory_equal(xq, xq2, sizeof(st_block_q8x) * (size_t)(M * nb));
+        xin = xq;
+        ldx = nb;
+    }
+    float *y1 = calloc((size_t)(M * rows + 1), 4), *y2 = calloc((size_t)(M * rows + 1), 4),
+          *y3 = calloc((size_t)(M * rows + 1), 4);
+    st_matmul_fn fr = type == ST_DTYPE_F32    ? r->matmul_f32
+                      : type == ST_DTYPE_F16  ? r->matmul_f16
+                      : type == ST_DTYPE_BF16 ? r->matmul_bf16
+                      : type == ST_DTYPE_Q8_0 ? r->matmul_q8_0
+                                              : r->matmul_q4_0;
+    st_matmul_fn fa = type == ST_DTYPE_F32    ? a->matmul_f32
+                      : type == ST_DTYPE_F16  ? a->matmul_f16
+                      : type == ST_DTYPE_BF16 ? a->matmul_bf16
+                      : type == ST_DTYPE_Q8_0 ? a->matmul_q8_0
+                                              : a->matmul_q4_0;
+    fr(y1, rows, w, rb, xin, ldx, K, M, 0, rows);
+    fa(y2, rows, w, rb, xin, ldx, K, M, 0, rows);
+    assert_memory_equal(y1, y2, (size_t)(M * rows) * 4);
+    /* batch and split invariance: each token alone, rows in two uneven parts */
+    for (int64_t m = 0; m < M; m++) {
+        const void *xm = quant ? (const void *)(xq + m * nb) : (const void *)(x + m * K);
+        int64_t cut = rows / 3;
+        fa(y3 + m * rows, rows, w, rb, xm, ldx, K, 1, 0, cut);
+        fa(y3 + m * rows, rows, w, rb, xm, ldx, K, 1, cut, rows);
+    }
+    assert_memory_equal(y1, y3, (size_t)(M * rows) * 4);
+    /* against a dequantized double-precision product, loosely: catches layout errors */
+    float *wf = malloc((size_t)(K + 1) * 4);
+    float *xf = malloc((size_t)(K + 1) * 4);
+    for (int64_t row = 0; row < rows; row++) {
+        st_dequant_row(type, (const uint8_t *)w + (size_t)row * rb, wf, K);
+        for (int64_t m = 0; m < M; m += (M > 1 ? M - 1 : 1)) {
+            if (quant)
+                for (int64_t b = 0; b < nb; b++)
+                    for (int j = 0; j < ST_QK; j++)
+                        xf[b * ST_QK + j] = (float)xq[m * nb + b].q[j] * xq[m * nb + b].d;
+            else
+                memcpy(xf, x + m * K, (size_t)K * 4);
+            double ex = 0, mag = 0;
+            for (int64_t i = 0; i < K; i++) {
+                ex += (double)wf[i] * xf[i];
+                mag += fabs((double)wf[i] * xf[i]);
+            }
+            assert_true(fabs(ex - y1[m * rows + row]) <= 1e-5 * mag + 1e-6);
+        }
+    }
+    free(wf), free(xf), free(w), free(x), free(xq), free(xq2), free(y1), free(y2), free(y3);
+}
+
+static void test_matmul_float(void **state) {
+    (void)state;
+    uint32_t types[] = {ST_DTYPE_F32, ST_DTYPE_F16, ST_DTYPE_BF16};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t s = 1; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (int64_t M = 1; M <= 9; M += 4)
+                check_matmul(types[t], sizes[s], 11, M);
+}
+
+static void test_matmul_quant(void **state) {
+    (void)state;
+    const int64_t ks[] = {32, 64, 96, 4096};
+    for (int t = 0; t < 2; t++)
+        for (size_t s = 0; s < 4; s++)
+            for (int64_t M = 1; M <= 9; M += 4)
+                check_matmul(t ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0, ks[s], 13, M);
+}
+
+static void test_fp16_roundtrip(void **state) {
+    (void)state;
+    /* every half value converts to float and back exactly (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = st_fp16_to_f32((uint16_t)h);
+        uint16_t back = st_f32_to_fp16(f);
+        if (isnan(f))
+            assert_true((back & 0x7c00) == 0x7c00 && (back & 0x3ff));
+        else
+            assert_int_equal(back, h);
+    }
+    assert_int_equal(st_f32_to_fp16(65520.0f), 0x7c00);
+    assert_int_equal(st_f32_to_fp16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
+    assert_int_equal(st_f32_to_bf16(1.0f), 0x3f80);
+    assert_true(st_bf16_to_f32(0x3f80) == 1.0f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_matmul_float),
+        cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_fp16_roundtrip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

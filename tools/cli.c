@@ -1,0 +1,462 @@
+/*
+ * cli.c: the `spectree` command: generate (streamed text, speed on stderr), tokenize and info.
+ * Built only on the public header. Every bad argument or file ends in a one-line message and a
+ * non-zero exit.
+ */
+#include "spectree.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void die_usage(const char *cmd, const char *msg) {
+    fprintf(stderr, "spectree %s: %s (see 'spectree %s --help')\n", cmd, msg, cmd);
+    exit(2);
+}
+
+static int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi,
+                     long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "spectree %s: %s expects an integer in [%ld, %ld], got '%s'\n", cmd, flag,
+                lo, hi, v);
+        exit(2);
+    }
+    *out = x;
+    return 0;
+}
+
+static float parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "spectree %s: %s expects a number in [%g, %g], got '%s'\n", cmd, flag, lo,
+                hi, v);
+        exit(2);
+    }
+    return (float)x;
+}
+
+static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-') {
+        fprintf(stderr, "spectree %s: %s expects a non-negative integer, got '%s'\n", cmd, flag, v);
+        exit(2);
+    }
+    return (uint64_t)x;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *generate_help =
+    "usage: spectree generate -m MODEL -p PROMPT [options]\n"
+    "\n"
+    "Generates a continuation of PROMPT and streams it (not the prompt) to stdout.\n"
+    "Prompt and generation speed go to stderr.\n"
+    "\n"
+    "  -m, --model PATH     GGUF Llama model (required)\n"
+    "  -p, --prompt TEXT    prompt text (required; may be empty)\n"
+    "  -n, --n-predict N    tokens to generate (default 256; stops early at end of text)\n"
+    "      --temp T         temperature, 0 = greedy (default 0.8)\n"
+    "      --top-k K        keep the K most likely tokens, 0 = off (default 40)\n"
+    "      --top-p P        nucleus sampling, 1 = off (default 0.95)\n"
+    "      --min-p P        drop tokens below P x the top probability, 0 = off (default 0.05)\n"
+    "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
+    "  -t, --threads N      threads (default: all online cores)\n"
+    "  -c, --ctx-size N     context length (default: the model's)\n"
+    "      --no-bos         do not prepend BOS to the prompt\n"
+    "      --json           print a final one-line JSON object with the statistics on stderr\n"
+    "  -h, --help           this help\n";
+
+typedef struct gen_opts {
+    const char *model, *prompt;
+    long n_predict, threads, ctx;
+    st_sampler_params sp;
+    int seed_set, json, no_bos;
+} gen_opts;
+
+static int cmd_generate(int argc, char **argv) {
+    gen_opts o = {.n_predict = 256, .sp = st_sampler_default_params()};
+    enum { O_TEMP = 1000, O_TOPK, O_TOPP, O_MINP, O_SEED, O_JSON, O_NOBOS };
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
+                                       {"prompt", required_argument, 0, 'p'},
+                                       {"n-predict", required_argument, 0, 'n'},
+                                       {"temp", required_argument, 0, O_TEMP},
+                                       {"top-k", required_argument, 0, O_TOPK},
+                                       {"top-p", required_argument, 0, O_TOPP},
+                                       {"min-p", required_argument, 0, O_MINP},
+                                       {"seed", required_argument, 0, O_SEED},
+                                       {"threads", required_argument, 0, 't'},
+                                       {"ctx-size", required_argument, 0, 'c'},
+                                       {"no-bos", no_argument, 0, O_NOBOS},
+                                       {"json", no_argument, 0, O_JSON},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    int c;
+    long v;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:p:n:t:c:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            o.model = optarg;
+            break;
+        case 'p':
+            o.prompt = optarg;
+            break;
+        case 'n':
+            parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
+            break;
+        case 't':
+            parse_int("generate", "-t", optarg, 1, 1024, &o.threads);
+            break;
+        case 'c':
+            parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
+            break;
+        case O_TEMP:
+            o.sp.temp = parse_float("generate", "--temp", optarg, 0, 1e6);
+            break;
+        case O_TOPK:
+            parse_int("generate", "--top-k", optarg, 0, 1 << 30, &v);
+            o.sp.top_k = (int32_t)v;
+            break;
+        case O_TOPP:
+            o.sp.top_p = parse_float("generate", "--top-p", optarg, 1e-9, 1);
+            break;
+        case O_MINP:
+            o.sp.min_p = parse_float("generate", "--min-p", optarg, 0, 1);
+            break;
+        case O_SEED:
+            o.sp.seed = parse_u64("generate", "--seed", optarg);
+            o.seed_set = 1;
+            break;
+        case O_JSON:
+            o.json = 1;
+            break;
+        case O_NOBOS:
+            o.no_bos = 1;
+            break;
+        case 'h':
+            fputs(generate_help, stdout);
+            return 0;
+        case ':':
+            die_usage("generate", "an option is missing its value");
+            break;
+        default:
+            die_usage("generate", "unknown option");
+        }
+    }
+    if (optind < argc)
+        die_usage("generate", "unexpected argument");
+    if (!o.model)
+        die_usage("generate", "-m MODEL is required");
+    if (!o.prompt)
+        die_usage("generate", "-p PROMPT is required");
+    if (!o.seed_set)
+        o.sp.seed = (uint64_t)time(NULL);
+
+    st_model *m = NULL;
+    st_session *s = NULL;
+    int32_t *toks = NULL;
+    float *logits = NULL;
+    void *scratch = NULL;
+    int rc = 1;
+    if (st_model_load(o.model, &m) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        return 1;
+    }
+    const st_model_hparams *hp = st_model_get_hparams(m);
+    const st_tokenizer *tok = st_model_tokenizer(m);
+    size_t plen = strlen(o.prompt);
+    int64_t cap = (int64_t)plen + 8, n_prompt = 0;
+    toks = malloc((size_t)cap * sizeof *toks);
+    int add_bos = !o.no_bos && st_tokenizer_add_bos_default(tok);
+    if (!toks || st_tokenize(tok, o.prompt, plen, add_bos, toks, cap, &n_prompt) != ST_OK) {
+        fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
+        goto done;
+    }
+    if (n_prompt == 0) { /* an empty prompt without BOS: start from BOS anyway */
+        int32_t bos = st_tokenizer_bos(tok);
+        if (bos < 0) {
+            fprintf(stderr, "spectree: the prompt is empty and the model has no BOS token\n");
+            goto done;
+        }
+        toks[n_prompt++] = bos;
+    }
+    st_session_params sp = st_session_default_params();
+    sp.n_threads = (int32_t)o.threads;
+    sp.n_ctx = (int32_t)(o.ctx ? o.ctx : hp->n_ctx_train);
+    if (n_prompt > sp.n_ctx) {
+        fprintf(stderr, "spectree: the prompt has %" PRId64 " tokens, more than the context (%d)\n",
+                n_prompt, sp.n_ctx);
+        goto done;
+    }
+    if (st_session_create(m, &sp, &s) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        goto done;
+    }
+    logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    scratch = malloc(st_sample_scratch_size(hp->n_vocab));
+    if (!logits || !scratch) {
+        fprintf(stderr, "spectree: out of memory\n");
+        goto done;
+    }
+    if (!o.seed_set && o.sp.temp > 0)
+        fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
+    double t0 = st_time_seconds();
+    if (st_session_eval(s, 0, toks, (int32_t)n_prompt, logits, 1) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        goto done;
+    }
+    double t1 = st_time_seconds();
+    st_detok dt;
+    st_detok_init(&dt, tok);
+    st_detok_set_prev(&dt, toks[n_prompt - 1]);
+    char buf[256];
+    size_t nb;
+    int64_t n_gen = 0;
+    int32_t ctx_max = sp.n_ctx;
+    while (n_gen < o.n_predict) {
+        int32_t pos = st_session_seq_len(s, 0);
+        int32_t next;
+        if (st_sample(logits, hp->n_vocab, &o.sp, pos, scratch, &next) != ST_OK) {
+            fprintf(stderr, "spectree: %s\n", st_last_error());
+            goto done;
+        }
+        if (st_tokenizer_is_eog(tok, next))
+            break;
+        n_gen++;
+        if (st_detok_push(&dt, next, buf, sizeof buf, &nb) == ST_OK && nb) {
+            fwrite(buf, 1, nb, stdout);
+            fflush(stdout);
+        }
+        if (n_gen == o.n_predict || pos + 1 >= ctx_max)
+            break;
+        if (st_session_eval(s, 0, &next, 1, logits, 1) != ST_OK) {
+            fprintf(stderr, "spectree: %s\n", st_last_error());
+            goto done;
+        }
+    }
+    if (st_detok_flush(&dt, buf, sizeof buf, &nb) == ST_OK && nb)
+        fwrite(buf, 1, nb, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    double t2 = st_time_seconds();
+    double ptps = (double)n_prompt / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
+    double gtps = (double)n_gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
+    fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", n_prompt,
+            (t1 - t0) * 1e3, ptps);
+    fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s), %d threads\n", n_gen,
+            (t2 - t1) * 1e3, gtps, st_session_get_params(s)->n_threads);
+    if (o.json)
+        fprintf(stderr,
+                "{\"prompt_tokens\": %" PRId64 ", \"gen_tokens\": %" PRId64
+                ", \"prompt_ms\": %.3f, \"gen_ms\": %.3f, \"prompt_tok_s\": %.2f, "
+                "\"gen_tok_s\": %.2f, \"threads\": %d}\n",
+                n_prompt, n_gen, (t1 - t0) * 1e3, (t2 - t1) * 1e3, ptps, gtps,
+                st_session_get_params(s)->n_threads);
+    rc = 0;
+done:
+    free(scratch);
+    free(logits);
+    free(toks);
+    st_session_free(s);
+    st_model_free(m);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *tokenize_help =
+    "usage: spectree tokenize -m MODEL [--add-bos] TEXT\n"
+    "\n"
+    "Prints the token ids of TEXT, space separated. MODEL may be a vocabulary-only GGUF file.\n"
+    "\n"
+    "  -m, --model PATH   GGUF file with a tokenizer (required)\n"
+    "      --add-bos      prepend the BOS token\n"
+    "  -h, --help         this help\n";
+
+static int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL;
+    int add_bos = 0;
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
+                                       {"add-bos", no_argument, 0, 'b'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model = optarg;
+            break;
+        case 'b':
+            add_bos = 1;
+            break;
+        case 'h':
+            fputs(tokenize_help, stdout);
+            return 0;
+        case ':':
+            die_usage("tokenize", "an option is missing its value");
+            break;
+        default:
+            die_usage("tokenize", "unknown option");
+        }
+    }
+    if (!model)
+        die_usage("tokenize", "-m MODEL is required");
+    if (argc - optind != 1)
+        die_usage("tokenize", "expected exactly one TEXT argument");
+    const char *text = argv[optind];
+    st_gguf *g = NULL;
+    st_tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    int rc = 1;
+    if (st_gguf_open(model, &g) != ST_OK || st_tokenizer_load(g, &tok) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        goto done;
+    }
+    size_t len = strlen(text);
+    int64_t cap = (int64_t)len + 8, n = 0;
+    ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids || st_tokenize(tok, text, len, add_bos, ids, cap, &n) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", ids ? st_last_error() : "out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++)
+        printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    rc = 0;
+done:
+    free(ids);
+    st_tokenizer_free(tok);
+    st_gguf_free(g);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *info_help = "usage: spectree info -m MODEL\n"
+                               "\n"
+                               "Prints a GGUF file's metadata, its tensor table and, for a Llama\n"
+                               "model, the hyper-parameters the engine derives.\n"
+                               "\n"
+                               "  -m, --model PATH   GGUF file (required)\n"
+                               "  -h, --help         this help\n";
+
+static int cmd_info(int argc, char **argv) {
+    const char *model = NULL;
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model = optarg;
+            break;
+        case 'h':
+            fputs(info_help, stdout);
+            return 0;
+        case ':':
+            die_usage("info", "an option is missing its value");
+            break;
+        default:
+            die_usage("info", "unknown option");
+        }
+    }
+    if (!model)
+        die_usage("info", "-m MODEL is required");
+    if (optind < argc)
+        die_usage("info", "unexpected argument");
+    st_gguf *g = NULL;
+    if (st_gguf_open(model, &g) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        return 1;
+    }
+    printf("file: %s\nGGUF version %u, %" PRId64 " metadata keys, %" PRId64
+           " tensors, alignment %u\n\n",
+           model, st_gguf_version(g), st_gguf_n_kv(g), st_gguf_n_tensors(g), st_gguf_alignment(g));
+    char buf[1024];
+    for (int64_t i = 0; i < st_gguf_n_kv(g); i++) {
+        st_gguf_format_value(g, i, buf, sizeof buf);
+        printf("  %-44s %s\n", st_gguf_key(g, i), buf);
+    }
+    if (st_gguf_n_tensors(g) > 0) {
+        printf("\n  %-32s %-6s %-24s %12s %10s\n", "tensor", "type", "shape (ne)", "offset",
+               "bytes");
+        for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+            const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+            char shape[64];
+            int n = snprintf(shape, sizeof shape, "[%" PRId64, t->ne[0]);
+            for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
+                n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRId64, t->ne[d]);
+            snprintf(shape + n, sizeof shape - (size_t)n, "]");
+            printf("  %-32s %-6s %-24s %12" PRIu64 " %10zu\n", t->name, st_dtype_name(t->type),
+                   shape, t->offset, t->size);
+        }
+    }
+    st_gguf_free(g);
+    st_model *m = NULL;
+    if (st_model_load(model, &m) == ST_OK) {
+        const st_model_hparams *hp = st_model_get_hparams(m);
+        printf("\nllama: n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d, head_dim %d, "
+               "n_ff %d, n_ctx_train %d, rope base %g, rms eps %g, %s output, weights %s, "
+               "%.2f MB of matrices\n",
+               hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim,
+               hp->n_ff, hp->n_ctx_train, (double)hp->rope_base, (double)hp->rms_eps,
+               hp->tied_output ? "tied" : "separate", st_dtype_name(hp->wtype),
+               (double)st_model_weight_bytes(m) / 1e6);
+        st_model_free(m);
+    } else {
+        printf("\n(not loadable as a Llama model: %s)\n", st_last_error());
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *main_help =
+    "usage: spectree COMMAND [options]\n"
+    "\n"
+    "spectree: a C inference engine for Llama-family models built for lossless tree\n"
+    "speculative decoding.\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text from a prompt\n"
+    "  tokenize   print the token ids of a text\n"
+    "  info       print a GGUF file's metadata and tensors\n"
+    "\n"
+    "'spectree COMMAND --help' describes each command.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(main_help, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        fputs(main_help, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "generate"))
+        return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize"))
+        return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info"))
+        return cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "spectree: unknown command '%s' (see 'spectree --help')\n", cmd);
+    return 2;
+}
