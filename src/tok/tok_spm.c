@@ -1,0 +1,141 @@
+/*
+ * tok_spm.c: SentencePiece BPE with byte fallback, as llama.cpp's SPM tokenizer does it (which
+ * matches Hugging Face on Llama-2-style vocabularies): spaces become "▁", one "▁" is prepended,
+ * the text starts as one symbol per UTF-8 character, and the adjacent pair whose concatenation
+ * is a piece with the highest score merges first (ties: leftmost). A symbol that is not a piece
+ * at the end is written as the <0xHH> pieces of its bytes.
+ */
+#include "tok/tok.h"
+
+#include <string.h>
+
+/* A symbol: bytes [start, start + n) of the escaped text; n == 0 once merged away. */
+typedef struct ssym {
+    uint32_t start, n;
+    int32_t prev, next;
+} ssym;
+
+/* A candidate merge of adjacent symbols left and right into a piece of `size` bytes. */
+typedef struct spair {
+    float score;
+    int32_t left, right;
+    uint32_t size;
+} spair;
+
+static int pair_before(const spair *a, const spair *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(spair *h, int64_t *n, spair x) {
+    int64_t i = (*n)++;
+    while (i > 0) {
+        int64_t up = (i - 1) / 2;
+        if (!pair_before(&x, &h[up]))
+            break;
+        h[i] = h[up];
+        i = up;
+    }
+    h[i] = x;
+}
+
+static spair heap_pop(spair *h, int64_t *n) {
+    spair top = h[0], x = h[--(*n)];
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && pair_before(&h[c + 1], &h[c]))
+            c++;
+        if (!pair_before(&h[c], &x))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = x;
+    return top;
+}
+
+static void try_pair(const st_tokenizer *t, const char *buf, const ssym *sym, spair *heap,
+                     int64_t *nh, int32_t l, int32_t r) {
+    if (l < 0 || r < 0)
+        return;
+    uint32_t size = sym[l].n + sym[r].n; /* the two are contiguous in buf */
+    int32_t id = st_tok_find(t, buf + sym[l].start, size);
+    if (id >= 0)
+        heap_push(heap, nh, (spair){t->score[id], l, r, size});
+}
+
+st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int prefix,
+                     st_tok_out *o) {
+    static const char sp[3] = {'\xE2', '\x96', '\x81'}; /* U+2581 */
+    /* escaped text: up to 3 bytes per input byte, plus the prefix */
+    size_t n_buf = 3 * len + 3, n_sym = len + 1, total;
+    if (!st_mul_size(n_sym, sizeof(ssym) + 3 * sizeof(spair), &total) ||
+        !st_add_size(total, n_buf, &total))
+        return st_fail(ST_ERR_NOMEM, "tokenize: text of %zu bytes is too long", len);
+    char *blk = st_malloc(total);
+    if (!blk)
+        return st_fail(ST_ERR_NOMEM, "tokenize: out of memory for a text of %zu bytes", len);
+    spair *heap = (spair *)blk;             /* (3 n_sym) */
+    ssym *sym = (ssym *)(heap + 3 * n_sym); /* (n_sym) */
+    char *buf = (char *)(sym + n_sym);      /* (n_buf) */
+
+    size_t nb = 0;
+    if (prefix) {
+        memcpy(buf, sp, 3);
+        nb = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') {
+            memcpy(buf + nb, sp, 3);
+            nb += 3;
+        } else {
+            buf[nb++] = text[i];
+        }
+    }
+
+    int32_t ns = 0;
+    for (size_t i = 0; i < nb;) {
+        uint32_t cp;
+        int l = st_utf8_decode((const uint8_t *)buf + i, nb - i, &cp);
+        sym[ns] = (ssym){(uint32_t)i, (uint32_t)l, ns - 1, -1};
+        if (ns > 0)
+            sym[ns - 1].next = ns;
+        ns++;
+        i += (size_t)l;
+    }
+
+    int64_t nh = 0;
+    for (int32_t i = 1; i < ns; i++)
+        try_pair(t, buf, sym, heap, &nh, i - 1, i);
+    while (nh > 0) {
+        spair p = heap_pop(heap, &nh);
+        ssym *l = &sym[p.left], *r = &sym[p.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
+            continue; /* outdated: one side has merged since */
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = p.left;
+        try_pair(t, buf, sym, heap, &nh, l->prev, p.left);
+        try_pair(t, buf, sym, heap, &nh, p.left, l->next);
+    }
+
+    for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = sym[i].next) {
+        int32_t id = st_tok_find(t, buf + sym[i].start, sym[i].n);
+        if (id >= 0) {
+            st_tok_emit(o, id);
+            continue;
+        }
+        for (uint32_t j = 0; j < sym[i].n; j++) {
+            int32_t b = t->byte_tok[(uint8_t)buf[sym[i].start + j]];
+            if (b >= 0)
+                st_tok_emit(o, b);
+        }
+    }
+    st_free(blk);
+    return ST_OK;
+}
