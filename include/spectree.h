@@ -281,5 +281,6 @@ float st_sample_uniform(uint64_t seed, int64_t pos);
 /* TEMPORARY until the fragments are merged into this header. */
 #include "../src/tok/tok_api.h"
 #include "../src/spec/attn_api.h"
+#include "../src/engine/engine_api.h"
 
 #endif /* SPECTREE_H */

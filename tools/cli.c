@@ -75,33 +75,140 @@ static const char *generate_help =
     "  -t, --threads N      threads (default: all online cores)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
+    "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
+    "\n"
+    "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM}   drafter (default NONE)\n"
+    "      --speculative-draft-model-path PATH   draft model for STANDALONE (same vocabulary)\n"
+    "      --speculative-num-steps S|auto        draft depth (default auto)\n"
+    "      --speculative-eagle-topk K|auto       branching per node (default auto; K=1: chain)\n"
+    "      --speculative-num-draft-tokens N|auto verified tree nodes incl. the root (<= 64)\n"
+    "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
+    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 4, 8)\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
     "  -h, --help           this help\n";
 
+enum { MAX_STOPS = 16 };
+
 typedef struct gen_opts {
-    const char *model, *prompt;
+    const char *model, *prompt, *draft_path;
     long n_predict, threads, ctx;
     st_sampler_params sp;
+    st_spec_params spec;
     int seed_set, json, no_bos;
+    const char *stops[MAX_STOPS];
+    int n_stops;
 } gen_opts;
 
+/* Streams detokenized text, holding back a tail that could begin a stop string. */
+typedef struct printer {
+    st_detok dt;
+    const gen_opts *o;
+    char pend[4096];
+    size_t n_pend;
+    int stopped;
+} printer;
+
+static void printer_add(printer *p, const char *txt, size_t n, int final) {
+    if (n > sizeof p->pend - p->n_pend) { /* no stop string is that long: flush the hold */
+        fwrite(p->pend, 1, p->n_pend, stdout);
+        p->n_pend = 0;
+        if (n > sizeof p->pend) {
+            fwrite(txt, 1, n, stdout);
+            return;
+        }
+    }
+    memcpy(p->pend + p->n_pend, txt, n);
+    p->n_pend += n;
+    size_t cut = p->n_pend; /* bytes safe to print */
+    for (int i = 0; i < p->o->n_stops; i++) {
+        const char *st = p->o->stops[i];
+        size_t ls = strlen(st);
+        for (size_t j = 0; j + ls <= p->n_pend; j++)
+            if (memcmp(p->pend + j, st, ls) == 0) {
+                fwrite(p->pend, 1, j, stdout);
+                p->n_pend = 0;
+                p->stopped = 1;
+                return;
+            }
+        if (!final)
+            for (size_t k = ls - 1; k > 0; k--) /* longest suffix that starts the stop string */
+                if (k <= p->n_pend && memcmp(p->pend + p->n_pend - k, st, k) == 0) {
+                    if (p->n_pend - k < cut)
+                        cut = p->n_pend - k;
+                    break;
+                }
+    }
+    fwrite(p->pend, 1, cut, stdout);
+    memmove(p->pend, p->pend + cut, p->n_pend - cut);
+    p->n_pend -= cut;
+    fflush(stdout);
+}
+
+static int on_token(void *user, int32_t tok) {
+    printer *p = user;
+    char buf[512];
+    size_t nb = 0;
+    if (st_detok_push(&p->dt, tok, buf, sizeof buf, &nb) == ST_OK && nb)
+        printer_add(p, buf, nb, 0);
+    return p->stopped;
+}
+
+static int32_t parse_auto(const char *flag, const char *v, long lo, long hi) {
+    if (!strcmp(v, "auto"))
+        return 0;
+    long x;
+    parse_int("generate", flag, v, lo, hi, &x);
+    return (int32_t)x;
+}
+
 static int cmd_generate(int argc, char **argv) {
-    gen_opts o = {.n_predict = 256, .sp = st_sampler_default_params()};
-    enum { O_TEMP = 1000, O_TOPK, O_TOPP, O_MINP, O_SEED, O_JSON, O_NOBOS };
-    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
-                                       {"prompt", required_argument, 0, 'p'},
-                                       {"n-predict", required_argument, 0, 'n'},
-                                       {"temp", required_argument, 0, O_TEMP},
-                                       {"top-k", required_argument, 0, O_TOPK},
-                                       {"top-p", required_argument, 0, O_TOPP},
-                                       {"min-p", required_argument, 0, O_MINP},
-                                       {"seed", required_argument, 0, O_SEED},
-                                       {"threads", required_argument, 0, 't'},
-                                       {"ctx-size", required_argument, 0, 'c'},
-                                       {"no-bos", no_argument, 0, O_NOBOS},
-                                       {"json", no_argument, 0, O_JSON},
-                                       {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    gen_opts o = {
+        .n_predict = 256, .sp = st_sampler_default_params(), .spec = st_spec_default_params()};
+    enum {
+        O_TEMP = 1000,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_SEED,
+        O_JSON,
+        O_NOBOS,
+        O_STOP,
+        O_ALGO,
+        O_DRAFT,
+        O_STEPS,
+        O_EAGLE_TOPK,
+        O_NDRAFT,
+        O_BACKEND,
+        O_NG_MIN,
+        O_NG_MAX,
+        O_NG_BREADTH
+    };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},
+        {"threads", required_argument, 0, 't'},
+        {"ctx-size", required_argument, 0, 'c'},
+        {"no-bos", no_argument, 0, O_NOBOS},
+        {"json", no_argument, 0, O_JSON},
+        {"stop", required_argument, 0, O_STOP},
+        {"speculative-algorithm", required_argument, 0, O_ALGO},
+        {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
+        {"speculative-num-steps", required_argument, 0, O_STEPS},
+        {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
+        {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
+        {"attention-backend", required_argument, 0, O_BACKEND},
+        {"ngram-min-match", required_argument, 0, O_NG_MIN},
+        {"ngram-max-match", required_argument, 0, O_NG_MAX},
+        {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int c;
     long v;
     optind = 1;
@@ -146,6 +253,49 @@ static int cmd_generate(int argc, char **argv) {
         case O_NOBOS:
             o.no_bos = 1;
             break;
+        case O_STOP:
+            if (o.n_stops == MAX_STOPS)
+                die_usage("generate", "at most 16 --stop strings");
+            if (!optarg[0] || strlen(optarg) > 1024)
+                die_usage("generate", "--stop needs a text of 1..1024 bytes");
+            o.stops[o.n_stops++] = optarg;
+            break;
+        case O_ALGO:
+            if (st_spec_algo_parse(optarg, &o.spec.algo) != ST_OK) {
+                fprintf(stderr, "spectree generate: %s\n", st_last_error());
+                return 2;
+            }
+            break;
+        case O_DRAFT:
+            o.draft_path = optarg;
+            break;
+        case O_STEPS:
+            o.spec.num_steps = parse_auto("--speculative-num-steps", optarg, 1, 16);
+            break;
+        case O_EAGLE_TOPK:
+            o.spec.topk = parse_auto("--speculative-eagle-topk", optarg, 1, 8);
+            break;
+        case O_NDRAFT:
+            o.spec.num_draft_tokens = parse_auto("--speculative-num-draft-tokens", optarg, 2, 64);
+            break;
+        case O_BACKEND:
+            if (st_attn_backend_parse(optarg, &o.spec.backend) != ST_OK) {
+                fprintf(stderr, "spectree generate: %s\n", st_last_error());
+                return 2;
+            }
+            break;
+        case O_NG_MIN:
+            parse_int("generate", "--ngram-min-match", optarg, 1, 64, &v);
+            o.spec.ngram_min_match = (int32_t)v;
+            break;
+        case O_NG_MAX:
+            parse_int("generate", "--ngram-max-match", optarg, 1, 64, &v);
+            o.spec.ngram_max_match = (int32_t)v;
+            break;
+        case O_NG_BREADTH:
+            parse_int("generate", "--ngram-breadth", optarg, 1, 4096, &v);
+            o.spec.ngram_breadth = (int32_t)v;
+            break;
         case 'h':
             fputs(generate_help, stdout);
             return 0;
@@ -162,20 +312,23 @@ static int cmd_generate(int argc, char **argv) {
         die_usage("generate", "-m MODEL is required");
     if (!o.prompt)
         die_usage("generate", "-p PROMPT is required");
+    if (o.spec.algo == ST_SPEC_STANDALONE && !o.draft_path)
+        die_usage("generate", "STANDALONE needs --speculative-draft-model-path");
+    if (o.spec.algo != ST_SPEC_STANDALONE && o.draft_path)
+        die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
+                              "STANDALONE");
     if (!o.seed_set)
         o.sp.seed = (uint64_t)time(NULL);
 
-    st_model *m = NULL;
-    st_session *s = NULL;
+    st_model *m = NULL, *dm = NULL;
     int32_t *toks = NULL;
-    float *logits = NULL;
-    void *scratch = NULL;
     int rc = 1;
-    if (st_model_load(o.model, &m) != ST_OK) {
+    if (st_model_load(o.model, &m) != ST_OK ||
+        (o.draft_path && st_model_load(o.draft_path, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
-        return 1;
+        goto done;
     }
-    const st_model_hparams *hp = st_model_get_hparams(m);
+    o.spec.draft_model = dm;
     const st_tokenizer *tok = st_model_tokenizer(m);
     size_t plen = strlen(o.prompt);
     int64_t cap = (int64_t)plen + 8, n_prompt = 0;
@@ -193,84 +346,64 @@ static int cmd_generate(int argc, char **argv) {
         }
         toks[n_prompt++] = bos;
     }
-    st_session_params sp = st_session_default_params();
-    sp.n_threads = (int32_t)o.threads;
-    sp.n_ctx = (int32_t)(o.ctx ? o.ctx : hp->n_ctx_train);
-    if (n_prompt > sp.n_ctx) {
-        fprintf(stderr, "spectree: the prompt has %" PRId64 " tokens, more than the context (%d)\n",
-                n_prompt, sp.n_ctx);
-        goto done;
-    }
-    if (st_session_create(m, &sp, &s) != ST_OK) {
-        fprintf(stderr, "spectree: %s\n", st_last_error());
-        goto done;
-    }
-    logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    scratch = malloc(st_sample_scratch_size(hp->n_vocab));
-    if (!logits || !scratch) {
-        fprintf(stderr, "spectree: out of memory\n");
-        goto done;
-    }
     if (!o.seed_set && o.sp.temp > 0)
         fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
-    double t0 = st_time_seconds();
-    if (st_session_eval(s, 0, toks, (int32_t)n_prompt, logits, 1) != ST_OK) {
-        fprintf(stderr, "spectree: %s\n", st_last_error());
+    printer pr = {.o = &o};
+    st_detok_init(&pr.dt, tok);
+    st_detok_set_prev(&pr.dt, toks[n_prompt - 1]);
+    st_gen_stats gs;
+    if (st_generate(m, toks, n_prompt, o.n_predict, &o.sp, &o.spec, (int32_t)o.threads,
+                    (int32_t)o.ctx, on_token, &pr, &gs) != ST_OK) {
+        fprintf(stderr, "\nspectree: %s\n", st_last_error());
         goto done;
     }
-    double t1 = st_time_seconds();
-    st_detok dt;
-    st_detok_init(&dt, tok);
-    st_detok_set_prev(&dt, toks[n_prompt - 1]);
-    char buf[256];
-    size_t nb;
-    int64_t n_gen = 0;
-    int32_t ctx_max = sp.n_ctx;
-    while (n_gen < o.n_predict) {
-        int32_t pos = st_session_seq_len(s, 0);
-        int32_t next;
-        if (st_sample(logits, hp->n_vocab, &o.sp, pos, scratch, &next) != ST_OK) {
-            fprintf(stderr, "spectree: %s\n", st_last_error());
-            goto done;
-        }
-        if (st_tokenizer_is_eog(tok, next))
-            break;
-        n_gen++;
-        if (st_detok_push(&dt, next, buf, sizeof buf, &nb) == ST_OK && nb) {
-            fwrite(buf, 1, nb, stdout);
-            fflush(stdout);
-        }
-        if (n_gen == o.n_predict || pos + 1 >= ctx_max)
-            break;
-        if (st_session_eval(s, 0, &next, 1, logits, 1) != ST_OK) {
-            fprintf(stderr, "spectree: %s\n", st_last_error());
-            goto done;
-        }
-    }
-    if (st_detok_flush(&dt, buf, sizeof buf, &nb) == ST_OK && nb)
-        fwrite(buf, 1, nb, stdout);
+    char buf[512];
+    size_t nb = 0;
+    if (!pr.stopped && st_detok_flush(&pr.dt, buf, sizeof buf, &nb) == ST_OK && nb)
+        printer_add(&pr, buf, nb, 1);
+    if (!pr.stopped)
+        printer_add(&pr, "", 0, 1);
     fputc('\n', stdout);
     fflush(stdout);
-    double t2 = st_time_seconds();
-    double ptps = (double)n_prompt / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
-    double gtps = (double)n_gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
-    fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", n_prompt,
-            (t1 - t0) * 1e3, ptps);
-    fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s), %d threads\n", n_gen,
-            (t2 - t1) * 1e3, gtps, st_session_get_params(s)->n_threads);
-    if (o.json)
+    fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
+            gs.prompt_ms, gs.prompt_tok_s);
+    fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.gen_tokens,
+            gs.gen_ms, gs.gen_tok_s);
+    if (o.spec.algo != ST_SPEC_NONE) {
+        fprintf(stderr,
+                "speculative: %s, K=%d S=%d N=%d, %s attention: %" PRId64
+                " speculative steps (+%" PRId64 " plain), tau %.2f tokens/step; draft %.1f ms, "
+                "verify %.1f ms, overhead %.1f ms\n",
+                st_spec_algo_name(o.spec.algo), gs.topk, gs.num_steps, gs.num_draft_tokens,
+                st_attn_backend_name(o.spec.backend), gs.spec_steps, gs.plain_steps, gs.tau,
+                gs.draft_ms, gs.verify_ms, gs.overhead_ms);
+        fprintf(stderr, "accepted drafts per step:");
+        for (int k = 0; k <= gs.num_steps && k < 65; k++)
+            fprintf(stderr, " %d:%" PRId64, k, gs.accept_hist[k]);
+        fprintf(stderr, "\n");
+    }
+    if (o.json) {
         fprintf(stderr,
                 "{\"prompt_tokens\": %" PRId64 ", \"gen_tokens\": %" PRId64
                 ", \"prompt_ms\": %.3f, \"gen_ms\": %.3f, \"prompt_tok_s\": %.2f, "
-                "\"gen_tok_s\": %.2f, \"threads\": %d}\n",
-                n_prompt, n_gen, (t1 - t0) * 1e3, (t2 - t1) * 1e3, ptps, gtps,
-                st_session_get_params(s)->n_threads);
+                "\"gen_tok_s\": %.2f, \"algorithm\": \"%s\", \"spec_steps\": %" PRId64
+                ", \"plain_steps\": %" PRId64 ", \"tau\": %.4f, \"accept_hist\": [",
+                gs.prompt_tokens, gs.gen_tokens, gs.prompt_ms, gs.gen_ms, gs.prompt_tok_s,
+                gs.gen_tok_s, st_spec_algo_name(o.spec.algo), gs.spec_steps, gs.plain_steps,
+                gs.tau);
+        int top = o.spec.algo != ST_SPEC_NONE ? gs.num_steps : 0;
+        for (int k = 0; k <= top && k < 65; k++)
+            fprintf(stderr, k ? ", %" PRId64 : "%" PRId64, gs.accept_hist[k]);
+        fprintf(stderr,
+                "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
+                "\"num_steps\": %d, \"num_draft_tokens\": %d, \"attention_backend\": \"%s\"}\n",
+                gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps,
+                gs.num_draft_tokens, st_attn_backend_name(o.spec.backend));
+    }
     rc = 0;
 done:
-    free(scratch);
-    free(logits);
     free(toks);
-    st_session_free(s);
+    st_model_free(dm);
     st_model_free(m);
     return rc;
 }

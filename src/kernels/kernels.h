@@ -56,6 +56,10 @@ typedef struct st_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y[i] = fma(a, x[i], y[i]) for i < n. */
     void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* Softmax numerator: x[i] = exp(x[i] - mx) for i < n (x[i] = -inf gives 0), returning the
+     * sum with eight lanes (lane = i mod 8) and the canonical final reduction. exp is the
+     * project's own polynomial (st_expf_ref), identical in every table. */
+    float (*exp_sum)(float *x, int64_t n, float mx);
     /* Quantizes K floats (K a multiple of 32) into K/32 blocks: d = max|x|/127, q = round(x/d). */
     void (*quantize_q8x)(st_block_q8x *y, const float *x, int64_t K);
 } st_kernels;
@@ -65,6 +69,10 @@ const st_kernels *st_kernels_get(void);
 /* The scalar reference table and, if this CPU supports it, the AVX2 table (else NULL). */
 const st_kernels *st_kernels_ref(void);
 const st_kernels *st_kernels_avx2(void);
+
+/* exp(x) as every kernel table computes it: range reduction by ln 2 and a degree-6 polynomial
+ * with explicit fma, so scalar and vector versions agree bit for bit (relative error < 3e-7). */
+float st_expf_ref(float x);
 
 /* Conversions shared by kernels and loaders. */
 float st_fp16_to_f32(uint16_t h);

@@ -48,6 +48,49 @@ static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
         y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* Eight lanes of st_expf_ref, operation for operation. */
+static inline __m256 exp8(__m256 x) {
+    __m256 lo_ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GT_OQ);
+    __m256 isnan_ = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    xc = _mm256_max_ps(xc, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    y = _mm256_and_ps(y, lo_ok);           /* x <= -87 (or -inf) -> 0 */
+    return _mm256_blendv_ps(y, x, isnan_); /* NaN stays NaN */
+}
+
+static float exp_sum_avx2(float *x, int64_t n, float mx) {
+    __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    if (i < n) {
+        __m256i mk = tail_mask(n - i);
+        __m256 y = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mk), vm));
+        y = _mm256_and_ps(y, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(x + i, mk, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    return hsum8(acc);
+}
+
 /* Loads 8 weights of the given kind as floats. kind: 0 f32, 1 f16, 2 bf16. */
 static inline __m256 load_w(const void *w, int64_t i, int kind) {
     if (kind == 0)
@@ -230,6 +273,7 @@ static const st_kernels st_kernels_avx2_table = {
     .matmul_q4_0 = matmul_q4_0_avx2,
     .dot = dot_avx2,
     .axpy = axpy_avx2,
+    .exp_sum = exp_sum_avx2,
     .quantize_q8x = quantize_q8x_avx2,
 };
 

@@ -24,6 +24,39 @@ static float dot_ref(const float *a, const float *b, int64_t n) {
     return reduce8(acc);
 }
 
+float st_expf_ref(float x) {
+    if (!(x > -87.0f)) /* also NaN -> 0 would hide NaN: keep it */
+        return isnan(x) ? x : 0.0f;
+    if (x > 88.0f)
+        x = 88.0f;
+    float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, x);
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r);
+    p = p + 1.0f;
+    union {
+        uint32_t u;
+        float f;
+    } s = {(uint32_t)((int32_t)n + 127) << 23};
+    return p * s.f;
+}
+
+static float exp_sum_ref(float *x, int64_t n, float mx) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i < n; i++) {
+        x[i] = st_expf_ref(x[i] - mx);
+        acc[i & 7] += x[i];
+    }
+    return reduce8(acc);
+}
+
 static void axpy_ref(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         y[i] = fmaf(a, x[i], y[i]);
@@ -141,6 +174,7 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_q4_0 = matmul_q4_0_ref,
     .dot = dot_ref,
     .axpy = axpy_ref,
+    .exp_sum = exp_sum_ref,
     .quantize_q8x = quantize_q8x_ref,
 };
 

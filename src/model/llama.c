@@ -163,45 +163,35 @@ void st_model_free(st_model *m) {
     st_free(m);
 }
 
-st_status st_model_load(const char *path, st_model **out) {
-    if (!out || !path)
-        return st_fail(ST_ERR_INVALID, "st_model_load: NULL argument");
-    *out = NULL;
-    st_model *m = st_calloc(1, sizeof *m);
-    if (!m)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
-    st_status s = st_gguf_open(path, &m->gguf);
-    if (s)
-        goto fail;
+/* Everything after opening the file: hyper-parameters, tensors, tokenizer. m->gguf is set; on
+ * error the caller frees m. */
+static st_status model_from_gguf(st_model *m) {
     const st_gguf *g = m->gguf;
+    const char *path = st_gguf_name(g);
     st_model_hparams *hp = &m->hp;
-    if ((s = load_hparams(g, hp)))
-        goto fail;
+    st_status s = load_hparams(g, hp);
+    if (s)
+        return s;
     const st_gguf_tensor *te = st_gguf_tensor_find(g, "token_embd.weight");
-    if (!te) {
-        s = st_fail(ST_ERR_FORMAT, "%s: missing tensor 'token_embd.weight'%s", path,
-                    st_gguf_n_tensors(g) == 0 ? " (this is a vocabulary-only file)" : "");
-        goto fail;
-    }
-    if (te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
-        s = st_fail(ST_ERR_FORMAT, "%s: token_embd.weight has %" PRId64 " rows", path, te->ne[1]);
-        goto fail;
-    }
+    if (!te)
+        return st_fail(ST_ERR_FORMAT, "%s: missing tensor 'token_embd.weight'%s", path,
+                       st_gguf_n_tensors(g) == 0 ? " (this is a vocabulary-only file)" : "");
+    if (te->ne[1] < 1 || te->ne[1] > (1 << 24))
+        return st_fail(ST_ERR_FORMAT, "%s: token_embd.weight has %" PRId64 " rows", path,
+                       te->ne[1]);
     hp->n_vocab = (int32_t)te->ne[1];
     const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim,
                   KV = (int64_t)hp->n_head_kv * hp->head_dim;
     if ((s = get_matrix(g, "token_embd.weight", E, hp->n_vocab, 0, &m->tok_embd)) ||
         (s = get_matrix(g, "output.weight", E, hp->n_vocab, 1, &m->output)) ||
         (s = get_vector(g, "output_norm.weight", E, &m->out_norm)))
-        goto fail;
+        return s;
     hp->tied_output = m->output.data == NULL;
     if (hp->tied_output)
         m->output = m->tok_embd;
     m->layers = st_calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) {
-        s = st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
-        goto fail;
-    }
+    if (!m->layers)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         st_layer *L = &m->layers[l];
         char name[96];
@@ -215,24 +205,50 @@ st_status st_model_load(const char *path, st_model **out) {
             (s = get_matrix(g, ST_NAME("ffn_gate.weight"), E, hp->n_ff, 0, &L->w_gate)) ||
             (s = get_matrix(g, ST_NAME("ffn_up.weight"), E, hp->n_ff, 0, &L->w_up)) ||
             (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)))
-            goto fail;
+            return s;
 #undef ST_NAME
     }
     hp->wtype = m->layers[0].wq.type;
     if ((s = st_tokenizer_load(g, &m->tok))) {
         st_error_prefix("%s: tokenizer", path);
-        goto fail;
+        return s;
     }
-    if (st_tokenizer_n_vocab(m->tok) > hp->n_vocab) {
-        s = st_fail(ST_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding only %d rows",
-                    path, st_tokenizer_n_vocab(m->tok), hp->n_vocab);
-        goto fail;
+    if (st_tokenizer_n_vocab(m->tok) > hp->n_vocab)
+        return st_fail(ST_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding only %d rows",
+                       path, st_tokenizer_n_vocab(m->tok), hp->n_vocab);
+    return ST_OK;
+}
+
+/* Builds a model over an opened GGUF, taking ownership of g (freed on error). Shared by
+ * st_model_load and st_model_load_memory (load_memory.c). */
+st_status st_model_from_gguf(st_gguf *g, st_model **out);
+st_status st_model_from_gguf(st_gguf *g, st_model **out) {
+    *out = NULL;
+    st_model *m = st_calloc(1, sizeof *m);
+    if (!m) {
+        st_status s = st_fail(ST_ERR_NOMEM, "%s: out of memory", st_gguf_name(g));
+        st_gguf_free(g);
+        return s;
+    }
+    m->gguf = g;
+    st_status s = model_from_gguf(m);
+    if (s) {
+        st_model_free(m);
+        return s;
     }
     *out = m;
     return ST_OK;
-fail:
-    st_model_free(m);
-    return s;
+}
+
+st_status st_model_load(const char *path, st_model **out) {
+    if (!out || !path)
+        return st_fail(ST_ERR_INVALID, "st_model_load: NULL argument");
+    *out = NULL;
+    st_gguf *g;
+    st_status s = st_gguf_open(path, &g);
+    if (s)
+        return s;
+    return st_model_from_gguf(g, out);
 }
 
 const st_model_hparams *st_model_get_hparams(const st_model *m) { return &m->hp; }
@@ -514,12 +530,11 @@ static void attn_head(const st_session *s, const st_fwd *f, int32_t l, int32_t i
         sc[n++] = v;
         mx = v > mx ? v : mx;
     }
-    float sum = 0.0f;
-    for (int32_t t = 0; t < n; t++) {
-        float e = sc[t] == -INFINITY ? 0.0f : expf(sc[t] - mx);
-        sc[t] = e;
-        sum += e;
+    if (mx == -INFINITY) { /* no visible key: zero output */
+        memset(s->att + (int64_t)i * hp->n_head * hd + (int64_t)h * hd, 0, (size_t)hd * 4);
+        return;
     }
+    float sum = k->exp_sum(sc, n, mx);
     float *out = s->att + (int64_t)i * hp->n_head * hd + (int64_t)h * hd;
     memset(out, 0, (size_t)hd * sizeof(float));
     if (!(sum > 0.0f))

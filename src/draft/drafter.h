@@ -1,0 +1,39 @@
+/*
+ * drafter.h: the drafter interface. A drafter proposes one step's draft tree in the form of
+ * TREE_SPEC §1 draft results (K candidates per node over S levels with cumulative scores, the
+ * K best of each level expanded: EAGLE-2's dynamic tree), which st_tree_organize and
+ * st_tree_build turn into the verified tree.
+ */
+#ifndef ST_DRAFTER_H
+#define ST_DRAFTER_H
+
+#include "model/model.h"
+#include "spec/spec.h"
+
+typedef struct st_drafter st_drafter;
+
+struct st_drafter {
+    /* Proposes draft results for the step whose root is hist[n_hist-1] at position n_hist-1
+     * (all earlier tokens are committed). Writes scores (M), tokens (M) and level_parents
+     * (st_tree_level_parents_width(K, S)) for M = st_tree_n_candidates(K, S); candidates that
+     * do not exist get score -INFINITY. *n_real: the number of candidates with a finite score
+     * (the engine verifies at most that many drafted nodes). */
+    st_status (*propose)(st_drafter *d, const int32_t *hist, int64_t n_hist, int64_t K, int64_t S,
+                         float *scores, int32_t *tokens, int64_t *level_parents, int64_t *n_real);
+    void (*free)(st_drafter *d);
+    double ms; /* time spent drafting, accumulated by the drafter */
+};
+
+/* n-gram (prompt lookup) drafter: continuations of the longest matching suffix, merged into a
+ * trie, scored by the fraction of matches through each node. No model. */
+st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t breadth,
+                                  int64_t max_k, int64_t max_s, st_drafter **out);
+
+/* Draft-model drafter (SGLang STANDALONE): a small model with the target's vocabulary, its own
+ * KV cache, top-K expansion per level with cumulative probabilities, and draft-tree attention
+ * to each node's real ancestors. */
+st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
+                                  int32_t n_threads, int64_t max_k, int64_t max_s,
+                                  st_drafter **out);
+
+#endif /* ST_DRAFTER_H */
