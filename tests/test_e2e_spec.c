@@ -1,0 +1,153 @@
+/*
+ * test_e2e_spec.c: speculation is invisible (DESIGN.md invariant 1). On stories260K, for
+ * several prompts, every drafter (NGRAM; STANDALONE with stories260K as its own draft), tree
+ * shapes K in {1, 2, 4}, S in {1, 3, 6}, N in {2, 4, 8, 16, 32}, both attention backends and 1
+ * or 2 threads, greedy and seeded sampling: the generated tokens equal plain decoding with the
+ * same seed. With the model as its own draft and K = 1, greedy decoding accepts every draft.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "spectree.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static st_model *model;
+
+static int setup(void **state) {
+    (void)state;
+    return st_model_load(tu_shared("models/stories260K.gguf"), &model) == ST_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    st_model_free(model);
+    return 0;
+}
+
+typedef struct rec {
+    int32_t toks[512];
+    int n;
+} rec;
+
+static int record(void *user, int32_t t) {
+    rec *r = user;
+    if (r->n < 512)
+        r->toks[r->n++] = t;
+    return 0;
+}
+
+enum { N_GEN = 32, CTX = 256 };
+
+static void run(const int32_t *prompt, int np, const st_sampler_params *sp,
+                const st_spec_params *spec, int threads, rec *out, st_gen_stats *gs) {
+    memset(out, 0, sizeof *out);
+    st_status s = st_generate(model, prompt, np, N_GEN, sp, spec, threads, CTX, record, out, gs);
+    if (s != ST_OK)
+        fail_msg("generate: %s", st_last_error());
+}
+
+static void test_lossless_matrix(void **state) {
+    (void)state;
+    const int32_t prompts[3][8] = {{1, 403, 407, 261, 378, 0, 0, 0},
+                                   {1, 300, 301, 302, 303, 304, 305, 306},
+                                   {1, 265, 282, 295, 433, 426, 385, 328}};
+    const int np[3] = {5, 8, 8};
+    const int Ks[] = {1, 2, 4}, Ss[] = {1, 3, 6}, Ns[] = {2, 4, 8, 16, 32};
+    st_sampler_params greedy = {.temp = 0.0f};
+    st_sampler_params sampled = {.temp = 0.8f, .top_p = 0.9f, .top_k = 40, .min_p = 0.0f};
+    int runs = 0;
+    for (int p = 0; p < 3; p++)
+        for (int smp = 0; smp < 2; smp++) {
+            st_sampler_params sp = smp ? sampled : greedy;
+            sp.seed = 1234 + (uint64_t)p;
+            rec plain, got;
+            st_gen_stats gs;
+            st_spec_params none = st_spec_default_params();
+            run(prompts[p], np[p], &sp, &none, 1, &plain, &gs);
+            assert_int_equal(plain.n, N_GEN);
+            for (int algo = 0; algo < 2; algo++)
+                for (size_t ki = 0; ki < 3; ki++)
+                    for (size_t si = 0; si < 3; si++)
+                        for (size_t ni = 0; ni < 5; ni++) {
+                            int K = Ks[ki], S = Ss[si], N = Ns[ni];
+                            if (K == 1 && ni > 0)
+                                continue; /* K = 1 forces N = S + 1 */
+                            if (K > 1 && N - 1 > K + (S - 1) * K * K)
+                                continue;
+                            st_spec_params spec = st_spec_default_params();
+                            spec.algo = algo ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+                            spec.draft_model = model;
+                            spec.topk = K;
+                            spec.num_steps = S;
+                            spec.num_draft_tokens = N;
+                            /* vary backend and threads across the matrix */
+                            int v = (int)(ki + si + ni + (size_t)p + (size_t)smp);
+                            spec.backend = v % 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+                            int threads = 1 + (v / 2) % 2;
+                            run(prompts[p], np[p], &sp, &spec, threads, &got, &gs);
+                            if (got.n != plain.n ||
+                                memcmp(got.toks, plain.toks, sizeof(int32_t) * (size_t)plain.n))
+                                fail_msg("mismatch: prompt %d %s algo %d K %d S %d N %d %s "
+                                         "threads %d",
+                                         p, smp ? "sampled" : "greedy", algo, K, S, N,
+                                         st_attn_backend_name(spec.backend), threads);
+                            assert_true(gs.spec_steps > 0);
+                            if (algo == 1 && K == 1 && !smp) /* self-draft chain: all accepted */
+                                assert_int_equal(gs.accept_hist[S], gs.spec_steps);
+                            runs++;
+                        }
+        }
+    print_message("%d speculative runs matched plain decoding\n", runs);
+}
+
+/* auto shapes with the controller, and both backends with all options on one config */
+static void test_auto_and_stop(void **state) {
+    (void)state;
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    st_sampler_params sp = {.temp = 0.0f};
+    rec plain, got;
+    st_gen_stats gs;
+    st_spec_params spec = st_spec_default_params();
+    run(prompt, 5, &sp, &spec, 2, &plain, &gs);
+    for (int algo = 1; algo <= 2; algo++) {
+        spec = st_spec_default_params();
+        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+        spec.draft_model = model;
+        run(prompt, 5, &sp, &spec, 2, &got, &gs);
+        assert_int_equal(got.n, plain.n);
+        assert_memory_equal(got.toks, plain.toks, sizeof(int32_t) * (size_t)plain.n);
+    }
+    /* bad parameters are errors */
+    spec = st_spec_default_params();
+    spec.algo = ST_SPEC_NGRAM;
+    spec.topk = 2;
+    spec.num_steps = 2;
+    spec.num_draft_tokens = 64; /* more than 1 + K + (S-1)K^2 = 7 */
+    assert_int_equal(st_generate(model, prompt, 5, 8, &sp, &spec, 1, CTX, record, &got, &gs),
+                     ST_ERR_INVALID);
+    spec = st_spec_default_params();
+    spec.algo = ST_SPEC_STANDALONE;
+    assert_int_equal(st_generate(model, prompt, 5, 8, &sp, &spec, 1, CTX, record, &got, &gs),
+                     ST_ERR_INVALID);
+    st_spec_algo a;
+    assert_int_equal(st_spec_algo_parse("ngram", &a), ST_OK);
+    assert_int_equal(a, ST_SPEC_NGRAM);
+    assert_int_equal(st_spec_algo_parse("EAGLE", &a), ST_ERR_UNSUPPORTED);
+    assert_int_equal(st_spec_algo_parse("bogus", &a), ST_ERR_INVALID);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lossless_matrix),
+        cmocka_unit_test(test_auto_and_stop),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
