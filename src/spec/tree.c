@@ -403,7 +403,7 @@ st_status st_tree_build(const st_tree_shape *shape, const st_tree_input *in, con
                     d++;
                     if (row)
                         row[cur] = 1;
-                    bits |= (uint64_t)1 << (cur & 63);
+                    bits |= (uint64_t)1 << (cur & 63); /* read only for BITS: N <= 64 */
                     int32_t p = par[cur];
                     if (p <= 0)
                         break;
