@@ -188,8 +188,8 @@ static int64_t match_llama3(span s, int64_t p, int64_t e) { return match_llama3_
 static int64_t match_qwen2(span s, int64_t p, int64_t e) { return match_llama3_n(s, p, e, 1); }
 
 /* deepseek-llm, six patterns applied in sequence, each to the pieces the previous one left:
- * [\r\n] | \s?[cased letters]+ | \s?[!-/:-~！-／：-～‘-‟　-。]+ | \s+$ | [一-龥ࠀ-一가-퟿]+ |
- * \p{N}+ */
+ * [\r\n]; \s?[cased letters]+; \s?[punctuation]+ (ASCII !-/ :-~, U+FF01-FF0F, U+FF1A-FF5E,
+ * U+2018-201F, U+3000-3002); \s+$; [CJK]+ (U+4E00-9FA5, U+0800-4E00, U+AC00-D7FF); \p{N}+ */
 static int64_t match_ds_crlf(span s, int64_t p, int64_t e) {
     (void)e;
     return is_crlf(s.c[p]) ? 1 : 0;
