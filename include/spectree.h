@@ -222,7 +222,7 @@ typedef struct st_session_params {
     int32_t n_ctx;     /* positions per sequence; 0 = the model's training context */
     int32_t n_seq;     /* sequences held at once (default 1) */
     int32_t n_batch;   /* most tokens in one forward pass (default 64) */
-    int32_t n_threads; /* worker threads including the caller (default: online cores) */
+    int32_t n_threads; /* threads incl. the caller; 0: all cores (1 below 16 MB of weights) */
 } st_session_params;
 
 st_session_params st_session_default_params(void);

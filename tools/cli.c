@@ -72,7 +72,7 @@ static const char *generate_help =
     "      --top-p P        nucleus sampling, 1 = off (default 0.95)\n"
     "      --min-p P        drop tokens below P x the top probability, 0 = off (default 0.05)\n"
     "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
-    "  -t, --threads N      threads (default: all online cores)\n"
+    "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"

@@ -7,6 +7,7 @@
 #include "core.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -17,7 +18,9 @@
 #define ST_PAUSE() ((void)0)
 #endif
 
-enum { ST_SPIN_ITERS = 1 << 16 };
+/* Spins before a worker parks (~50 us); the caller yields its core after as many spins when a
+ * worker is late (an oversubscribed machine), instead of burning its time slice. */
+enum { ST_SPIN_ITERS = 1 << 13 };
 
 typedef struct worker_arg {
     struct st_pool *p;
@@ -125,8 +128,13 @@ void st_pool_run(st_pool *p, st_task_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->remaining, memory_order_acquire) > 0)
+    for (int spins = 0; atomic_load_explicit(&p->remaining, memory_order_acquire) > 0;) {
         ST_PAUSE();
+        if (++spins == ST_SPIN_ITERS) {
+            sched_yield();
+            spins = 0;
+        }
+    }
 }
 
 void st_pool_free(st_pool *p) {

@@ -320,8 +320,8 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
         p.n_seq = 1;
     if (p.n_batch <= 0)
         p.n_batch = 64;
-    if (p.n_threads <= 0)
-        p.n_threads = st_n_cores();
+    if (p.n_threads <= 0) /* tiny models: a barrier costs more than the work it splits */
+        p.n_threads = st_model_weight_bytes(m) < ((size_t)16 << 20) ? 1 : st_n_cores();
     if (p.n_ctx > (1 << 24) || p.n_seq > 4096 || p.n_batch > 4096)
         return st_fail(ST_ERR_INVALID, "session: n_ctx %d, n_seq %d or n_batch %d is too large",
                        p.n_ctx, p.n_seq, p.n_batch);
