@@ -72,6 +72,8 @@ static void feed(st_detok *d, uint8_t b, wbuf *w) {
 }
 
 void st_detok_init(st_detok *d, const st_tokenizer *t) {
+    if (!d)
+        return;
     memset(d, 0, sizeof *d);
     d->tok = t;
     d->prev = -1;
@@ -82,7 +84,9 @@ static int strips_after(const st_tokenizer *t, int32_t id) {
 }
 
 st_status st_detok_set_prev(st_detok *d, int32_t id) {
-    if (!d || !d->tok || id < 0 || id >= d->tok->n_vocab)
+    if (!d || !d->tok)
+        return st_fail(ST_ERR_INVALID, "st_detok_set_prev: state not initialized with a tokenizer");
+    if (id < 0 || id >= d->tok->n_vocab)
         return st_fail(ST_ERR_INVALID, "st_detok_set_prev: token id %" PRId32 " out of range", id);
     d->prev = id;
     d->strip_space = strips_after(d->tok, id);
@@ -91,7 +95,7 @@ st_status st_detok_set_prev(st_detok *d, int32_t id) {
 
 size_t st_detok_max_bytes(const st_tokenizer *t) {
     /* every byte (piece or held) can become at most one 3-byte U+FFFD */
-    return 3 * (t->max_dec + 4);
+    return t ? 3 * (t->max_dec + 4) : 0;
 }
 
 st_status st_detok_push(st_detok *d, int32_t id, char *out, size_t cap, size_t *n_out) {
