@@ -51,15 +51,19 @@ st_status st_fail(st_status s, const char *fmt, ...) {
 }
 
 void st_error_prefix(const char *fmt, ...) {
-    char old[ST_ERR_CAP];
-    memcpy(old, st_err_buf, sizeof old);
+    char pre[ST_ERR_CAP];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(st_err_buf, sizeof st_err_buf, fmt, ap);
+    int n = vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof st_err_buf - 3)
+    if (n < 0)
         return;
-    snprintf(st_err_buf + n, sizeof st_err_buf - (size_t)n, ": %s", old);
+    size_t lp = strlen(pre), lo = strlen(st_err_buf);
+    if (lp + 2 + lo >= sizeof st_err_buf)
+        return; /* keep the original detail rather than a truncated one */
+    memmove(st_err_buf + lp + 2, st_err_buf, lo + 1);
+    memcpy(st_err_buf, pre, lp);
+    memcpy(st_err_buf + lp, ": ", 2);
 }
 
 static atomic_llong st_n_allocs;
