@@ -599,6 +599,66 @@ static void test_pre_splits(void **state) {
     SPLIT(ST_PRE_GPT2, "a\xFF\xFE b", "a", "\xFF\xFE", " b");
 }
 
+/* ---- UTF-8 decoding and code point classes ---- */
+
+static void test_unicode(void **state) {
+    (void)state;
+    static const struct {
+        const char *s;
+        int len;
+        uint32_t cp;
+    } dec[] = {
+        {"A", 1, 'A'},
+        {"\xC3\xA9", 2, 0xE9},
+        {"\xE2\x96\x81", 3, 0x2581},
+        {"\xF0\x9F\xA6\x99", 4, 0x1F999},
+        {"\xF4\x8F\xBF\xBF", 4, 0x10FFFF},
+        {"\xC0\x80", 1, ST_CP_BAD + 0xC0},         /* overlong */
+        {"\xE0\x80\x80", 1, ST_CP_BAD + 0xE0},     /* overlong */
+        {"\xED\xA0\x80", 1, ST_CP_BAD + 0xED},     /* surrogate */
+        {"\xF4\x90\x80\x80", 1, ST_CP_BAD + 0xF4}, /* past U+10FFFF */
+        {"\xE2\x96", 1, ST_CP_BAD + 0xE2},         /* truncated */
+        {"\xE2\x41\x41", 1, ST_CP_BAD + 0xE2},     /* bad continuation */
+        {"\x80", 1, ST_CP_BAD + 0x80},
+        {"\xFF", 1, ST_CP_BAD + 0xFF},
+    };
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++) {
+        uint32_t cp;
+        int l = st_utf8_decode((const uint8_t *)dec[i].s, strlen(dec[i].s), &cp);
+        assert_int_equal(l, dec[i].len);
+        assert_int_equal(cp, dec[i].cp);
+    }
+    static const struct {
+        uint32_t cp;
+        int cls;
+    } cls[] = {
+        {'a', ST_UC_LETTER},     {'Z', ST_UC_LETTER},     {'7', ST_UC_NUMBER},
+        {'_', ST_UC_OTHER},      {' ', ST_UC_SPACE},      {'\t', ST_UC_SPACE},
+        {0x0B, ST_UC_SPACE},     {0x1C, ST_UC_OTHER},     {0x85, ST_UC_SPACE},
+        {0xA0, ST_UC_SPACE},     {0xB2, ST_UC_NUMBER},    {0xB5, ST_UC_LETTER},
+        {0x301, ST_UC_OTHER},    {0x663, ST_UC_NUMBER},   {0x1680, ST_UC_SPACE},
+        {0x180E, ST_UC_OTHER},   {0x200B, ST_UC_OTHER},   {0x2028, ST_UC_SPACE},
+        {0x3000, ST_UC_SPACE},   {0x216B, ST_UC_NUMBER},  {0x4E00, ST_UC_LETTER},
+        {0xAC00, ST_UC_LETTER},  {0x20AC, ST_UC_OTHER},   {0x1F600, ST_UC_OTHER},
+        {0x1E900, ST_UC_LETTER}, {0x10FFFF, ST_UC_OTHER}, {ST_CP_BAD + 0xFF, ST_UC_OTHER},
+    };
+    for (size_t i = 0; i < sizeof cls / sizeof cls[0]; i++)
+        if (st_uni_class(cls[i].cp) != cls[i].cls)
+            fail_msg("class of U+%04X is %d, expected %d", cls[i].cp, st_uni_class(cls[i].cp),
+                     cls[i].cls);
+    assert_true(st_uni_deepseek_letter(0x2126));
+    assert_true(st_uni_deepseek_letter(0x1FBE));
+    assert_false(st_uni_deepseek_letter(0x5D0)); /* Hebrew alef: Lo, uncased */
+    assert_false(st_uni_deepseek_letter(0x2D00));
+    /* the GPT-2 byte alphabet is a bijection */
+    for (int b = 0; b < 256; b++)
+        assert_int_equal(st_tok_cp_byte(st_tok_byte_cp((uint8_t)b)), b);
+    assert_int_equal(st_tok_byte_cp(' '), 0x120);
+    assert_int_equal(st_tok_byte_cp('\n'), 0x10A);
+    assert_int_equal(st_tok_byte_cp(0xAD), 0x143);
+    assert_int_equal(st_tok_cp_byte(0x144), -1);
+}
+
 /* ---- malformed vocabularies: hand-built GGUF bytes ---- */
 
 typedef struct gbuf {
@@ -810,6 +870,31 @@ static void test_bad_vocab(void **state) {
     assert_int_equal(st_tokenize(t, "a", 1, 1, ids, 8, &n), ST_ERR_INVALID);
     st_tokenizer_free(t);
 
+    /* ignore_merges (llama-bpe): a part that is a piece is emitted whole, even where the merges
+     * cannot build it; other pre-tokenizers merge */
+    static const char *const ign_tokens[] = {"a", "b", "c", "ab", "abc"};
+    static const char *const ign_merges[] = {"a b"};
+    for (int llama3 = 0; llama3 < 2; llama3++) {
+        gb_begin(&b);
+        kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        kv_str(&b, "tokenizer.ggml.pre", llama3 ? "llama-bpe" : "gpt-2");
+        kv_strs(&b, "tokenizer.ggml.tokens", ign_tokens, 5);
+        kv_strs(&b, "tokenizer.ggml.merges", ign_merges, 1);
+        assert_int_equal(gb_load(&b, &t), ST_OK);
+        assert_int_equal(st_tokenize(t, "abc", 3, 0, ids, 8, &n), ST_OK);
+        if (llama3) {
+            assert_int_equal(n, 1);
+            assert_int_equal(ids[0], 4);
+            assert_true(st_tokenizer_add_bos_default(t));
+        } else {
+            assert_int_equal(n, 2);
+            assert_int_equal(ids[0], 3);
+            assert_int_equal(ids[1], 2);
+            assert_false(st_tokenizer_add_bos_default(t));
+        }
+        st_tokenizer_free(t);
+    }
+
     /* a minimal SPM vocabulary with a user-defined token */
     gb_begin(&b);
     static const char *const spm_tokens[] = {"<unk>",
@@ -850,6 +935,7 @@ int main(void) {
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_pre_splits),
         cmocka_unit_test(test_bad_vocab),
+        cmocka_unit_test(test_unicode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
