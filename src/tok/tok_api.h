@@ -72,9 +72,9 @@ int st_tokenizer_is_eog(const st_tokenizer *t, int32_t id);
  * when add_bos is nonzero. Writes at most cap ids to out (out may be NULL when cap is 0) and
  * sets *n_out to the number of ids the whole result has. Returns ST_OK; ST_ERR_RANGE when
  * cap < *n_out (out then holds the first cap ids: call again with a larger buffer);
- * ST_ERR_INVALID for a bad argument or add_bos without a BOS token; ST_ERR_NOMEM. The empty
- * text gives no tokens (just BOS when asked). Scratch memory, about 100 bytes per input byte,
- * is allocated per call and freed before returning. */
+ * ST_ERR_INVALID for a bad argument, a text over 1 GiB, or add_bos without a BOS token;
+ * ST_ERR_NOMEM. The empty text gives no tokens (just BOS when asked). Scratch memory, about 100
+ * bytes per input byte, is allocated per call and freed before returning. */
 st_status st_tokenize(const st_tokenizer *t, const char *text, size_t len, int add_bos,
                       int32_t *out, int64_t cap, int64_t *n_out);
 
