@@ -60,11 +60,12 @@ size_t st_sample_scratch_size(int32_t n_vocab) {
 
 float st_sample_uniform(uint64_t seed, int64_t pos) { return st_rng_uniform(seed, (uint64_t)pos); }
 
+/* Parameters other than temp are read only when temp > 0. */
 st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_params *p, int64_t pos,
                     void *scratch, int32_t *out) {
     if (!logits || !p || !out || n_vocab < 1 || !scratch)
         return st_fail(ST_ERR_INVALID, "sample: bad arguments");
-    if (!(p->temp >= 0.0f) || !(p->top_p > 0.0f) || !(p->min_p <= 1.0f))
+    if (!(p->temp >= 0.0f) || (p->temp > 0.0f && (!(p->top_p > 0.0f) || !(p->min_p <= 1.0f))))
         return st_fail(ST_ERR_INVALID, "sample: temp %g, top_p %g or min_p %g out of range",
                        (double)p->temp, (double)p->top_p, (double)p->min_p);
     if (p->temp == 0.0f) {

@@ -1,0 +1,198 @@
+/*
+ * test_sampling.c: the sampler and the tree samplers' distributions.
+ * - st_sample: greedy ties, top-k = 1 is greedy, a pure function of (logits, params, pos),
+ *   filters, bad parameters, and its empirical distribution (chi-square).
+ * - SGLang's target-only tree sampler (TREE_SPEC §3.2, thresholds 1) draws from the target
+ *   distribution: over many seeds, the first emitted token's frequencies pass a chi-square test
+ *   against q, whatever the drafted children; so does the position-coupled sampler.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "spectree.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Chi-square statistic of counts against probabilities p over n categories. */
+static double chi2(const int64_t *counts, const double *p, int n, int64_t total) {
+    double x = 0;
+    for (int i = 0; i < n; i++) {
+        double e = p[i] * (double)total;
+        if (e > 0)
+            x += ((double)counts[i] - e) * ((double)counts[i] - e) / e;
+    }
+    return x;
+}
+
+/* Upper 0.1% quantile of chi-square with df degrees of freedom (Wilson-Hilferty). */
+static double chi2_crit(int df) {
+    double z = 3.09; /* 99.9% one-sided */
+    double a = 2.0 / (9.0 * df);
+    double t = 1.0 - a + z * sqrt(a);
+    return df * t * t * t;
+}
+
+static void test_sample_basics(void **state) {
+    (void)state;
+    float lg[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.9f};
+    char scratch[4096];
+    assert_true(st_sample_scratch_size(6) <= sizeof scratch);
+    st_sampler_params g = {.temp = 0.0f};
+    int32_t t;
+    assert_int_equal(st_sample(lg, 6, &g, 0, scratch, &t), ST_OK);
+    assert_int_equal(t, 1); /* tie: lower id */
+    st_sampler_params k1 = {.temp = 1.0f, .top_k = 1, .top_p = 1.0f, .seed = 5};
+    for (int pos = 0; pos < 50; pos++) {
+        assert_int_equal(st_sample(lg, 6, &k1, pos, scratch, &t), ST_OK);
+        assert_int_equal(t, 1);
+    }
+    /* pure function of (seed, pos) */
+    st_sampler_params sp = {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 99};
+    for (int pos = 0; pos < 100; pos++) {
+        int32_t a, b;
+        assert_int_equal(st_sample(lg, 6, &sp, pos, scratch, &a), ST_OK);
+        assert_int_equal(st_sample(lg, 6, &sp, pos, scratch, &b), ST_OK);
+        assert_int_equal(a, b);
+    }
+    /* min-p keeps only tokens within a factor of the best */
+    st_sampler_params mp = {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.5f, .seed = 1};
+    for (int pos = 0; pos < 200; pos++) {
+        assert_int_equal(st_sample(lg, 6, &mp, pos, scratch, &t), ST_OK);
+        assert_true(t == 1 || t == 2 || t == 5);
+    }
+    st_sampler_params bad = {.temp = -1.0f, .top_p = 1.0f};
+    assert_int_equal(st_sample(lg, 6, &bad, 0, scratch, &t), ST_ERR_INVALID);
+    bad = (st_sampler_params){.temp = 1.0f, .top_p = 0.0f};
+    assert_int_equal(st_sample(lg, 6, &bad, 0, scratch, &t), ST_ERR_INVALID);
+    assert_int_equal(st_sample(lg, 0, &sp, 0, scratch, &t), ST_ERR_INVALID);
+}
+
+static void test_sample_distribution(void **state) {
+    (void)state;
+    enum { V = 8, DRAWS = 40000 };
+    float lg[V];
+    double p[V], z = 0;
+    for (int i = 0; i < V; i++) {
+        lg[i] = 0.3f * (float)i - 0.05f * (float)(i * i);
+        p[i] = exp((double)lg[i] / 0.7);
+        z += p[i];
+    }
+    for (int i = 0; i < V; i++)
+        p[i] /= z;
+    char scratch[4096];
+    st_sampler_params sp = {.temp = 0.7f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 7};
+    int64_t counts[V] = {0};
+    for (int64_t pos = 0; pos < DRAWS; pos++) {
+        int32_t t;
+        assert_int_equal(st_sample(lg, V, &sp, pos, scratch, &t), ST_OK);
+        counts[t]++;
+    }
+    double x = chi2(counts, p, V, DRAWS);
+    print_message("st_sample chi2 = %.2f (df %d, critical %.2f)\n", x, V - 1, chi2_crit(V - 1));
+    assert_true(x < chi2_crit(V - 1));
+}
+
+/* One tree: root with K children (tokens `kids`), each child with one child; target
+ * distribution q at every node. Returns the first emitted token of target-only sampling. */
+static int32_t tree_first_token(int K, const int32_t *kids, const float *q, int V, float coin,
+                                float coin_next, float coin_final) {
+    enum { NMAX = 16 };
+    int64_t n = 1 + 2 * K;
+    int32_t tokens[NMAX], positions[NMAX];
+    int64_t ri[NMAX], nt[NMAX], ns[NMAX];
+    /* node 1..K: root children; node K+i: child of node i */
+    tokens[0] = 0;
+    for (int i = 0; i < K; i++) {
+        tokens[1 + i] = kids[i];
+        tokens[1 + K + i] = kids[(i + 1) % K];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        ri[i] = i;
+        nt[i] = -1;
+        ns[i] = -1;
+        positions[i] = i == 0 ? 0 : (i <= K ? 1 : 2);
+    }
+    nt[0] = 1;
+    for (int i = 1; i <= K; i++) {
+        ns[i] = i < K ? i + 1 : -1;
+        nt[i] = K + i;
+    }
+    st_tree tree = {tokens, positions, ri, nt, ns};
+    float probs[NMAX * 8], coins[NMAX];
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(probs + i * V, q, (size_t)V * sizeof(float));
+        coins[i] = coin_next;
+    }
+    coins[0] = coin;
+    int32_t pred[NMAX];
+    int64_t acc[3], k;
+    assert_int_equal(st_verify_tree_target_only(1, n, 2, V, &tree, probs, coins, &coin_final, 1.0f,
+                                                1.0f, pred, acc, &k),
+                     ST_OK);
+    return k >= 1 ? tokens[acc[1]] : pred[acc[0]];
+}
+
+static void test_target_only_distribution(void **state) {
+    (void)state;
+    enum { V = 6, DRAWS = 60000 };
+    const float q[V] = {0.05f, 0.3f, 0.1f, 0.25f, 0.2f, 0.1f};
+    double p[V];
+    for (int i = 0; i < V; i++)
+        p[i] = q[i];
+    const int32_t kid_sets[3][3] = {{1, 3, 4}, {0, 5, 2}, {3, 1, 0}};
+    const int Ks[3] = {3, 2, 3};
+    for (int set = 0; set < 3; set++) {
+        int64_t counts[V] = {0};
+        for (int64_t d = 0; d < DRAWS; d++) {
+            float c0 = st_sample_uniform(1000 + (uint64_t)set, 3 * d);
+            float c1 = st_sample_uniform(1000 + (uint64_t)set, 3 * d + 1);
+            float cf = st_sample_uniform(1000 + (uint64_t)set, 3 * d + 2);
+            counts[tree_first_token(Ks[set], kid_sets[set], q, V, c0, c1, cf)]++;
+        }
+        double x = chi2(counts, p, V, DRAWS);
+        print_message("target-only tree sampler, children set %d: chi2 = %.2f (critical %.2f)\n",
+                      set, x, chi2_crit(V - 1));
+        assert_true(x < chi2_crit(V - 1));
+    }
+}
+
+/* The position-coupled sampler: greedy verify against the target's own samples emits exactly
+ * the sample at every position, so its distribution is the sampler's. */
+static void test_coupled_equals_plain(void **state) {
+    (void)state;
+    enum { V = 6 };
+    const float lg[V] = {0.1f, 1.2f, -0.3f, 0.9f, 0.5f, 0.0f};
+    char scratch[4096];
+    st_sampler_params sp = {.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 3};
+    for (int64_t pos = 1; pos < 2000; pos++) {
+        int32_t plain;
+        assert_int_equal(st_sample(lg, V, &sp, pos, scratch, &plain), ST_OK);
+        /* a root with children 0..3 at position pos-1: the emitted token is the sample */
+        int32_t tokens[5] = {9, 0, 1, 2, 3}, positions[5] = {0, 1, 1, 1, 1};
+        int64_t ri[5] = {0, 1, 2, 3, 4}, nt[5] = {1, -1, -1, -1, -1}, ns[5] = {-1, 2, 3, 4, -1};
+        st_tree tree = {tokens, positions, ri, nt, ns};
+        int32_t tp[5], pred[5];
+        for (int i = 0; i < 5; i++)
+            assert_int_equal(st_sample(lg, V, &sp, pos + (i > 0), scratch, &tp[i]), ST_OK);
+        int64_t acc[2], k;
+        assert_int_equal(st_verify_tree_greedy(1, 5, 1, &tree, tp, pred, acc, &k), ST_OK);
+        int32_t first = k ? tokens[acc[1]] : pred[acc[0]];
+        assert_int_equal(first, plain);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sample_basics),
+        cmocka_unit_test(test_sample_distribution),
+        cmocka_unit_test(test_target_only_distribution),
+        cmocka_unit_test(test_coupled_equals_plain),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
