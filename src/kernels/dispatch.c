@@ -5,6 +5,9 @@
 #include "kernels/kernels.h"
 
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,9 +18,12 @@ static pthread_once_t st_once = PTHREAD_ONCE_INIT;
 
 static int cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
+    /* F16C is CPUID leaf 1, ECX bit 29 (older compilers do not know the feature name). */
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)))
+        return 0;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return 0;
 #endif
