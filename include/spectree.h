@@ -710,6 +710,20 @@ st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt
                       int32_t n_threads, int32_t n_ctx, st_emit_fn emit, void *user,
                       st_gen_stats *stats);
 
+/* Called for each generated token of sequence seq (the prompt's index) in order; return nonzero
+ * to stop that sequence there. */
+typedef int (*st_emit_seq_fn)(void *user, int32_t seq, int32_t token);
+
+/* Generates for bs prompts (1..64) at once: every step drafts a tree per sequence and verifies
+ * all of them in one target forward pass (FULL_MASK rows with per-request prefix lengths for
+ * dense, the tree block for cascade). Each sequence's tokens equal its own st_generate output.
+ * Sequences finish independently; stats sum over them. */
+st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const *prompts,
+                            const int64_t *n_prompts, int64_t n_predict,
+                            const st_sampler_params *sampler, const st_spec_params *spec,
+                            int32_t n_threads, int32_t n_ctx, st_emit_seq_fn emit, void *user,
+                            st_gen_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -144,10 +144,54 @@ static void test_auto_and_stop(void **state) {
     assert_int_equal(st_spec_algo_parse("bogus", &a), ST_ERR_INVALID);
 }
 
+typedef struct brec {
+    rec r[4];
+} brec;
+
+static int record_seq(void *user, int32_t seq, int32_t t) {
+    brec *b = user;
+    return record(&b->r[seq], t);
+}
+
+/* A batch of prompts verified together gives each sequence exactly its own output. */
+static void test_batch(void **state) {
+    (void)state;
+    const int32_t p0[] = {1, 403, 407, 261, 378}, p1[] = {1, 300, 301, 302, 303, 304, 305},
+                  p2[] = {1, 265, 282}, p3[] = {1, 7, 90, 450, 511, 3};
+    const int32_t *prompts[4] = {p0, p1, p2, p3};
+    const int64_t np[4] = {5, 7, 3, 6};
+    for (int cfg = 0; cfg < 8; cfg++) {
+        st_sampler_params sp = {
+            .temp = cfg & 1 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 77};
+        st_spec_params spec = st_spec_default_params();
+        spec.algo = cfg & 2 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+        spec.draft_model = model;
+        spec.backend = cfg & 4 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+        spec.topk = 2;
+        spec.num_steps = 3;
+        spec.num_draft_tokens = 6;
+        brec got;
+        memset(&got, 0, sizeof got);
+        st_gen_stats gs;
+        assert_int_equal(st_generate_batch(model, 4, prompts, np, N_GEN, &sp, &spec, 2, CTX,
+                                           record_seq, &got, &gs),
+                         ST_OK);
+        assert_true(gs.spec_steps > 0);
+        for (int b = 0; b < 4; b++) {
+            rec one;
+            st_spec_params none = st_spec_default_params();
+            run(prompts[b], (int)np[b], &sp, &none, 1, &one, &gs);
+            assert_int_equal(got.r[b].n, one.n);
+            assert_memory_equal(got.r[b].toks, one.toks, sizeof(int32_t) * (size_t)one.n);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless_matrix),
         cmocka_unit_test(test_auto_and_stop),
+        cmocka_unit_test(test_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -75,39 +75,50 @@ static st_status resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S,
     return ST_OK;
 }
 
+enum { ST_MAX_BS = 64 };
+
 typedef struct gen {
     st_session *s;
-    st_drafter *dr;
+    st_drafter *dr[ST_MAX_BS]; /* one drafter per sequence (each keeps its own state) */
     st_verify_mask *vm;
-    int32_t V;
-    /* per-step arrays */
-    float *scores;
-    int32_t *cand_tokens;
-    int64_t *level_parents, *sel, *parent_list;
-    int32_t *drafts;
-    int32_t tree_tokens[ST_MAX_N], positions[ST_MAX_N];
-    int64_t ri[ST_MAX_N], nt[ST_MAX_N], ns[ST_MAX_N];
-    int32_t tp[ST_MAX_N], pred[ST_MAX_N];
-    int64_t acc[ST_MAX_S + 2];
-    float *logits; /* (ST_MAX_N, V) */
-    void *scratch; /* sampler */
-    int32_t *hist; /* (n_ctx + 1) */
+    int32_t V, bs;
+    int64_t M, LPW, PW;
+    /* per-step arrays, row b = active request b */
+    float *scores;                                /* (bs, M) */
+    int32_t *cand_tokens;                         /* (bs, M) */
+    int64_t *level_parents;                       /* (bs, LPW) */
+    int64_t *sel;                                 /* (bs, N-1) */
+    int64_t *parent_list;                         /* (bs, PW) */
+    int32_t *drafts;                              /* (bs, N-1) */
+    int32_t *roots;                               /* (bs) */
+    int64_t *seq_lens;                            /* (bs) */
+    int32_t *seqs;                                /* (bs) */
+    int32_t *tree_tokens, *positions, *tp, *pred; /* (bs, N) */
+    int64_t *ri, *nt, *ns;                        /* (bs, N) */
+    int64_t *acc;                                 /* (bs, S+1) */
+    int64_t *n_acc;                               /* (bs) */
+    float *logits;                                /* (bs*N, V) */
+    void *scratch;                                /* sampler */
+    int32_t *hist[ST_MAX_BS];                     /* (n_ctx + 1) each */
+    int64_t n_hist[ST_MAX_BS];
+    int64_t n_gen[ST_MAX_BS];
+    int done[ST_MAX_BS];
 } gen;
 
 static void gen_free(gen *g) {
     st_session_free(g->s);
-    if (g->dr)
-        g->dr->free(g->dr);
+    for (int i = 0; i < ST_MAX_BS; i++) {
+        if (g->dr[i])
+            g->dr[i]->free(g->dr[i]);
+        st_free(g->hist[i]);
+    }
     st_verify_mask_free(g->vm);
-    st_free(g->scores);
-    st_free(g->cand_tokens);
-    st_free(g->level_parents);
-    st_free(g->sel);
-    st_free(g->parent_list);
-    st_free(g->drafts);
-    st_free(g->logits);
-    st_free(g->scratch);
-    st_free(g->hist);
+    void *p[] = {g->scores,    g->cand_tokens, g->level_parents, g->sel,    g->parent_list,
+                 g->drafts,    g->roots,       g->seq_lens,      g->seqs,   g->tree_tokens,
+                 g->positions, g->tp,          g->pred,          g->ri,     g->nt,
+                 g->ns,        g->acc,         g->n_acc,         g->logits, g->scratch};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        st_free(p[i]);
 }
 
 static int32_t argmax(const float *x, int32_t n) {
@@ -128,16 +139,45 @@ static st_status target_token(gen *g, const float *lg, const st_sampler_params *
     return st_sample(lg, g->V, sp, pos, g->scratch, out);
 }
 
-st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_predict,
-                      const st_sampler_params *sampler, const st_spec_params *spec,
-                      int32_t n_threads, int32_t n_ctx, st_emit_fn emit, void *user,
-                      st_gen_stats *stats) {
-    if (!m || !prompt || n_prompt < 1 || n_predict < 0 || !sampler)
-        return st_fail(ST_ERR_INVALID, "generate: need a model, a prompt of >= 1 token and a "
-                                       "sampler");
+typedef struct emit_ctx {
+    st_emit_seq_fn emit;
+    void *user;
+} emit_ctx;
+
+/* Appends token tok to sequence b's output; returns nonzero when b is finished. */
+static int push_token(gen *g, const st_model *m, int32_t b, int32_t tok, int64_t n_predict,
+                      const emit_ctx *ec) {
+    if (st_tokenizer_is_eog(m->tok, tok))
+        return g->done[b] = 1;
+    g->hist[b][g->n_hist[b]++] = tok;
+    g->n_gen[b]++;
+    if ((ec->emit && ec->emit(ec->user, b, tok)) || g->n_gen[b] >= n_predict)
+        g->done[b] = 1;
+    return g->done[b];
+}
+
+#define ALLOC(ptr, n)                                                                              \
+    do {                                                                                           \
+        (ptr) = st_malloc((size_t)(n) * sizeof *(ptr));                                            \
+        if (!(ptr)) {                                                                              \
+            rc = st_fail(ST_ERR_NOMEM, "generate: out of memory");                                 \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const *prompts,
+                            const int64_t *n_prompts, int64_t n_predict,
+                            const st_sampler_params *sampler, const st_spec_params *spec,
+                            int32_t n_threads, int32_t n_ctx, st_emit_seq_fn emit, void *user,
+                            st_gen_stats *stats) {
+    if (!m || !prompts || !n_prompts || n_predict < 0 || !sampler || bs < 1 || bs > ST_MAX_BS)
+        return st_fail(ST_ERR_INVALID, "generate: need a model, 1..%d prompts and a sampler",
+                       ST_MAX_BS);
+    for (int32_t b = 0; b < bs; b++)
+        if (!prompts[b] || n_prompts[b] < 1)
+            return st_fail(ST_ERR_INVALID, "generate: prompt %d is empty", b);
     st_spec_params sp = spec ? *spec : st_spec_default_params();
     st_gen_stats st0;
-    memset(&st0, 0, sizeof st0);
     st_gen_stats *S_ = stats ? stats : &st0;
     memset(S_, 0, sizeof *S_);
     int32_t K = 1, S = 0, N = 1;
@@ -150,74 +190,85 @@ st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt
     gen g;
     memset(&g, 0, sizeof g);
     g.V = m->hp.n_vocab;
+    g.bs = bs;
+    emit_ctx ec = {emit, user};
     st_session_params ps = st_session_default_params();
     ps.n_ctx = n_ctx > 0 ? n_ctx : m->hp.n_ctx_train;
     ps.n_threads = n_threads;
-    ps.n_batch = 64;
-    if (n_prompt >= ps.n_ctx)
-        return st_fail(ST_ERR_RANGE,
-                       "generate: the prompt (%lld tokens) does not fit the "
-                       "context of %d",
-                       (long long)n_prompt, ps.n_ctx);
+    ps.n_seq = bs;
+    ps.n_batch = bs * N > 64 ? bs * N : 64;
+    for (int32_t b = 0; b < bs; b++)
+        if (n_prompts[b] >= ps.n_ctx)
+            return st_fail(ST_ERR_RANGE,
+                           "generate: prompt %d (%lld tokens) does not fit the context of %d", b,
+                           (long long)n_prompts[b], ps.n_ctx);
     if ((rc = st_session_create(m, &ps, &g.s)))
         return rc;
-    g.logits = st_malloc((size_t)ST_MAX_N * (size_t)g.V * sizeof(float));
+    ALLOC(g.logits, (size_t)bs * (size_t)N * (size_t)g.V);
     g.scratch = st_malloc(st_sample_scratch_size(g.V));
-    g.hist = st_malloc(((size_t)ps.n_ctx + 1) * sizeof(int32_t));
-    if (!g.logits || !g.scratch || !g.hist) {
+    if (!g.scratch) {
         rc = st_fail(ST_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
+    for (int32_t b = 0; b < bs; b++)
+        ALLOC(g.hist[b], ps.n_ctx + 1);
+    ALLOC(g.roots, bs);
+    ALLOC(g.seq_lens, bs);
+    ALLOC(g.seqs, bs);
+    ALLOC(g.tree_tokens, bs * N);
+    ALLOC(g.positions, bs * N);
+    ALLOC(g.tp, bs * N);
+    ALLOC(g.pred, bs * N);
+    ALLOC(g.ri, bs * N);
+    ALLOC(g.nt, bs * N);
+    ALLOC(g.ns, bs * N);
+    ALLOC(g.acc, bs * (S + 1));
+    ALLOC(g.n_acc, bs);
     if (sp.algo != ST_SPEC_NONE) {
-        int64_t M = st_tree_n_candidates(K, S), LPW = st_tree_level_parents_width(K, S);
-        int64_t PW = st_tree_parent_width(K, S);
-        g.scores = st_malloc((size_t)M * sizeof(float));
-        g.cand_tokens = st_malloc((size_t)M * sizeof(int32_t));
-        g.level_parents = st_malloc((size_t)LPW * sizeof(int64_t));
-        g.sel = st_malloc((size_t)N * sizeof(int64_t));
-        g.drafts = st_malloc((size_t)N * sizeof(int32_t));
-        g.parent_list = st_malloc((size_t)(PW + 1) * sizeof(int64_t));
-        if (!g.scores || !g.cand_tokens || !g.level_parents || !g.sel || !g.drafts ||
-            !g.parent_list) {
-            rc = st_fail(ST_ERR_NOMEM, "generate: out of memory");
-            goto done;
+        g.M = st_tree_n_candidates(K, S);
+        g.LPW = st_tree_level_parents_width(K, S);
+        g.PW = st_tree_parent_width(K, S);
+        ALLOC(g.scores, bs * g.M);
+        ALLOC(g.cand_tokens, bs * g.M);
+        ALLOC(g.level_parents, bs * g.LPW);
+        ALLOC(g.sel, bs * (N - 1));
+        ALLOC(g.drafts, bs * (N - 1));
+        ALLOC(g.parent_list, bs * g.PW + 1);
+        for (int32_t b = 0; b < bs; b++) {
+            if (sp.algo == ST_SPEC_NGRAM)
+                rc = st_drafter_ngram_create(sp.ngram_min_match, sp.ngram_max_match,
+                                             sp.ngram_breadth, K, S, &g.dr[b]);
+            else
+                rc =
+                    st_drafter_model_create(sp.draft_model, m, ps.n_ctx, n_threads, K, S, &g.dr[b]);
+            if (rc)
+                goto done;
         }
-        if (sp.algo == ST_SPEC_NGRAM)
-            rc = st_drafter_ngram_create(sp.ngram_min_match, sp.ngram_max_match, sp.ngram_breadth,
-                                         K, S, &g.dr);
-        else
-            rc = st_drafter_model_create(sp.draft_model, m, ps.n_ctx, n_threads, K, S, &g.dr);
-        if (rc)
-            goto done;
-        if ((rc = st_verify_mask_create(sp.backend, 1, N, ps.n_ctx, &g.vm)))
+        int64_t ctx_sum = (int64_t)bs * ps.n_ctx;
+        if ((rc = st_verify_mask_create(sp.backend, bs, N, ctx_sum, &g.vm)))
             goto done;
     }
     S_->num_steps = S, S_->topk = K, S_->num_draft_tokens = N;
-    S_->prompt_tokens = n_prompt;
 
     double t0 = st_time_now();
-    memcpy(g.hist, prompt, (size_t)n_prompt * sizeof(int32_t));
-    int64_t n_hist = n_prompt;
-    if ((rc = st_session_eval(g.s, 0, prompt, (int32_t)n_prompt, g.logits, 1)))
-        goto done;
+    for (int32_t b = 0; b < bs; b++) {
+        memcpy(g.hist[b], prompts[b], (size_t)n_prompts[b] * sizeof(int32_t));
+        g.n_hist[b] = n_prompts[b];
+        S_->prompt_tokens += n_prompts[b];
+        if ((rc = st_session_eval(g.s, b, prompts[b], (int32_t)n_prompts[b], g.logits, 1)))
+            goto done;
+        int32_t next;
+        if (n_predict == 0) {
+            g.done[b] = 1;
+            continue;
+        }
+        if ((rc = target_token(&g, g.logits, sampler, n_prompts[b], &next)))
+            goto done;
+        push_token(&g, m, b, next, n_predict, &ec);
+    }
     double t1 = st_time_now();
     S_->prompt_ms = (t1 - t0) * 1e3;
     double verify_s = 0.0;
-    int64_t n_gen = 0;
-    int stop = n_predict == 0;
-    int32_t next;
-    /* the first token comes from the prefill's logits */
-    if (!stop) {
-        if ((rc = target_token(&g, g.logits, sampler, n_prompt, &next)))
-            goto done;
-        if (st_tokenizer_is_eog(m->tok, next)) {
-            stop = 1;
-        } else {
-            g.hist[n_hist++] = next;
-            n_gen++;
-            stop = (emit && emit(user, next)) || n_gen >= n_predict;
-        }
-    }
     /* Controller (auto shapes only): plain decoding for 4 steps to measure it, then compare
      * speculative throughput with it every 32 emitted tokens; pause speculation for 64 steps
      * whenever it does not pay, then measure again. */
@@ -227,92 +278,110 @@ st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt
     int64_t spec_emitted = 0;
     double spec_tok = 0, spec_time = 0, plain_tok = 0, plain_time = 0;
     int64_t off_until = autotune ? 4 : 0, step = 0;
-    while (!stop) {
-        int32_t L = st_session_seq_len(g.s, 0);
-        if (L + 1 >= ps.n_ctx)
+    for (;;) {
+        /* active sequences with room for one more token */
+        int32_t na = 0, maxL = 0;
+        for (int32_t b = 0; b < bs; b++) {
+            int32_t L = st_session_seq_len(g.s, b);
+            if (!g.done[b] && L + 1 >= ps.n_ctx)
+                g.done[b] = 1;
+            if (!g.done[b]) {
+                g.seqs[na++] = b;
+                maxL = L > maxL ? L : maxL;
+            }
+        }
+        if (na == 0)
             break;
-        int use_spec = spec_on && step >= off_until && L + N + 1 + K * S < ps.n_ctx;
+        int use_spec = spec_on && step >= off_until && maxL + N + 1 + K * S < ps.n_ctx;
         double ts = st_time_now();
-        int64_t k = 0;
+        int64_t emitted = 0;
         int32_t nstep = 1;
         if (use_spec) {
-            int64_t n_real = 0;
-            if ((rc = g.dr->propose(g.dr, g.hist, n_hist, K, S, g.scores, g.cand_tokens,
-                                    g.level_parents, &n_real)))
-                goto done;
-            nstep = (int32_t)(n_real + 1 < N ? n_real + 1 : N);
+            int64_t max_real = 0;
+            for (int32_t a = 0; a < na; a++) {
+                int32_t b = g.seqs[a];
+                int64_t n_real = 0;
+                if ((rc = g.dr[b]->propose(g.dr[b], g.hist[b], g.n_hist[b], K, S,
+                                           g.scores + a * g.M, g.cand_tokens + a * g.M,
+                                           g.level_parents + a * g.LPW, &n_real)))
+                    goto done;
+                max_real = n_real > max_real ? n_real : max_real;
+            }
+            nstep = (int32_t)(max_real + 1 < N ? max_real + 1 : N);
         }
         if (nstep > 1) {
-            st_tree_shape shape = {1, K, S, nstep};
+            st_tree_shape shape = {na, K, S, nstep};
             st_tree_mask mk;
+            int64_t sum = 0;
+            for (int32_t a = 0; a < na; a++) {
+                int32_t b = g.seqs[a];
+                g.roots[a] = g.hist[b][g.n_hist[b] - 1];
+                g.seq_lens[a] = st_session_seq_len(g.s, b);
+                sum += g.seq_lens[a];
+            }
             if ((rc = st_tree_organize(&shape, g.scores, g.cand_tokens, g.level_parents, g.sel,
                                        g.drafts, g.parent_list)) ||
-                (rc = st_verify_mask_prepare(g.vm, K, 1, nstep, L, &mk)))
+                (rc = st_verify_mask_prepare(g.vm, K, na, nstep, sum, &mk)))
                 goto done;
-            int64_t Lb = L;
-            int32_t root = g.hist[n_hist - 1];
-            st_tree_input in = {&root, st_tree_parent_width(K, S) ? g.parent_list : NULL, g.sel,
-                                g.drafts, &Lb};
+            st_tree_input in = {g.roots, g.PW ? g.parent_list : NULL, g.sel, g.drafts, g.seq_lens};
             st_tree tree = {g.tree_tokens, g.positions, g.ri, g.nt, g.ns};
             if ((rc = st_tree_build(&shape, &in, &tree, &mk)))
                 goto done;
-            int32_t seq = 0;
             double tv = st_time_now();
-            if ((rc = st_session_verify(g.s, sp.backend, 1, nstep, &seq, &tree, &mk, g.logits)))
+            if ((rc = st_session_verify(g.s, sp.backend, na, nstep, g.seqs, &tree, &mk, g.logits)))
                 goto done;
             verify_s += st_time_now() - tv;
-            for (int32_t t = 0; t < nstep; t++)
+            for (int64_t t = 0; t < (int64_t)na * nstep; t++)
                 if ((rc = target_token(&g, g.logits + (size_t)t * g.V, sampler,
                                        (int64_t)g.positions[t] + 1, &g.tp[t])))
                     goto done;
-            if ((rc = st_verify_tree_greedy(1, nstep, S, &tree, g.tp, g.pred, g.acc, &k)))
+            if ((rc = st_verify_tree_greedy(na, nstep, S, &tree, g.tp, g.pred, g.acc, g.n_acc)))
                 goto done;
-            if ((rc = st_session_commit(g.s, 0, nstep, g.acc, k + 1)))
-                goto done;
-            /* emit the accepted drafts, then the bonus */
-            for (int64_t i = 1; i <= k + 1 && !stop; i++) {
-                int32_t tok = i <= k ? g.tree_tokens[g.acc[i]] : g.pred[g.acc[k]];
-                if (st_tokenizer_is_eog(m->tok, tok)) {
-                    stop = 1;
-                    break;
+            for (int32_t a = 0; a < na; a++) {
+                int32_t b = g.seqs[a];
+                int64_t k = g.n_acc[a], *acc = g.acc + (int64_t)a * (S + 1);
+                for (int64_t i = 0; i <= k; i++)
+                    acc[i] -= (int64_t)a * nstep; /* global -> node-in-request */
+                if ((rc = st_session_commit(g.s, b, nstep, acc, k + 1)))
+                    goto done;
+                S_->spec_steps++;
+                S_->accept_hist[k]++;
+                int64_t before = g.n_gen[b];
+                for (int64_t i = 1; i <= k + 1; i++) {
+                    int32_t tok = i <= k ? g.tree_tokens[(int64_t)a * nstep + acc[i]]
+                                         : g.pred[(int64_t)a * nstep + acc[k]];
+                    if (push_token(&g, m, b, tok, n_predict, &ec))
+                        break;
                 }
-                g.hist[n_hist++] = tok;
-                n_gen++;
-                stop = (emit && emit(user, tok)) || n_gen >= n_predict;
+                spec_emitted += k + 1;
+                emitted += g.n_gen[b] - before;
             }
         } else {
-            double tv = st_time_now();
-            if ((rc = st_session_eval(g.s, 0, &g.hist[n_hist - 1], 1, g.logits, 1)))
-                goto done;
-            verify_s += st_time_now() - tv;
-            if ((rc = target_token(&g, g.logits, sampler, L + 1, &next)))
-                goto done;
-            if (st_tokenizer_is_eog(m->tok, next)) {
-                stop = 1;
-            } else {
-                g.hist[n_hist++] = next;
-                n_gen++;
-                stop = (emit && emit(user, next)) || n_gen >= n_predict;
+            for (int32_t a = 0; a < na; a++) {
+                int32_t b = g.seqs[a], next;
+                int32_t L = st_session_seq_len(g.s, b);
+                double tv = st_time_now();
+                if ((rc = st_session_eval(g.s, b, &g.hist[b][g.n_hist[b] - 1], 1, g.logits, 1)))
+                    goto done;
+                verify_s += st_time_now() - tv;
+                if ((rc = target_token(&g, g.logits, sampler, L + 1, &next)))
+                    goto done;
+                push_token(&g, m, b, next, n_predict, &ec);
+                S_->plain_steps++;
+                emitted++;
             }
         }
         double dt = st_time_now() - ts;
-        if (nstep > 1) {
-            S_->spec_steps++;
-            S_->accept_hist[k]++;
-            spec_emitted += k + 1;
-        } else {
-            S_->plain_steps++;
-        }
         step++;
         if (autotune) {
-            if (use_spec) {
-                spec_tok += (double)(k + 1);
+            if (nstep > 1) {
+                spec_tok += (double)emitted;
                 spec_time += dt;
             } else {
-                plain_tok += 1;
+                plain_tok += (double)emitted;
                 plain_time += dt;
             }
-            if (use_spec && spec_tok >= 32) {
+            if (nstep > 1 && spec_tok >= 32) {
                 if (plain_time > 0 && spec_tok / spec_time < 0.98 * (plain_tok / plain_time)) {
                     off_until = step + 64;
                     plain_tok = plain_time = 0;
@@ -322,15 +391,37 @@ st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt
         }
     }
     double t2 = st_time_now();
-    S_->gen_tokens = n_gen;
+    for (int32_t b = 0; b < bs; b++)
+        S_->gen_tokens += g.n_gen[b];
     S_->gen_ms = (t2 - t1) * 1e3;
-    S_->draft_ms = g.dr ? g.dr->ms : 0.0;
+    for (int32_t b = 0; b < bs; b++)
+        S_->draft_ms += g.dr[b] ? g.dr[b]->ms : 0.0;
     S_->verify_ms = verify_s * 1e3;
     S_->overhead_ms = S_->gen_ms - S_->draft_ms - S_->verify_ms;
     S_->tau = S_->spec_steps ? (double)spec_emitted / (double)S_->spec_steps : 0.0;
-    S_->prompt_tok_s = S_->prompt_ms > 0 ? (double)n_prompt / (S_->prompt_ms / 1e3) : 0.0;
-    S_->gen_tok_s = S_->gen_ms > 0 ? (double)n_gen / (S_->gen_ms / 1e3) : 0.0;
+    S_->prompt_tok_s = S_->prompt_ms > 0 ? (double)S_->prompt_tokens / (S_->prompt_ms / 1e3) : 0.0;
+    S_->gen_tok_s = S_->gen_ms > 0 ? (double)S_->gen_tokens / (S_->gen_ms / 1e3) : 0.0;
 done:
     gen_free(&g);
     return rc;
+}
+
+typedef struct one_ctx {
+    st_emit_fn emit;
+    void *user;
+} one_ctx;
+
+static int emit_one(void *user, int32_t seq, int32_t token) {
+    (void)seq;
+    one_ctx *c = user;
+    return c->emit ? c->emit(c->user, token) : 0;
+}
+
+st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_predict,
+                      const st_sampler_params *sampler, const st_spec_params *spec,
+                      int32_t n_threads, int32_t n_ctx, st_emit_fn emit, void *user,
+                      st_gen_stats *stats) {
+    one_ctx c = {emit, user};
+    return st_generate_batch(m, 1, &prompt, &n_prompt, n_predict, sampler, spec, n_threads, n_ctx,
+                             emit_one, &c, stats);
 }
