@@ -1,0 +1,121 @@
+/*
+ * gguf_write.h: a GGUF v3 writer for tools and tests (FORMATS.md §b), and the float-to-weight
+ * converters it needs (F32, F16, BF16, and ggml's reference Q8_0/Q4_0 quantizers).
+ * Self-contained on the public header so tools can include it: "../src/io/gguf_write.h".
+ *
+ * Usage:
+ *
+ *     st_gguf_writer *w;
+ *     st_gguf_writer_create(&w);
+ *     st_gguf_writer_add_str(w, "general.architecture", "llama");
+ *     st_gguf_writer_add_u32(w, "llama.block_count", 2);
+ *     int64_t ne[2] = {64, 512};
+ *     st_gguf_writer_add_tensor(w, "token_embd.weight", ST_DTYPE_F32, 2, ne, data, size,
+ *                               ST_GGUF_REF);
+ *     st_gguf_writer_write_file(w, "out.gguf");
+ *     st_gguf_writer_free(w);
+ *
+ * Layout written: header, the KVs in the order they were added, the tensor infos in the order
+ * they were added, padding to the alignment (from the file start), then each tensor's data in
+ * the same order, each padded to a multiple of the alignment (as gguf-py and ggml write it). The
+ * alignment is the value of general.alignment (a u32 power of two) or 32. A file without tensors
+ * ends right after the KV section. Keys and tensor names must be unique; every add checks its
+ * arguments and fails with ST_ERR_INVALID (st_last_error() says why) without changing the writer.
+ */
+#ifndef ST_GGUF_WRITE_H
+#define ST_GGUF_WRITE_H
+
+#include "spectree.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct st_gguf_writer st_gguf_writer;
+
+st_status st_gguf_writer_create(st_gguf_writer **out);
+/* Frees the writer, its copies of keys, values and copied tensor data; closes a file left open
+ * by st_gguf_writer_begin_file (the partial file stays on disk). Accepts NULL. */
+void st_gguf_writer_free(st_gguf_writer *w);
+
+/* Scalar KVs. `key` is a NUL-terminated non-empty string; the value is copied. */
+st_status st_gguf_writer_add_u8(st_gguf_writer *w, const char *key, uint8_t v);
+st_status st_gguf_writer_add_i8(st_gguf_writer *w, const char *key, int8_t v);
+st_status st_gguf_writer_add_u16(st_gguf_writer *w, const char *key, uint16_t v);
+st_status st_gguf_writer_add_i16(st_gguf_writer *w, const char *key, int16_t v);
+st_status st_gguf_writer_add_u32(st_gguf_writer *w, const char *key, uint32_t v);
+st_status st_gguf_writer_add_i32(st_gguf_writer *w, const char *key, int32_t v);
+st_status st_gguf_writer_add_f32(st_gguf_writer *w, const char *key, float v);
+st_status st_gguf_writer_add_bool(st_gguf_writer *w, const char *key, int v); /* 0 or 1 */
+st_status st_gguf_writer_add_u64(st_gguf_writer *w, const char *key, uint64_t v);
+st_status st_gguf_writer_add_i64(st_gguf_writer *w, const char *key, int64_t v);
+st_status st_gguf_writer_add_f64(st_gguf_writer *w, const char *key, double v);
+/* A string value: NUL-terminated, or `len` bytes (may contain any byte). */
+st_status st_gguf_writer_add_str(st_gguf_writer *w, const char *key, const char *s);
+st_status st_gguf_writer_add_strn(st_gguf_writer *w, const char *key, const char *s, uint64_t len);
+
+/* An array of n >= 0 numbers of element type `type` (any type but STRING and ARRAY; BOOL
+ * elements must be 0 or 1), read from `data` as little-endian values of the type's size. */
+st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_type type,
+                                 const void *data, int64_t n);
+/* An array of n strings: NUL-terminated, or (ptr, len) pairs as the reader returns them. */
+st_status st_gguf_writer_add_arr_str(st_gguf_writer *w, const char *key, const char *const *s,
+                                     int64_t n);
+st_status st_gguf_writer_add_arr_strn(st_gguf_writer *w, const char *key, const st_gguf_str *s,
+                                      int64_t n);
+
+/* Copies the KV `key` of g with its type and value (FLOAT64 scalars pass through float: the
+ * reader has no exact f64 getter). ST_ERR_INVALID if g has no such key or w already has it. */
+st_status st_gguf_writer_copy_kv(st_gguf_writer *w, const st_gguf *g, const char *key);
+/* Copies every KV of g whose key starts with "tokenizer.", then each of the n_extra keys in
+ * `extra` that g has (missing extras are skipped), in g's order. */
+st_status st_gguf_writer_copy_tokenizer(st_gguf_writer *w, const st_gguf *g,
+                                        const char *const *extra, int n_extra);
+
+/* How add_tensor treats `data`. */
+enum { ST_GGUF_REF = 0, ST_GGUF_COPY = 1 };
+
+/* Adds a tensor: name of 1..63 bytes, type one of st_dtype, n_dims 1..4, ne[0..n_dims-1] >= 0
+ * with ne[0] a multiple of the type's block size. `size` must equal the tensor's byte size
+ * (st_gguf_tensor_bytes). `data` is copied (ST_GGUF_COPY) or referenced (ST_GGUF_REF; it
+ * must then stay valid until the last write), or NULL: the bytes are then streamed with
+ * st_gguf_writer_stream. */
+st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t type,
+                                    uint32_t n_dims, const int64_t *ne, const void *data,
+                                    size_t size, int mode);
+/* Bytes of a tensor of that type and shape in *out. ST_ERR_INVALID for an unsupported type, a
+ * bad n_dims, a negative dimension, ne[0] not a multiple of the block size, or a size that does
+ * not fit in size_t. */
+st_status st_gguf_tensor_bytes(uint32_t type, uint32_t n_dims, const int64_t *ne, size_t *out);
+
+/* Alignment in effect (general.alignment or 32), and the size of the file a write produces
+ * (0 if it would not fit in size_t). */
+uint32_t st_gguf_writer_alignment(const st_gguf_writer *w);
+size_t st_gguf_writer_file_size(const st_gguf_writer *w);
+
+/* Writes the whole file (every tensor must have data). ST_ERR_IO names the path on failure. */
+st_status st_gguf_writer_write_file(st_gguf_writer *w, const char *path);
+/* Writes the whole file into a new buffer of st_gguf_writer_file_size bytes; *buf is released
+ * with free(). */
+st_status st_gguf_writer_write_memory(st_gguf_writer *w, void **buf, size_t *size);
+
+/* Streaming, for files larger than memory: begin_file writes everything up to the tensor data;
+ * then stream passes the data of the tensors in order, in chunks of any size (a chunk may span
+ * tensors; tensors given data at add time must be streamed too); end_file checks that every
+ * byte came and closes the file. No KV or tensor may be added after begin_file. */
+st_status st_gguf_writer_begin_file(st_gguf_writer *w, const char *path);
+st_status st_gguf_writer_stream(st_gguf_writer *w, const void *data, size_t size);
+st_status st_gguf_writer_end_file(st_gguf_writer *w);
+
+/* Converts n floats to a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0) in dst, which has
+ * room for st_gguf_tensor_bytes(type, 1, &n, ...) bytes. Quantized types need n a multiple of
+ * 32 and finite inputs (ST_ERR_INVALID otherwise). Q8_0 and Q4_0 follow ggml's reference
+ * quantizers bit for bit (see st_quantize_q8_0 / st_quantize_q4_0): like ggml they multiply by
+ * the reciprocal of d where FORMATS.md §b.3 writes x/d (the two differ only at rounding ties). */
+st_status st_quantize_row(uint32_t type, const float *x, int64_t n, void *dst);
+/* Q8_0 per block of 32: d = max|x|/127, q = roundf(x * (1/d)) (0 when d = 0), d stored as fp16. */
+void st_quantize_q8_0(const float *x, int64_t n, void *dst);
+/* Q4_0 per block of 32: m = the element of largest magnitude with its sign, d = m / -8,
+ * nibble = min(15, trunc(x * (1/d) + 8.5)), d stored as fp16. */
+void st_quantize_q4_0(const float *x, int64_t n, void *dst);
+
+#endif /* ST_GGUF_WRITE_H */
