@@ -13,6 +13,7 @@ static const char *help = "usage: spectree-bench COMMAND [options]\n"
                           "commands:\n"
                           "  tree    per-step mask building + verification + commit against\n"
                           "          context length, for every mask layout (--json, --reps R)\n"
+                          "  e2e     plain vs speculative generation speed per drafter\n"
                           "\n"
                           "'spectree-bench COMMAND --help' describes each command.\n";
 
@@ -27,6 +28,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "tree"))
         return st_bench_tree_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "e2e"))
+        return st_bench_e2e_main(argc - 1, argv + 1);
     fprintf(stderr, "spectree-bench: unknown command '%s' (see --help)\n", argv[1]);
     return 2;
 }

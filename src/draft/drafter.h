@@ -21,7 +21,8 @@ struct st_drafter {
     st_status (*propose)(st_drafter *d, const int32_t *hist, int64_t n_hist, int64_t K, int64_t S,
                          float *scores, int32_t *tokens, int64_t *level_parents, int64_t *n_real);
     void (*free)(st_drafter *d);
-    double ms; /* time spent drafting, accumulated by the drafter */
+    double ms;     /* time spent drafting, accumulated by the drafter */
+    int64_t evals; /* tokens the drafter's model evaluated (0 for model-free drafters) */
 };
 
 /* n-gram (prompt lookup) drafter: continuations of the longest matching suffix, merged into a

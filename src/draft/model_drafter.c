@@ -63,6 +63,7 @@ static st_status catch_up(mdraft *g, const int32_t *hist, int32_t upto) {
         st_status st = st_session_eval(s, 0, hist + g->valid, upto - g->valid, NULL, 0);
         if (st)
             return st;
+        g->base.evals += upto - g->valid;
     }
     g->valid = upto;
     return ST_OK;
@@ -87,6 +88,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
     if (st)
         return st;
     g->valid = L + 1;
+    d->evals += 1 + K * (S - 1);
     int64_t M = st_tree_n_candidates(K, S);
     for (int64_t i = 0; i < M; i++) {
         scores[i] = -INFINITY;

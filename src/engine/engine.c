@@ -269,15 +269,20 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     double t1 = st_time_now();
     S_->prompt_ms = (t1 - t0) * 1e3;
     double verify_s = 0.0;
-    /* Controller (auto shapes only): plain decoding for 4 steps to measure it, then compare
-     * speculative throughput with it every 32 emitted tokens; pause speculation for 64 steps
-     * whenever it does not pay, then measure again. */
+    /* Controller (auto shapes only). It keeps tpt, the measured time per token of plain
+     * decoding (refreshed by a plain step every 64 steps), and judges speculative steps by their
+     * speed-up, emitted tokens * tpt / step time, averaged over windows of 4 steps. A window
+     * that pays well doubles the tree size (up to N); one that does not halves it, and at the
+     * smallest tree (one draft) turns speculation off. It is probed again after a back-off that
+     * doubles with every failed probe (8, 16, ... 512 steps). A failed probe costs about four
+     * verifies of two tokens, so an always-wrong drafter stays close to plain speed. */
     int spec_on = sp.algo != ST_SPEC_NONE;
     int autotune = spec_on && (sp.topk == 0 || sp.num_steps == 0 ||
                                (sp.topk != 1 && sp.num_draft_tokens == 0));
     int64_t spec_emitted = 0;
-    double spec_tok = 0, spec_time = 0, plain_tok = 0, plain_time = 0;
-    int64_t off_until = autotune ? 4 : 0, step = 0;
+    double tpt = 0.0, win_gain = 0.0;
+    int32_t n_cur = autotune ? 2 : N, win_steps = 0;
+    int64_t backoff = 8, off_until = autotune ? 2 : 0, step = 0, last_plain = 0;
     for (;;) {
         /* active sequences with room for one more token */
         int32_t na = 0, maxL = 0;
@@ -292,7 +297,8 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
         }
         if (na == 0)
             break;
-        int use_spec = spec_on && step >= off_until && maxL + N + 1 + K * S < ps.n_ctx;
+        int use_spec = spec_on && step >= off_until && maxL + N + 1 + K * S < ps.n_ctx &&
+                       !(autotune && step - last_plain >= 64);
         double ts = st_time_now();
         int64_t emitted = 0;
         int32_t nstep = 1;
@@ -307,7 +313,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                     goto done;
                 max_real = n_real > max_real ? n_real : max_real;
             }
-            nstep = (int32_t)(max_real + 1 < N ? max_real + 1 : N);
+            nstep = (int32_t)(max_real + 1 < n_cur ? max_real + 1 : n_cur);
         }
         if (nstep > 1) {
             st_tree_shape shape = {na, K, S, nstep};
@@ -373,20 +379,37 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
         }
         double dt = st_time_now() - ts;
         step++;
-        if (autotune) {
-            if (nstep > 1) {
-                spec_tok += (double)emitted;
-                spec_time += dt;
-            } else {
-                plain_tok += (double)emitted;
-                plain_time += dt;
-            }
-            if (nstep > 1 && spec_tok >= 32) {
-                if (plain_time > 0 && spec_tok / spec_time < 0.98 * (plain_tok / plain_time)) {
-                    off_until = step + 64;
-                    plain_tok = plain_time = 0;
+        if (autotune && emitted > 0) {
+            if (nstep == 1) {
+                double per = dt / (double)emitted;
+                tpt = tpt > 0 ? 0.75 * tpt + 0.25 * per : per;
+                last_plain = step;
+            } else if (tpt > 0) {
+                win_gain += (double)emitted * tpt / dt;
+                if (++win_steps == 4) {
+                    double mean = win_gain / win_steps;
+                    win_gain = 0.0;
+                    win_steps = 0;
+                    if (mean >= 1.0) {
+                        backoff = 8;
+                        if (mean >= 1.1)
+                            n_cur = n_cur * 2 < N ? n_cur * 2 : N;
+                    } else if (n_cur > 2) {
+                        n_cur = n_cur / 2 > 2 ? n_cur / 2 : 2;
+                    } else {
+                        off_until = step + backoff;
+                        backoff = backoff * 2 < 512 ? backoff * 2 : 512;
+                        /* a drafter whose own tokens cost more than half a target token
+                         * cannot pay back the catch-up a probe needs: stop probing */
+                        double dms = 0;
+                        int64_t ev = 0;
+                        for (int32_t b = 0; b < bs; b++)
+                            if (g.dr[b])
+                                dms += g.dr[b]->ms, ev += g.dr[b]->evals;
+                        if (ev > 0 && dms / 1e3 / (double)ev > 0.5 * tpt)
+                            off_until = INT64_MAX;
+                    }
                 }
-                spec_tok = spec_time = 0;
             }
         }
     }

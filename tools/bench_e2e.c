@@ -1,0 +1,166 @@
+/*
+ * bench_e2e.c: `spectree-bench e2e`: end-to-end generation speed, plain decoding against
+ * speculative decoding with each drafter, measured side by side in one run (runs interleaved,
+ * medians of repeats after a warm-up). Greedy decoding, so every run emits the same tokens.
+ */
+#include "bench.h"
+#include "spectree.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_DRAFTS = 8, MAX_REPS = 64 };
+
+static const char *help =
+    "usage: spectree-bench e2e [-m MODEL] [-p PROMPT] [-n N] [--reps R] [--draft PATH]... "
+    "[--json]\n"
+    "\n"
+    "Plain vs speculative tokens/s in the same run for NGRAM, STANDALONE with the model as its\n"
+    "own draft, and STANDALONE with each --draft model, all with auto tree shapes. Greedy.\n"
+    "\n"
+    "  -m, --model PATH   target model (default ../shared/models/stories260K.gguf)\n"
+    "  -p, --prompt TEXT  prompt (default \"Once upon a time\")\n"
+    "  -n N               tokens per run (default 256)\n"
+    "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
+    "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
+    "  -t N               threads (default: the engine's choice)\n"
+    "      --json         one JSON object per drafter on stdout\n";
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int st_bench_e2e_main(int argc, char **argv) {
+    const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
+    const char *drafts[MAX_DRAFTS];
+    int n_drafts = 0, json = 0, reps = 7, threads = 0;
+    long n_gen = 256;
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
+                                       {"prompt", required_argument, 0, 'p'},
+                                       {"reps", required_argument, 0, 'r'},
+                                       {"draft", required_argument, 0, 'd'},
+                                       {"json", no_argument, 0, 'j'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model_path = optarg;
+            break;
+        case 'p':
+            prompt = optarg;
+            break;
+        case 'n':
+            n_gen = strtol(optarg, NULL, 10);
+            break;
+        case 't':
+            threads = atoi(optarg);
+            break;
+        case 'r':
+            reps = atoi(optarg);
+            break;
+        case 'd':
+            if (n_drafts == MAX_DRAFTS) {
+                fprintf(stderr, "spectree-bench e2e: at most %d --draft models\n", MAX_DRAFTS);
+                return 2;
+            }
+            drafts[n_drafts++] = optarg;
+            break;
+        case 'j':
+            json = 1;
+            break;
+        case 'h':
+            fputs(help, stdout);
+            return 0;
+        default:
+            fputs(help, stderr);
+            return 2;
+        }
+    }
+    if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0) {
+        fprintf(stderr, "spectree-bench e2e: -n must be 1..100000, --reps 1..%d\n", MAX_REPS);
+        return 2;
+    }
+    st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
+    int rc = 1;
+    if (st_model_load(model_path, &m) != ST_OK) {
+        fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+        return 1;
+    }
+    for (int i = 0; i < n_drafts; i++)
+        if (st_model_load(drafts[i], &dm[i]) != ST_OK) {
+            fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+            goto done;
+        }
+    const st_tokenizer *tok = st_model_tokenizer(m);
+    int32_t ids[512];
+    int64_t n_ids = 0;
+    if (st_tokenize(tok, prompt, strlen(prompt), st_tokenizer_add_bos_default(tok), ids, 512,
+                    &n_ids) != ST_OK ||
+        n_ids < 1) {
+        fprintf(stderr, "spectree-bench: prompt: %s\n", st_last_error());
+        goto done;
+    }
+    st_sampler_params sp = {.temp = 0.0f};
+    /* configurations: 0 NGRAM, 1 self-draft, 2.. the --draft models */
+    int n_cfg = 2 + n_drafts;
+    for (int cfg = 0; cfg < n_cfg; cfg++) {
+        st_spec_params spec = st_spec_default_params();
+        spec.algo = cfg == 0 ? ST_SPEC_NGRAM : ST_SPEC_STANDALONE;
+        spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
+        const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : drafts[cfg - 2];
+        st_spec_params none = st_spec_default_params();
+        double plain[MAX_REPS], specr[MAX_REPS], tau = 0;
+        int64_t steps = 0, plain_steps = 0;
+        for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+            st_gen_stats a, b;
+            if (st_generate(m, ids, n_ids, n_gen, &sp, &none, threads, 0, NULL, NULL, &a) !=
+                    ST_OK ||
+                st_generate(m, ids, n_ids, n_gen, &sp, &spec, threads, 0, NULL, NULL, &b) !=
+                    ST_OK) {
+                fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+                goto done;
+            }
+            if (a.gen_tokens != b.gen_tokens) {
+                fprintf(stderr, "spectree-bench: speculative run emitted %lld tokens, plain %lld\n",
+                        (long long)b.gen_tokens, (long long)a.gen_tokens);
+                goto done;
+            }
+            if (r >= 0) {
+                plain[r] = a.gen_tok_s;
+                specr[r] = b.gen_tok_s;
+                tau = b.tau;
+                steps = b.spec_steps;
+                plain_steps = b.plain_steps;
+            }
+        }
+        double p = median(plain, reps), s = median(specr, reps);
+        if (json)
+            printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"gen_tokens\": %ld, \"plain_tok_s\": "
+                   "%.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, \"spec_steps\": "
+                   "%lld, \"plain_steps\": %lld, \"reps\": %d}\n",
+                   model_path, name, n_gen, p, s, s / p, tau, (long long)steps,
+                   (long long)plain_steps, reps);
+        else
+            printf("%-28s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
+                   "(%lld speculative + %lld plain steps)\n",
+                   name, p, s, s / p, tau, (long long)steps, (long long)plain_steps);
+        fflush(stdout);
+    }
+    rc = 0;
+done:
+    for (int i = 0; i < n_drafts; i++)
+        st_model_free(dm[i]);
+    st_model_free(m);
+    return rc;
+}
