@@ -391,8 +391,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->hb = alloc_f(B * F, sizeof(float), &ok);
     s->hb2 = alloc_f(B * F, sizeof(float), &ok);
     s->xq = alloc_f(B * (qmax / ST_QK + 1), sizeof(st_block_q8x), &ok);
-    s->scores = alloc_f((size_t)p.n_threads * (size_t)(hp->n_head / hp->n_head_kv) * (size_t)p.n_ctx,
-                        sizeof(float), &ok);
+    s->scores = alloc_f((size_t)p.n_threads * (size_t)p.n_ctx, sizeof(float), &ok);
     s->logits_tmp = alloc_f((size_t)hp->n_vocab, sizeof(float), &ok);
     s->b_pos = alloc_f(B, sizeof(int32_t), &ok);
     s->b_seq = alloc_f(B, sizeof(int32_t), &ok);
@@ -527,42 +526,15 @@ typedef struct attn_job {
     int32_t layer;
 } attn_job;
 
-/* Scores of the g query heads of one KV group against the key rows rows[0..n) of one token,
- * in runs of consecutive rows so that each run is one kernel call. */
-static void attn_scores_list(const st_kernels *k, float *sc, int64_t ldsc, const float *q,
-                             int64_t g, const float *K, int64_t kvd, const int32_t *rows,
-                             int32_t n, int64_t hd, float div) {
-    for (int32_t a = 0, b; a < n; a = b) {
-        for (b = a + 1; b < n && rows[b] == rows[b - 1] + 1; b++)
-            ;
-        k->attn_scores(sc + a, ldsc, q, hd, g, K + (int64_t)rows[a] * kvd, kvd, b - a, hd, div);
-    }
-}
-
-static void attn_wsum_list(const st_kernels *k, float *out, const float *p, int64_t ldp,
-                           int64_t g, const float *V, int64_t kvd, const int32_t *rows, int32_t n,
-                           int64_t hd) {
-    for (int32_t a = 0, b; a < n; a = b) {
-        for (b = a + 1; b < n && rows[b] == rows[b - 1] + 1; b++)
-            ;
-        k->attn_wsum(out, hd, p + a, ldp, g, V + (int64_t)rows[a] * kvd, kvd, b - a, hd);
-    }
-}
-
-/* The g query heads of KV head kvh for token i (grouped-query attention: each K and V row is
- * read once for the whole group): scores over the visible keys in visit order (the prefix rows,
- * then the extra rows), a max-subtracted softmax per head, and the weighted sum of the values in
- * the same order. A masked prefix row gets score -inf (so it adds 0 to the softmax sum) and no
- * value term. sc has room for g * n_ctx scores. */
-static void attn_group(const st_session *s, const st_fwd *f, int32_t l, int32_t i, int32_t kvh,
-                       float *sc) {
+/* One query head of one token: scores over the visible keys in position order, a max-subtracted
+ * softmax, and the weighted sum of values accumulated in the same order. */
+static void attn_head(const st_session *s, const st_fwd *f, int32_t l, int32_t i, int32_t h,
+                      float *sc) {
     const st_model_hparams *hp = &s->m->hp;
     const st_kernels *k = s->kern;
-    const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
+    const int32_t hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv);
     const int64_t kvd = (int64_t)hp->n_head_kv * hd;
-    const int64_t qoff = (int64_t)i * hp->n_head * hd + (int64_t)kvh * g * hd;
-    const float *q = s->q + qoff;
-    float *out = s->att + qoff;
+    const float *q = s->q + (int64_t)i * hp->n_head * hd + (int64_t)h * hd;
     const float *K = st_kv_k(s, f->seq[i], l) + (int64_t)kvh * hd;
     const float *V = st_kv_v(s, f->seq[i], l) + (int64_t)kvh * hd;
     const float sq = sqrtf((float)hd);
@@ -570,63 +542,44 @@ static void attn_group(const st_session *s, const st_fwd *f, int32_t l, int32_t 
     const uint8_t *pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
     const int32_t e0 = f->extra_off ? f->extra_off[i] : 0,
                   e1 = f->extra_off ? f->extra_off[i + 1] : 0;
-    const int32_t n = np + (e1 - e0);
-    /* scores (g, n) */
-    for (int32_t a = 0, b; a < np; a = b) {
-        const bool vis = !pm || pm[a];
-        for (b = a + 1; b < np && (!pm || !pm[b] == !vis); b++)
-            ;
-        if (vis)
-            k->attn_scores(sc + a, n, q, hd, g, K + (int64_t)a * kvd, kvd, b - a, hd, sq);
-        else
-            for (int32_t h = 0; h < g; h++)
-                for (int32_t r = a; r < b; r++)
-                    sc[(int64_t)h * n + r] = -INFINITY;
+    float mx = -INFINITY;
+    int32_t n = 0;
+    for (int32_t r = 0; r < np; r++) {
+        float v = (pm && !pm[r]) ? -INFINITY : k->dot(q, K + r * kvd, hd) / sq;
+        sc[n++] = v;
+        mx = v > mx ? v : mx;
     }
-    attn_scores_list(k, sc + np, n, q, g, K, kvd, f->extra_rows + e0, e1 - e0, hd, sq);
-    /* softmax per head, in place: p = exp(s - max) / sum; then the values, 64 heads at a time
-     * (a head with no visible key gets a zero output) */
-    for (int32_t h0 = 0; h0 < g; h0 += 64) {
-        const int32_t gc = g - h0 < 64 ? g - h0 : 64;
-        uint64_t dead = 0;
-        for (int32_t h = 0; h < gc; h++) {
-            float *sh = sc + (int64_t)(h0 + h) * n;
-            float mx = -INFINITY;
-            for (int32_t r = 0; r < n; r++)
-                mx = sh[r] > mx ? sh[r] : mx;
-            float sum = mx == -INFINITY ? 0.0f : k->exp_sum(sh, n, mx);
-            if (!(sum > 0.0f))
-                dead |= (uint64_t)1 << h;
-            else
-                for (int32_t r = 0; r < n; r++)
-                    sh[r] = sh[r] / sum;
-        }
-        float *o = out + (int64_t)h0 * hd;
-        const float *p = sc + (int64_t)h0 * n;
-        memset(o, 0, (size_t)gc * (size_t)hd * sizeof(float));
-        for (int32_t a = 0, b; a < np; a = b) {
-            const bool vis = !pm || pm[a];
-            for (b = a + 1; b < np && (!pm || !pm[b] == !vis); b++)
-                ;
-            if (vis)
-                k->attn_wsum(o, hd, p + a, n, gc, V + (int64_t)a * kvd, kvd, b - a, hd);
-        }
-        attn_wsum_list(k, o, p + np, n, gc, V, kvd, f->extra_rows + e0, e1 - e0, hd);
-        for (int32_t h = 0; h < gc; h++)
-            if (dead >> h & 1)
-                memset(o + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
+    for (int32_t e = e0; e < e1; e++) {
+        float v = k->dot(q, K + (int64_t)f->extra_rows[e] * kvd, hd) / sq;
+        sc[n++] = v;
+        mx = v > mx ? v : mx;
     }
+    if (mx == -INFINITY) { /* no visible key: zero output */
+        memset(s->att + (int64_t)i * hp->n_head * hd + (int64_t)h * hd, 0, (size_t)hd * 4);
+        return;
+    }
+    float sum = k->exp_sum(sc, n, mx);
+    float *out = s->att + (int64_t)i * hp->n_head * hd + (int64_t)h * hd;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    if (!(sum > 0.0f))
+        return; /* no visible key: zero output */
+    n = 0;
+    for (int32_t r = 0; r < np; r++, n++)
+        if (!(pm && !pm[r]))
+            k->axpy(out, sc[n] / sum, V + r * kvd, hd);
+    for (int32_t e = e0; e < e1; e++, n++)
+        k->axpy(out, sc[n] / sum, V + (int64_t)f->extra_rows[e] * kvd, hd);
 }
 
 static void attn_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const st_session *s = j->s;
-    const int32_t nkv = s->m->hp.n_head_kv, g = s->m->hp.n_head / nkv;
-    int64_t total = (int64_t)j->f->n * nkv, b, e;
+    int64_t total = (int64_t)j->f->n * s->m->hp.n_head, b, e;
     st_split(total, ith, nth, &b, &e);
-    float *sc = s->scores + (int64_t)ith * g * s->p.n_ctx;
+    float *sc = s->scores + (int64_t)ith * s->p.n_ctx;
     for (int64_t t = b; t < e; t++)
-        attn_group(s, j->f, j->layer, (int32_t)(t / nkv), (int32_t)(t % nkv), sc);
+        attn_head(s, j->f, j->layer, (int32_t)(t / s->m->hp.n_head), (int32_t)(t % s->m->hp.n_head),
+                  sc);
 }
 
 static st_status check_fwd(const st_session *s, const st_fwd *f) {
@@ -704,7 +657,10 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         const st_wt *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {s->hb, s->hb2};
         matmuls(s, 2, wgu, ygu, s->xb, T);
-        k->silu_mul(s->hb, s->hb2, T * F);
+        for (int64_t i = 0; i < T * F; i++) {
+            float g = s->hb[i];
+            s->hb[i] = (g / (1.0f + expf(-g))) * s->hb2[i];
+        }
         matmul1(s, &L->w_down, s->tmp, s->hb, T);
         for (int64_t i = 0; i < T * E; i++)
             s->x[i] += s->tmp[i];
