@@ -187,11 +187,67 @@ static void test_batch(void **state) {
     }
 }
 
+/* STANDALONE with a small synthetic draft model of the same vocabulary written by
+ * spectree-mkmodel (random weights: mostly wrong drafts), greedy and sampled, both backends. */
+static void test_synthetic_draft(void **state) {
+    (void)state;
+    char path[1024], cmd[4096];
+    snprintf(path, sizeof path, "%s/test_synthetic_draft.gguf", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd,
+             "%s/spectree-mkmodel %s --vocab %s --dim 32 --ff 64 --layers 2 --heads 4 "
+             "--kv-heads 2 --type f16 --seed 11 --ctx 512 2>/dev/null",
+             ST_BUILD_DIR, path, tu_shared("models/stories260K.gguf"));
+    assert_int_equal(system(cmd), 0);
+    st_model *draft = NULL;
+    assert_int_equal(st_model_load(path, &draft), ST_OK);
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    for (int cfg = 0; cfg < 4; cfg++) {
+        st_sampler_params sp = {
+            .temp = cfg & 1 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 5};
+        rec plain, got;
+        st_gen_stats gs;
+        st_spec_params none = st_spec_default_params();
+        run(prompt, 5, &sp, &none, 1, &plain, &gs);
+        st_spec_params spec = st_spec_default_params();
+        spec.algo = ST_SPEC_STANDALONE;
+        spec.draft_model = draft;
+        spec.backend = cfg & 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+        spec.topk = 2;
+        spec.num_steps = 3;
+        spec.num_draft_tokens = 6;
+        run(prompt, 5, &sp, &spec, 2, &got, &gs);
+        assert_true(gs.spec_steps > 0);
+        assert_int_equal(got.n, plain.n);
+        assert_memory_equal(got.toks, plain.toks, sizeof(int32_t) * (size_t)plain.n);
+    }
+    /* a vocabulary mismatch is a clear error */
+    snprintf(cmd, sizeof cmd,
+             "%s/spectree-mkmodel %s --vocab %s --dim 32 --ff 64 --layers 1 --heads 4 "
+             "--type f32 2>/dev/null",
+             ST_BUILD_DIR, path, tu_shared("vectors/tokenizer/ggml-vocab-llama-spm.gguf"));
+    assert_int_equal(system(cmd), 0);
+    st_model *other = NULL;
+    assert_int_equal(st_model_load(path, &other), ST_OK);
+    st_spec_params spec = st_spec_default_params();
+    spec.algo = ST_SPEC_STANDALONE;
+    spec.draft_model = other;
+    st_sampler_params sp = {.temp = 0.0f};
+    rec got;
+    st_gen_stats gs;
+    assert_int_equal(st_generate(model, prompt, 5, 8, &sp, &spec, 1, CTX, record, &got, &gs),
+                     ST_ERR_INVALID);
+    assert_non_null(strstr(st_last_error(), "vocabulary"));
+    st_model_free(other);
+    st_model_free(draft);
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless_matrix),
         cmocka_unit_test(test_auto_and_stop),
         cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_synthetic_draft),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
