@@ -84,7 +84,7 @@ static const char *generate_help =
     "      --speculative-eagle-topk K|auto       branching per node (default auto; K=1: chain)\n"
     "      --speculative-num-draft-tokens N|auto verified tree nodes incl. the root (<= 64)\n"
     "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
-    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 4, 8)\n"
+    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (3, 4, 8)\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
     "  -h, --help           this help\n";
 
