@@ -194,6 +194,12 @@ typedef struct st_model_hparams {
  * architecture, every hyper-parameter and every tensor's name, type and shape; on error *out is
  * NULL and st_last_error() names the file and the problem. */
 st_status st_model_load(const char *path, st_model **out);
+/* Loads a GGUF Llama model from a caller-owned buffer of `size` bytes holding the whole file, with
+ * the same checks as st_model_load (for tests, fuzzers and embedded models). The weights are not
+ * copied: the buffer must stay valid and unchanged until st_model_free. `name` (NULL: "<memory>")
+ * is used in error messages in place of a path. On error *out is NULL and st_last_error() names
+ * `name` and the problem. */
+st_status st_model_load_memory(const void *data, size_t size, const char *name, st_model **out);
 void st_model_free(st_model *m);
 const st_model_hparams *st_model_get_hparams(const st_model *m);
 /* The model's tokenizer; owned by the model. */
