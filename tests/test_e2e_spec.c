@@ -85,6 +85,7 @@ static void test_lossless_matrix(void **state) {
                             st_spec_params spec = st_spec_default_params();
                             spec.algo = algo ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
                             spec.draft_model = model;
+                            spec.ngram_min_match = 1; /* draft as often as possible */
                             spec.topk = K;
                             spec.num_steps = S;
                             spec.num_draft_tokens = N;
@@ -167,6 +168,7 @@ static void test_batch(void **state) {
         spec.algo = cfg & 2 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
         spec.draft_model = model;
         spec.backend = cfg & 4 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+        spec.ngram_min_match = 1;
         spec.topk = 2;
         spec.num_steps = 3;
         spec.num_draft_tokens = 6;
