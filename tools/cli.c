@@ -107,6 +107,7 @@ typedef struct printer {
     char pend[4096];
     size_t n_pend;
     int stopped;
+    int any; /* text was written to stdout */
 } printer;
 
 static void printer_add(printer *p, const char *txt, size_t n, int final) {
@@ -118,6 +119,7 @@ static void printer_add(printer *p, const char *txt, size_t n, int final) {
             return;
         }
     }
+    p->any = 1;
     memcpy(p->pend + p->n_pend, txt, n);
     p->n_pend += n;
     size_t cut = p->n_pend; /* bytes safe to print */
@@ -346,15 +348,15 @@ static int cmd_generate(int argc, char **argv) {
         }
         toks[n_prompt++] = bos;
     }
-    if (!o.seed_set && o.sp.temp > 0)
-        fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
     printer pr = {.o = &o};
     st_detok_init(&pr.dt, tok);
     st_detok_set_prev(&pr.dt, toks[n_prompt - 1]);
     st_gen_stats gs;
     if (st_generate(m, toks, n_prompt, o.n_predict, &o.sp, &o.spec, (int32_t)o.threads,
                     (int32_t)o.ctx, on_token, &pr, &gs) != ST_OK) {
-        fprintf(stderr, "\nspectree: %s\n", st_last_error());
+        if (pr.any)
+            fputc('\n', stdout);
+        fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
     }
     char buf[512];
@@ -365,6 +367,8 @@ static int cmd_generate(int argc, char **argv) {
         printer_add(&pr, "", 0, 1);
     fputc('\n', stdout);
     fflush(stdout);
+    if (!o.seed_set && o.sp.temp > 0)
+        fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
     fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
             gs.prompt_ms, gs.prompt_tok_s);
     fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.gen_tokens,
