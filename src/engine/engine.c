@@ -271,10 +271,11 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     double verify_s = 0.0;
     /* Controller (auto shapes only). It keeps tpt, the measured time per token of plain
      * decoding (refreshed by a plain step every 64 steps), and judges speculative steps by their
-     * speed-up, emitted tokens * tpt / step time, averaged over windows of 4 steps. A window
+     * speed-up, emitted tokens * tpt / step time, averaged over windows of 4 steps (cut short
+     * when clearly failing). A window
      * that pays well doubles the tree size (up to N); one that does not halves it, and at the
      * smallest tree (one draft) turns speculation off. It is probed again after a back-off that
-     * doubles with every failed probe (8, 16, ... 512 steps). A failed probe costs about four
+     * doubles with every failed probe (16, 32, ... 512 steps). A failed probe costs about four
      * verifies of two tokens, so an always-wrong drafter stays close to plain speed. */
     int spec_on = sp.algo != ST_SPEC_NONE;
     int autotune = spec_on && (sp.topk == 0 || sp.num_steps == 0 ||
@@ -282,7 +283,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     int64_t spec_emitted = 0;
     double tpt = 0.0, win_gain = 0.0;
     int32_t n_cur = autotune ? 2 : N, win_steps = 0;
-    int64_t backoff = 8, off_until = autotune ? 2 : 0, step = 0, last_plain = 0;
+    int64_t backoff = 16, off_until = autotune ? 8 : 0, step = 0, last_plain = 0;
     for (;;) {
         /* active sequences with room for one more token */
         int32_t na = 0, maxL = 0;
@@ -385,13 +386,17 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                 tpt = tpt > 0 ? 0.75 * tpt + 0.25 * per : per;
                 last_plain = step;
             } else if (tpt > 0) {
-                win_gain += (double)emitted * tpt / dt;
-                if (++win_steps == 4) {
+                double gain = (double)emitted * tpt / dt;
+                win_gain += gain;
+                ++win_steps;
+                /* a window ends after 4 steps, or early when it is clearly failing */
+                if (win_steps == 4 || (win_steps == 1 && gain < 0.55) ||
+                    (win_steps >= 2 && win_gain / win_steps < 0.8)) {
                     double mean = win_gain / win_steps;
                     win_gain = 0.0;
                     win_steps = 0;
                     if (mean >= 1.0) {
-                        backoff = 8;
+                        backoff = 16;
                         if (mean >= 1.1)
                             n_cur = n_cur * 2 < N ? n_cur * 2 : N;
                     } else if (n_cur > 2) {
