@@ -26,9 +26,11 @@ struct st_drafter {
 };
 
 /* n-gram (prompt lookup) drafter: continuations of the longest matching suffix, merged into a
- * trie, scored by the fraction of matches through each node. No model. */
+ * trie, scored by the fraction of matches through each node. No model. An index of the
+ * min_match-grams of the history (which must only grow between calls; a shorter one resets the
+ * index) makes a step cost independent of the context length; max_hist bounds the history. */
 st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t breadth,
-                                  int64_t max_k, int64_t max_s, st_drafter **out);
+                                  int64_t max_k, int64_t max_s, int64_t max_hist, st_drafter **out);
 
 /* Draft-model drafter (SGLang STANDALONE): a small model with the target's vocabulary, its own
  * KV cache, top-K expansion per level with cumulative probabilities, and draft-tree attention

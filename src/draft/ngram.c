@@ -18,8 +18,17 @@ typedef struct trie_node {
     int32_t sibling; /* next sibling or -1 */
 } trie_node;
 
+enum { NG_HASH_BITS = 16, NG_WALK = 2048 };
+
 typedef struct ngram {
     st_drafter base;
+    /* index of min_match-grams: head[h] is the latest end e (hist[e-min_match, e) hashes to h,
+     * hist[e] follows it), prev[e] the one before with the same hash; -1 ends a chain */
+    int32_t *head;            /* (1 << NG_HASH_BITS) */
+    int32_t *prev;            /* (cap) */
+    int64_t cap;              /* longest history indexed */
+    int64_t indexed;          /* ends e < indexed are in the index */
+    int32_t *walk_e, *walk_m; /* (NG_WALK) occurrences visited and their match lengths */
     int32_t min_match, max_match, breadth;
     int64_t max_k, max_s;
     trie_node *nodes; /* (1 + breadth*max_s) */
@@ -28,6 +37,13 @@ typedef struct ngram {
     int32_t *next;  /* (max_k) */
     int32_t *cand;  /* (max_k*max_k) trie node of each candidate of a level, or -1 */
 } ngram;
+
+static uint32_t gram_hash(const int32_t *p, int32_t m) {
+    uint32_t h = 2166136261u;
+    for (int32_t i = 0; i < m; i++)
+        h = (h ^ (uint32_t)p[i]) * 16777619u;
+    return h >> (32 - NG_HASH_BITS);
+}
 
 static int32_t trie_child(ngram *g, int32_t parent, int32_t token) {
     for (int32_t c = g->nodes[parent].child; c >= 0; c = g->nodes[c].sibling)
@@ -74,21 +90,46 @@ static st_status ngram_propose(st_drafter *d, const int32_t *hist, int64_t n_his
     g->n_nodes = 1;
     g->nodes[0] = (trie_node){-1, 0, -1, -1};
     int32_t found = 0;
-    for (int32_t m = g->max_match; m >= g->min_match && found == 0; m--) {
-        if (n_hist <= m)
+    const int32_t mm = g->min_match;
+    if (n_hist > g->cap || n_hist < g->indexed) { /* not the history indexed so far */
+        memset(g->head, 0xff, sizeof(int32_t) << NG_HASH_BITS);
+        g->indexed = mm;
+    }
+    for (int64_t e = g->indexed; e <= n_hist - 1 && e < g->cap; e++) {
+        uint32_t h = gram_hash(hist + e - mm, mm);
+        g->prev[e] = g->head[h];
+        g->head[h] = (int32_t)e;
+    }
+    if (n_hist - 1 >= g->indexed)
+        g->indexed = n_hist;
+    /* walk the occurrences of the last min_match tokens, most recent first, measuring how many
+     * tokens (up to max_match) each one shares with the end of the text */
+    int32_t nw = 0, best_len = 0;
+    if (n_hist > mm) {
+        const int32_t *suf = hist + n_hist - mm;
+        for (int32_t e = g->head[gram_hash(suf, mm)]; e >= 0 && nw < NG_WALK; e = g->prev[e]) {
+            if (memcmp(hist + e - mm, suf, (size_t)mm * sizeof *hist) != 0)
+                continue; /* hash collision */
+            int32_t ml = mm;
+            while (ml < g->max_match && e - ml - 1 >= 0 && n_hist - ml - 1 >= 0 &&
+                   hist[e - ml - 1] == hist[n_hist - ml - 1])
+                ml++;
+            g->walk_e[nw] = e;
+            g->walk_m[nw++] = ml;
+            best_len = ml > best_len ? ml : best_len;
+        }
+    }
+    /* the most recent `breadth` occurrences of the longest match length found */
+    for (int32_t w = 0; w < nw && found < g->breadth; w++) {
+        if (g->walk_m[w] < best_len)
             continue;
-        const int32_t *suf = hist + n_hist - m;
-        /* occurrences ending at j (exclusive end e = j + 1 <= n_hist - 1), most recent first */
-        for (int64_t e = n_hist - 1; e >= m && found < g->breadth; e--) {
-            if (memcmp(hist + e - m, suf, (size_t)m * sizeof *hist) != 0)
-                continue;
-            found++;
-            int32_t node = 0;
-            g->nodes[0].count++;
-            for (int64_t s = 0; s < S && e + s < n_hist; s++) {
-                node = trie_child(g, node, hist[e + s]);
-                g->nodes[node].count++;
-            }
+        int64_t e = g->walk_e[w];
+        found++;
+        int32_t node = 0;
+        g->nodes[0].count++;
+        for (int64_t t = 0; t < S && e + t < n_hist; t++) {
+            node = trie_child(g, node, hist[e + t]);
+            g->nodes[node].count++;
         }
     }
     int64_t M = st_tree_n_candidates(K, S);
@@ -156,11 +197,16 @@ static void ngram_free(st_drafter *d) {
     st_free(g->level);
     st_free(g->next);
     st_free(g->cand);
+    st_free(g->head);
+    st_free(g->prev);
+    st_free(g->walk_e);
+    st_free(g->walk_m);
     st_free(g);
 }
 
 st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t breadth,
-                                  int64_t max_k, int64_t max_s, st_drafter **out) {
+                                  int64_t max_k, int64_t max_s, int64_t max_hist,
+                                  st_drafter **out) {
     *out = NULL;
     if (min_match < 1 || max_match < min_match || max_match > 64 || breadth < 1 || breadth > 4096 ||
         max_k < 1 || max_k > 64 || max_s < 1 || max_s > 64)
@@ -182,7 +228,14 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
     g->level = st_malloc((size_t)max_k * sizeof *g->level);
     g->next = st_malloc((size_t)max_k * sizeof *g->next);
     g->cand = st_malloc((size_t)(max_k * max_k) * sizeof *g->cand);
-    if (!g->nodes || !g->level || !g->next || !g->cand) {
+    g->cap = max_hist > 0 ? max_hist : 1;
+    g->indexed = INT64_MAX; /* forces a reset on first use */
+    g->head = st_malloc(sizeof(int32_t) << NG_HASH_BITS);
+    g->prev = st_malloc((size_t)g->cap * sizeof *g->prev);
+    g->walk_e = st_malloc(NG_WALK * sizeof *g->walk_e);
+    g->walk_m = st_malloc(NG_WALK * sizeof *g->walk_m);
+    if (!g->nodes || !g->level || !g->next || !g->cand || !g->head || !g->prev || !g->walk_e ||
+        !g->walk_m) {
         ngram_free(&g->base);
         return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory");
     }

@@ -237,7 +237,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
         for (int32_t b = 0; b < bs; b++) {
             if (sp.algo == ST_SPEC_NGRAM)
                 rc = st_drafter_ngram_create(sp.ngram_min_match, sp.ngram_max_match,
-                                             sp.ngram_breadth, K, S, &g.dr[b]);
+                                             sp.ngram_breadth, K, S, ps.n_ctx + 1, &g.dr[b]);
             else
                 rc =
                     st_drafter_model_create(sp.draft_model, m, ps.n_ctx, n_threads, K, S, &g.dr[b]);
