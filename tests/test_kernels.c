@@ -18,6 +18,8 @@
 #include <string.h>
 
 static const int64_t sizes[] = {0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 4096, 4099};
+/* Token counts of a matmul: around the 2- and 3-token tiles, up to a full verify batch. */
+static const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64};
 
 static uint64_t rs = 0x1234567;
 static float frand(void) {
@@ -39,13 +41,12 @@ static const st_kernels *avx2_or_skip(void) {
     return k ? k : st_kernels_ref();
 }
 
-static void test_dot_axpy(void **state) {
+static void test_dot(void **state) {
     (void)state;
     const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         int64_t n = sizes[s];
-        float *x = malloc((size_t)(n + 1) * 4), *y = malloc((size_t)(n + 1) * 4),
-              *y1 = malloc((size_t)(n + 1) * 4), *y2 = malloc((size_t)(n + 1) * 4);
+        float *x = malloc((size_t)(n + 1) * 4), *y = malloc((size_t)(n + 1) * 4);
         fill(x, n, 3.0f);
         fill(y, n, 2.0f);
         float dr = r->dot(x, y, n), da = a->dot(x, y, n);
@@ -60,12 +61,81 @@ static void test_dot_axpy(void **state) {
                 bound += fabs((double)x[i] * y[i]);
             assert_true(fabs(ex - dr) <= (double)n * 1.2e-7 * bound + 1e-30);
         }
-        memcpy(y1, y, (size_t)n * 4);
-        memcpy(y2, y, (size_t)n * 4);
-        r->axpy(y1, 0.37f, x, n);
-        a->axpy(y2, 0.37f, x, n);
-        assert_memory_equal(y1, y2, (size_t)n * 4);
-        free(x), free(y), free(y1), free(y2);
+        free(x), free(y);
+    }
+}
+
+/* Attention scores and value sums for GQA groups of g heads, head sizes around the vector width,
+ * row counts around the 8-row blocks; the scores also equal dot / div row by row. */
+static void test_attn(void **state) {
+    (void)state;
+    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
+    const int64_t hds[] = {1, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128};
+    const int64_t gs[] = {1, 2, 3, 5, 8};
+    const int64_t ns[] = {0, 1, 7, 8, 9, 17, 64};
+    for (size_t ih = 0; ih < sizeof hds / sizeof hds[0]; ih++)
+        for (size_t ig = 0; ig < sizeof gs / sizeof gs[0]; ig++)
+            for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+                const int64_t hd = hds[ih], g = gs[ig], n = ns[in];
+                const int64_t ldq = hd + 3, ldk = 2 * hd + 5, lds = n + 2, ldo = hd + 1;
+                float *q = malloc((size_t)(g * ldq) * 4), *kv = malloc((size_t)(n * ldk + 1) * 4);
+                float *s1 = calloc((size_t)(g * lds), 4), *s2 = calloc((size_t)(g * lds), 4);
+                float *o1 = malloc((size_t)(g * ldo) * 4), *o2 = malloc((size_t)(g * ldo) * 4);
+                fill(q, g * ldq, 1.0f);
+                fill(kv, n * ldk, 1.0f);
+                fill(s1, g * lds, 1.0f);
+                memcpy(s2, s1, (size_t)(g * lds) * 4);
+                r->attn_scores(s1, lds, q, ldq, g, kv, ldk, n, hd, 2.5f);
+                a->attn_scores(s2, lds, q, ldq, g, kv, ldk, n, hd, 2.5f);
+                assert_memory_equal(s1, s2, (size_t)(g * lds) * 4);
+                for (int64_t h = 0; h < g; h++)
+                    for (int64_t j = 0; j < n; j++) {
+                        float want = r->dot(q + h * ldq, kv + j * ldk, hd) / 2.5f;
+                        assert_memory_equal(&s1[h * lds + j], &want, 4);
+                    }
+                /* p from the scores; out starts non-zero (a chain continued across runs) */
+                fill(o1, g * ldo, 1.0f);
+                memcpy(o2, o1, (size_t)(g * ldo) * 4);
+                r->attn_wsum(o1, ldo, s1, lds, g, kv + 1, ldk, n, hd);
+                a->attn_wsum(o2, ldo, s1, lds, g, kv + 1, ldk, n, hd);
+                assert_memory_equal(o1, o2, (size_t)(g * ldo) * 4);
+                free(q), free(kv), free(s1), free(s2), free(o1), free(o2);
+            }
+}
+
+/* exp_sum and silu_mul against the scalar twin, special values included. */
+static void test_exp_silu(void **state) {
+    (void)state;
+    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
+    const float special[] = {0.0f,   -0.0f,   1.0f,     -1.0f,     87.5f,   -86.9f,
+                             -87.0f, -87.1f,  88.0f,    89.0f,     -100.0f, 100.0f,
+                             1e-30f, -1e-30f, INFINITY, -INFINITY, 3.0e38f, -3.0e38f};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t n = sizes[s];
+        float *x1 = malloc((size_t)(n + 1) * 4), *x2 = malloc((size_t)(n + 1) * 4);
+        float *u = malloc((size_t)(n + 1) * 4);
+        fill(x1, n, 20.0f);
+        fill(u, n, 2.0f);
+        for (int64_t i = 0; i < n && i < ns; i++)
+            x1[(i * 7) % n] = special[i];
+        memcpy(x2, x1, (size_t)n * 4);
+        float m1 = r->exp_sum(x1, n, 3.0f), m2 = a->exp_sum(x2, n, 3.0f);
+        assert_memory_equal(&m1, &m2, 4);
+        assert_memory_equal(x1, x2, (size_t)n * 4);
+        fill(x1, n, 30.0f);
+        for (int64_t i = 0; i < n && i < ns; i++)
+            x1[(i * 5) % n] = special[i];
+        memcpy(x2, x1, (size_t)n * 4);
+        r->silu_mul(x1, u, n);
+        a->silu_mul(x2, u, n);
+        assert_memory_equal(x1, x2, (size_t)n * 4);
+        free(x1), free(x2), free(u);
+    }
+    /* st_expf_ref against libm: relative error below 3e-7 over the useful range */
+    for (float x = -86.0f; x < 88.0f; x += 0.0137f) {
+        double want = exp((double)x);
+        assert_true(fabs((double)st_expf_ref(x) - want) <= 3e-7 * want);
     }
 }
 
@@ -179,8 +249,8 @@ static void test_matmul_float(void **state) {
     uint32_t types[] = {ST_DTYPE_F32, ST_DTYPE_F16, ST_DTYPE_BF16};
     for (size_t t = 0; t < 3; t++)
         for (size_t s = 1; s < sizeof sizes / sizeof sizes[0]; s++)
-            for (int64_t M = 1; M <= 9; M += 4)
-                check_matmul(types[t], sizes[s], 11, M);
+            for (size_t im = 0; im < sizeof ms / sizeof ms[0]; im++)
+                check_matmul(types[t], sizes[s], sizes[s] > 100 ? 11 : 1 + (int64_t)im * 3, ms[im]);
 }
 
 static void test_matmul_quant(void **state) {
@@ -188,8 +258,9 @@ static void test_matmul_quant(void **state) {
     const int64_t ks[] = {32, 64, 96, 4096};
     for (int t = 0; t < 2; t++)
         for (size_t s = 0; s < 4; s++)
-            for (int64_t M = 1; M <= 9; M += 4)
-                check_matmul(t ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0, ks[s], 13, M);
+            for (size_t im = 0; im < sizeof ms / sizeof ms[0]; im++)
+                check_matmul(t ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0, ks[s],
+                             ks[s] > 100 ? 13 : 1 + (int64_t)im * 3, ms[im]);
 }
 
 static void test_fp16_roundtrip(void **state) {
@@ -211,10 +282,9 @@ static void test_fp16_roundtrip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dot_axpy),
-        cmocka_unit_test(test_matmul_float),
-        cmocka_unit_test(test_matmul_quant),
-        cmocka_unit_test(test_fp16_roundtrip),
+        cmocka_unit_test(test_dot),          cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_exp_silu),     cmocka_unit_test(test_matmul_float),
+        cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_fp16_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,10 +7,17 @@
  *
  * Canonical float dot product of length n: eight lane accumulators, lane l takes elements
  * i = l (mod 8) in increasing i with a fused multiply-add (missing tail elements count as
- * 0*0), then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+ * 0*0), then reduce8 = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
  * Quantized weights (Q8_0, Q4_0) multiply activations quantized per block of 32 to int8 with a
- * float scale (st_block_q8x); per block the integer sum is exact, and blocks are accumulated in
- * increasing order with acc = fma((float)isum, wd * xd, acc).
+ * float scale (st_block_q8x). Canonical quantized dot product: in block b, lane l in [0, 8)
+ * holds the exact integer sum isum[b][l] of w_j * x_j over the block's elements j = 4l .. 4l+3
+ * (Q4_0 weights count as nibble - 8); eight float accumulators take, block by block in
+ * increasing b, acc_l = fma((float)isum[b][l], d_b, acc_l) with d_b = fp16_to_f32(w scale) *
+ * x scale rounded to float; the result is reduce8(acc).
+ * Attention (DESIGN.md invariant 1: the same arithmetic for a key whatever the batch): a score
+ * is dot(q, k_row, head_dim) / div (canonical dot, one IEEE division); the softmax numerators
+ * come from exp_sum; the output is, per element d, the fma chain out_d = fma(p_r, v_r[d], out_d)
+ * over the visible rows in visit order.
  */
 #ifndef ST_KERNELS_H
 #define ST_KERNELS_H
@@ -54,12 +61,22 @@ typedef struct st_kernels {
     st_matmul_fn matmul_q4_0;
     /* Canonical dot product (see above). */
     float (*dot)(const float *a, const float *b, int64_t n);
-    /* y[i] = fma(a, x[i], y[i]) for i < n. */
-    void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* Attention scores of g query heads against n key rows:
+     * sc[h*ldsc + r] = dot(q + h*ldq, k + r*ldk, hd) / div for h < g, r < n. Each key row is
+     * read once for all g heads (grouped-query attention). */
+    void (*attn_scores)(float *sc, int64_t ldsc, const float *q, int64_t ldq, int64_t g,
+                        const float *k, int64_t ldk, int64_t n, int64_t hd, float div);
+    /* Weighted sum of n value rows for g heads, continuing the fma chain in out:
+     * out[h*ldo + d] = fma(p[h*ldp + r], v[r*ldv + d], out[h*ldo + d]) for r = 0 .. n-1 in
+     * order, h < g, d < hd. */
+    void (*attn_wsum)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t g,
+                      const float *v, int64_t ldv, int64_t n, int64_t hd);
     /* Softmax numerator: x[i] = exp(x[i] - mx) for i < n (x[i] = -inf gives 0), returning the
      * sum with eight lanes (lane = i mod 8) and the canonical final reduction. exp is the
      * project's own polynomial (st_expf_ref), identical in every table. */
     float (*exp_sum)(float *x, int64_t n, float mx);
+    /* SwiGLU: g[i] = (g[i] / (1 + exp(-g[i]))) * u[i] for i < n, exp = st_expf_ref. */
+    void (*silu_mul)(float *g, const float *u, int64_t n);
     /* Quantizes K floats (K a multiple of 32) into K/32 blocks: d = max|x|/127, q = round(x/d). */
     void (*quantize_q8x)(st_block_q8x *y, const float *x, int64_t K);
 } st_kernels;

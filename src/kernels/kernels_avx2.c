@@ -1,9 +1,9 @@
 /*
- * kernels_avx2.c: AVX2+FMA+F16C kernels, bitwise equal to their `_ref` twins in
- * kernels_ref.c: lane l of an 8-wide accumulator takes elements i = l (mod 8) with a fused
- * multiply-add, tails use zeroed lanes, and the horizontal sum is the canonical
- * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Quantized dot products are exact integer sums per
- * block followed by the same scalar fma chain as the reference.
+ * kernels_avx2.c: AVX2+FMA+F16C kernels, bitwise equal to their `_ref` twins in kernels_ref.c
+ * (the canonical orders are in kernels.h). Matmuls work on tiles of R weight rows x T tokens,
+ * one 8-lane accumulator per output element, so each weight load serves T tokens and R*T
+ * independent fma chains are in flight; a tile ends with one transposed reduction that gives
+ * eight outputs the canonical ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) at once.
  * Built with -mavx2 -mfma -mf16c; only called when the CPU reports those features.
  */
 #include "kernels/kernels.h"
@@ -11,6 +11,16 @@
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
+
+#define ST_INLINE static inline __attribute__((always_inline))
+/* Tile loops have constant trip counts once inlined; unrolled, their accumulators live in
+ * registers. */
+#define ST_UNROLL _Pragma("GCC unroll 16")
+
+/* The most accumulators a tile keeps (R*T). */
+enum { ST_TILE_MAX = 12 };
+/* Software prefetch distance of the weight streams, in bytes (see tile_float). */
+enum { ST_PF_BYTES = 8192 };
 
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
@@ -21,9 +31,41 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s1);
 }
 
+/* Eight canonical reductions at once: element j of the result is hsum8(a[j]), with the same
+ * additions on the same operands. */
+ST_INLINE __m256 hsum8x8(const __m256 a[8]) {
+    __m256 u[4];
+    ST_UNROLL
+    for (int i = 0; i < 4; i++) /* [a(2i): l0+l4, l1+l5, l2+l6, l3+l7 | a(2i+1): same] */
+        u[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    /* [a0: (l0+l4)+(l2+l6), (l1+l5)+(l3+l7), a2: same | a1, a3], then a4, a6 | a5, a7 */
+    __m256 s0 =
+        _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44), _mm256_shuffle_ps(u[0], u[1], 0xee));
+    __m256 s1 =
+        _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44), _mm256_shuffle_ps(u[2], u[3], 0xee));
+    __m256 h = _mm256_hadd_ps(s0, s1); /* a0 a2 a4 a6 | a1 a3 a5 a7 */
+    return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 static inline __m256i tail_mask(int64_t rem) {
     static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     return _mm256_loadu_si256((const __m256i *)(m + 8 - rem));
+}
+
+/* Reduces n <= ST_TILE_MAX accumulators, out[i] = hsum8(acc[i]). */
+ST_INLINE void reduce_tile(float *out, const __m256 *acc, int n) {
+    ST_UNROLL
+    for (int i = 0; i < n; i += 8) {
+        __m256 a[8];
+        ST_UNROLL
+        for (int j = 0; j < 8; j++)
+            a[j] = i + j < n ? acc[i + j] : _mm256_setzero_ps();
+        float tmp[8];
+        _mm256_storeu_ps(tmp, hsum8x8(a));
+        for (int j = 0; j < 8 && i + j < n; j++)
+            out[i + j] = tmp[j];
+    }
 }
 
 static float dot_avx2(const float *a, const float *b, int64_t n) {
@@ -38,15 +80,138 @@ static float dot_avx2(const float *a, const float *b, int64_t n) {
     return hsum8(acc);
 }
 
-static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
-    __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i,
-                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] = fmaf(a, x[i], y[i]);
+/* ------------------------------------------------------------------------------------------ */
+/* Attention                                                                                  */
+
+/* Scores of g heads against 8 (or, at the end, fewer) key rows at a time: the block of rows is
+ * loaded from memory once and reused from L1 for every head of the group. */
+static void attn_scores_avx2(float *sc, int64_t ldsc, const float *q, int64_t ldq, int64_t g,
+                             const float *k, int64_t ldk, int64_t n, int64_t hd, float div) {
+    const __m256 vdiv = _mm256_set1_ps(div);
+    const int64_t hfull = hd & ~(int64_t)7;
+    const __m256i mk = tail_mask(hd - hfull);
+    for (int64_t r0 = 0; r0 < n; r0 += 8) {
+        const int64_t nr = n - r0 < 8 ? n - r0 : 8;
+        const float *kr[8];
+        for (int64_t j = 0; j < 8; j++)
+            kr[j] = k + (r0 + (j < nr ? j : 0)) * ldk;
+        for (int64_t h = 0; h < g; h++) {
+            const float *qh = q + h * ldq;
+            __m256 acc[8];
+            ST_UNROLL
+            for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_setzero_ps();
+            int64_t i = 0;
+            for (; i < hfull; i += 8) {
+                __m256 qv = _mm256_loadu_ps(qh + i);
+                ST_UNROLL
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[j] + i), acc[j]);
+            }
+            if (i < hd) {
+                __m256 qv = _mm256_maskload_ps(qh + i, mk);
+                ST_UNROLL
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kr[j] + i, mk), acc[j]);
+            }
+            __m256 s = _mm256_div_ps(hsum8x8(acc), vdiv);
+            if (nr == 8) {
+                _mm256_storeu_ps(sc + h * ldsc + r0, s);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, s);
+                memcpy(sc + h * ldsc + r0, tmp, (size_t)nr * sizeof(float));
+            }
+        }
+    }
 }
+
+/* nh heads x nv vectors of one output chunk starting at d0; vector nv-1 may be partial (mask).
+ * The chain per element runs over the rows in order, in registers. */
+ST_INLINE void wsum_chunk(float *out, int64_t ldo, const float *p, int64_t ldp, int nh, int nv,
+                          const float *v, int64_t ldv, int64_t n, __m256i mk_last) {
+    __m256 acc[2][4];
+    ST_UNROLL
+    for (int h = 0; h < nh; h++)
+        ST_UNROLL
+    for (int j = 0; j < nv; j++)
+        acc[h][j] = j == nv - 1 ? _mm256_maskload_ps(out + h * ldo + 8 * j, mk_last)
+                                : _mm256_loadu_ps(out + h * ldo + 8 * j);
+    for (int64_t r = 0; r < n; r++) {
+        const float *vr = v + r * ldv;
+        __m256 vv[4];
+        ST_UNROLL
+        for (int j = 0; j < nv; j++)
+            vv[j] =
+                j == nv - 1 ? _mm256_maskload_ps(vr + 8 * j, mk_last) : _mm256_loadu_ps(vr + 8 * j);
+        ST_UNROLL
+        for (int h = 0; h < nh; h++) {
+            __m256 ph = _mm256_broadcast_ss(p + h * ldp + r);
+            ST_UNROLL
+            for (int j = 0; j < nv; j++)
+                acc[h][j] = _mm256_fmadd_ps(ph, vv[j], acc[h][j]);
+        }
+    }
+    ST_UNROLL
+    for (int h = 0; h < nh; h++)
+        ST_UNROLL
+    for (int j = 0; j < nv; j++) {
+        if (j == nv - 1)
+            _mm256_maskstore_ps(out + h * ldo + 8 * j, mk_last, acc[h][j]);
+        else
+            _mm256_storeu_ps(out + h * ldo + 8 * j, acc[h][j]);
+    }
+}
+
+static void attn_wsum_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t g,
+                           const float *v, int64_t ldv, int64_t n, int64_t hd) {
+    for (int64_t d0 = 0; d0 < hd; d0 += 32) {
+        const int64_t w = hd - d0 < 32 ? hd - d0 : 32;
+        const int nv = (int)((w + 7) / 8);
+        const __m256i mk = tail_mask(w - 8 * (nv - 1));
+        for (int64_t h = 0; h < g; h += 2) {
+            float *o = out + h * ldo + d0;
+            const float *ph = p + h * ldp, *vd = v + d0;
+            const int nh = g - h < 2 ? 1 : 2;
+#define ST_WSUM(NH, NV) wsum_chunk(o, ldo, ph, ldp, NH, NV, vd, ldv, n, mk)
+            if (nh == 2) {
+                switch (nv) {
+                case 1:
+                    ST_WSUM(2, 1);
+                    break;
+                case 2:
+                    ST_WSUM(2, 2);
+                    break;
+                case 3:
+                    ST_WSUM(2, 3);
+                    break;
+                default:
+                    ST_WSUM(2, 4);
+                    break;
+                }
+            } else {
+                switch (nv) {
+                case 1:
+                    ST_WSUM(1, 1);
+                    break;
+                case 2:
+                    ST_WSUM(1, 2);
+                    break;
+                case 3:
+                    ST_WSUM(1, 3);
+                    break;
+                default:
+                    ST_WSUM(1, 4);
+                    break;
+                }
+            }
+#undef ST_WSUM
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* exp, softmax, SwiGLU                                                                       */
 
 /* Eight lanes of st_expf_ref, operation for operation. */
 static inline __m256 exp8(__m256 x) {
@@ -91,145 +256,249 @@ static float exp_sum_avx2(float *x, int64_t n, float mx) {
     return hsum8(acc);
 }
 
-/* Loads 8 weights of the given kind as floats. kind: 0 f32, 1 f16, 2 bf16. */
-static inline __m256 load_w(const void *w, int64_t i, int kind) {
-    if (kind == 0)
+static inline __m256 silu_mul8(__m256 g, __m256 u) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void silu_mul_avx2(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(g + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        __m256i mk = tail_mask(n - i);
+        _mm256_maskstore_ps(
+            g + i, mk, silu_mul8(_mm256_maskload_ps(g + i, mk), _mm256_maskload_ps(u + i, mk)));
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Float matmuls                                                                              */
+
+enum { KIND_F32, KIND_F16, KIND_BF16 };
+
+/* Loads 8 weights of the given kind as floats. */
+ST_INLINE __m256 load_w(const char *w, int64_t i, int kind) {
+    if (kind == KIND_F32)
         return _mm256_loadu_ps((const float *)w + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
-    if (kind == 1)
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
+    if (kind == KIND_F16)
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-static inline __m256 load_w_tail(const void *w, int64_t i, int64_t rem, int kind) {
-    if (kind == 0)
+ST_INLINE __m256 load_w_tail(const char *w, int64_t i, int64_t rem, int kind) {
+    if (kind == KIND_F32)
         return _mm256_maskload_ps((const float *)w + i, tail_mask(rem));
     uint16_t tmp[8] = {0};
-    memcpy(tmp, (const uint16_t *)w + i, (size_t)rem * 2);
+    memcpy(tmp, w + 2 * i, (size_t)rem * 2);
     __m128i h = _mm_loadu_si128((const __m128i *)tmp);
-    if (kind == 1)
+    if (kind == KIND_F16)
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Four weight rows against one token at a time: each row keeps its own accumulator, so the
- * order per output element is the canonical one. */
-static inline void matmul_float_rows(float *y, int64_t ldy, const void *w, size_t row_bytes,
-                                     const float *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
-                                     int64_t r1, int kind) {
-    int64_t r = r0;
-    int64_t kfull = K & ~(int64_t)7;
-    for (; r + 4 <= r1; r += 4) {
-        const char *w0 = (const char *)w + (size_t)r * row_bytes;
-        const char *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xm = x + m * ldx;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            int64_t i = 0;
-            for (; i < kfull; i += 8) {
-                __m256 xv = _mm256_loadu_ps(xm + i);
-                a0 = _mm256_fmadd_ps(load_w(w0, i, kind), xv, a0);
-                a1 = _mm256_fmadd_ps(load_w(w1, i, kind), xv, a1);
-                a2 = _mm256_fmadd_ps(load_w(w2, i, kind), xv, a2);
-                a3 = _mm256_fmadd_ps(load_w(w3, i, kind), xv, a3);
-            }
-            if (i < K) {
-                __m256 xv = _mm256_maskload_ps(xm + i, tail_mask(K - i));
-                a0 = _mm256_fmadd_ps(load_w_tail(w0, i, K - i, kind), xv, a0);
-                a1 = _mm256_fmadd_ps(load_w_tail(w1, i, K - i, kind), xv, a1);
-                a2 = _mm256_fmadd_ps(load_w_tail(w2, i, K - i, kind), xv, a2);
-                a3 = _mm256_fmadd_ps(load_w_tail(w3, i, K - i, kind), xv, a3);
-            }
-            float *ym = y + m * ldy + r;
-            ym[0] = hsum8(a0);
-            ym[1] = hsum8(a1);
-            ym[2] = hsum8(a2);
-            ym[3] = hsum8(a3);
+/* R rows x T tokens: y[t*ldy + r] for rows w + r*rb and tokens x + t*ldx. The R rows are one
+ * contiguous stretch of memory, consumed at R*8 weights per step; for 16-bit weights each step
+ * prefetches the same amount ST_PF_BYTES further on (the rows of the tiles to come: the
+ * hardware prefetchers stop at page boundaries). F32 streams measured faster without it. */
+ST_INLINE void tile_float(float *y, int64_t ldy, const char *w, size_t rb, const float *x,
+                          int64_t ldx, int64_t K, const int R, const int T, const int kind,
+                          const int pf_on) {
+    __m256 acc[ST_TILE_MAX];
+    ST_UNROLL
+    for (int i = 0; i < R * T; i++)
+        acc[i] = _mm256_setzero_ps();
+    const int step = R * 8 * (kind == KIND_F32 ? 4 : 2);
+    const char *pf = w + ST_PF_BYTES;
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8, pf += step) {
+        ST_UNROLL
+        for (int j = 0; j < step; j += 64)
+            if (kind != KIND_F32 && pf_on)
+                _mm_prefetch(pf + j, _MM_HINT_T0);
+        __m256 xv[3];
+        ST_UNROLL
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_loadu_ps(x + t * ldx + i);
+        ST_UNROLL
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_w(w + (size_t)r * rb, i, kind);
+            ST_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[t * R + r] = _mm256_fmadd_ps(wv, xv[t], acc[t * R + r]);
         }
     }
-    for (; r < r1; r++) {
-        const char *w0 = (const char *)w + (size_t)r * row_bytes;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xm = x + m * ldx;
-            __m256 a0 = _mm256_setzero_ps();
-            int64_t i = 0;
-            for (; i < kfull; i += 8)
-                a0 = _mm256_fmadd_ps(load_w(w0, i, kind), _mm256_loadu_ps(xm + i), a0);
-            if (i < K)
-                a0 = _mm256_fmadd_ps(load_w_tail(w0, i, K - i, kind),
-                                     _mm256_maskload_ps(xm + i, tail_mask(K - i)), a0);
-            y[m * ldy + r] = hsum8(a0);
+    if (i < K) {
+        __m256 xv[3];
+        ST_UNROLL
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_maskload_ps(x + t * ldx + i, tail_mask(K - i));
+        ST_UNROLL
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_w_tail(w + (size_t)r * rb, i, K - i, kind);
+            ST_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[t * R + r] = _mm256_fmadd_ps(wv, xv[t], acc[t * R + r]);
         }
+    }
+    float out[ST_TILE_MAX];
+    reduce_tile(out, acc, R * T);
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        y[t * ldy + r] = out[t * R + r];
+}
+
+/* Rows in blocks of R, all M tokens per block (the block's weights stay in cache while they
+ * serve every token): a single token uses 8-row tiles, a batch 4 rows x 3 tokens. */
+ST_INLINE void matmul_float(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
+                            const int kind) {
+    const float *xf = x;
+    const char *wc = w;
+    int64_t r = r0;
+    if (M == 1) {
+        for (; r + 8 <= r1; r += 8)
+            tile_float(y + r, ldy, wc + (size_t)r * rb, rb, xf, ldx, K, 8, 1, kind, 1);
+        for (; r < r1; r++)
+            tile_float(y + r, ldy, wc + (size_t)r * rb, rb, xf, ldx, K, 1, 1, kind, 1);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) {
+        const char *wr = wc + (size_t)r * rb;
+        int64_t m = 0;
+        for (; m + 3 <= M; m += 3)
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 3, kind, m == 0);
+        if (M - m == 2)
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 2, kind, m == 0);
+        else if (M - m == 1)
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 1, kind, m == 0);
+    }
+    for (; r < r1; r++) {
+        const char *wr = wc + (size_t)r * rb;
+        int64_t m = 0;
+        for (; m + 3 <= M; m += 3)
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 1, 3, kind, m == 0);
+        for (; m < M; m++)
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 1, 1, kind, m == 0);
     }
 }
 
 static void matmul_f32_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_float_rows(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 0);
+    matmul_float(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, KIND_F32);
 }
 
 static void matmul_f16_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_float_rows(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 1);
+    matmul_float(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, KIND_F16);
 }
 
 static void matmul_bf16_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_float_rows(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 2);
+    matmul_float(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, KIND_BF16);
 }
 
-/* Exact integer dot product of 32 signed bytes (weights may be -128, activations are in
- * [-127, 127], so maddubs never saturates). */
-static inline int32_t idot32(__m256i w, __m256i x) {
-    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256(p32, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+/* ------------------------------------------------------------------------------------------ */
+/* Quantized matmuls                                                                          */
+
+/* R rows x T tokens of the canonical quantized dot product. Per block, the madd lanes of the
+ * 32 byte products are the canonical integer lanes (lane l = bytes 4l .. 4l+3), exact:
+ * Q8_0 uses maddubs(|w|, sign(x, w)) (at most 2*128*127 per 16-bit pair, no saturation); Q4_0
+ * uses maddubs(nibble, x) - maddubs(8, x), both exact in 16 bits. */
+ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
+                          int64_t ldx, int64_t nb, const int R, const int T, const int q4,
+                          const int pf_on) {
+    __m256 acc[ST_TILE_MAX];
+    ST_UNROLL
+    for (int i = 0; i < R * T; i++)
+        acc[i] = _mm256_setzero_ps();
+    const __m256i ones16 = _mm256_set1_epi16(1), lowmask = _mm256_set1_epi8(0xf);
+    const __m256i eight = _mm256_set1_epi8(8);
+    const int step = R * (q4 ? (int)sizeof(st_block_q4_0) : (int)sizeof(st_block_q8_0));
+    const char *pf = w + ST_PF_BYTES;
+    for (int64_t b = 0; b < nb; b++, pf += step) {
+        ST_UNROLL
+        for (int j = 0; j < step; j += 64)
+            if (pf_on)
+                _mm_prefetch(pf + j, _MM_HINT_T0);
+        __m256i xv[3], xoff[3];
+        __m256 dx[3];
+        ST_UNROLL
+        for (int t = 0; t < T; t++) {
+            const st_block_q8x *xb = x + t * ldx + b;
+            xv[t] = _mm256_loadu_si256((const __m256i *)xb->q);
+            dx[t] = _mm256_broadcast_ss(&xb->d);
+            if (q4)
+                xoff[t] = _mm256_maddubs_epi16(eight, xv[t]);
+        }
+        ST_UNROLL
+        for (int r = 0; r < R; r++) {
+            const char *wr = w + (size_t)r * rb;
+            __m256i wv;
+            uint16_t wd;
+            if (q4) {
+                const st_block_q4_0 *blk = (const st_block_q4_0 *)wr + b;
+                __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
+                wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lowmask);
+                memcpy(&wd, &blk->d, 2);
+            } else {
+                const st_block_q8_0 *blk = (const st_block_q8_0 *)wr + b;
+                wv = _mm256_loadu_si256((const __m256i *)blk->q);
+                memcpy(&wd, &blk->d, 2);
+            }
+            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wd));
+            const __m256i wabs = q4 ? wv : _mm256_sign_epi8(wv, wv);
+            ST_UNROLL
+            for (int t = 0; t < T; t++) {
+                __m256i p16 = q4 ? _mm256_sub_epi16(_mm256_maddubs_epi16(wv, xv[t]), xoff[t])
+                                 : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv[t], wv));
+                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones16));
+                acc[t * R + r] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, dx[t]), acc[t * R + r]);
+            }
+        }
+    }
+    float out[ST_TILE_MAX];
+    reduce_tile(out, acc, R * T);
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        y[t * ldy + r] = out[t * R + r];
+}
+
+ST_INLINE void matmul_quant(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
+                            const int q4) {
+    const st_block_q8x *xq = x;
+    const char *wc = w;
+    const int64_t nb = K / ST_QK;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const char *wr = wc + (size_t)r * rb;
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2)
+            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 2, q4, m == 0);
+        if (m < M)
+            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 1, q4, m == 0);
+    }
+    for (; r < r1; r++) {
+        const char *wr = wc + (size_t)r * rb;
+        for (int64_t m = 0; m < M; m++)
+            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 1, 1, q4, m == 0);
+    }
 }
 
 static void matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    const st_block_q8x *xq = x;
-    int64_t nb = K / ST_QK;
-    for (int64_t r = r0; r < r1; r++) {
-        const st_block_q8_0 *wb = (const st_block_q8_0 *)((const char *)w + (size_t)r * row_bytes);
-        for (int64_t m = 0; m < M; m++) {
-            const st_block_q8x *xb = xq + m * ldx;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)wb[b].q);
-                __m256i xv = _mm256_loadu_si256((const __m256i *)xb[b].q);
-                int32_t s = idot32(wv, xv);
-                acc = fmaf((float)s, st_fp16_to_f32(wb[b].d) * xb[b].d, acc);
-            }
-            y[m * ldy + r] = acc;
-        }
-    }
+    matmul_quant(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 0);
 }
 
 static void matmul_q4_0_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    const st_block_q8x *xq = x;
-    int64_t nb = K / ST_QK;
-    const __m256i lowmask = _mm256_set1_epi8(0xf), eight = _mm256_set1_epi8(8);
-    for (int64_t r = r0; r < r1; r++) {
-        const st_block_q4_0 *wb = (const st_block_q4_0 *)((const char *)w + (size_t)r * row_bytes);
-        for (int64_t m = 0; m < M; m++) {
-            const st_block_q8x *xb = xq + m * ldx;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                __m128i raw = _mm_loadu_si128((const __m128i *)wb[b].qs);
-                __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-                __m256i wv = _mm256_sub_epi8(_mm256_and_si256(both, lowmask), eight);
-                __m256i xv = _mm256_loadu_si256((const __m256i *)xb[b].q);
-                int32_t s = idot32(wv, xv);
-                acc = fmaf((float)s, st_fp16_to_f32(wb[b].d) * xb[b].d, acc);
-            }
-            y[m * ldy + r] = acc;
-        }
-    }
+    matmul_quant(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 1);
 }
 
 static void quantize_q8x_avx2(st_block_q8x *y, const float *x, int64_t K) {
@@ -272,8 +541,10 @@ static const st_kernels st_kernels_avx2_table = {
     .matmul_q8_0 = matmul_q8_0_avx2,
     .matmul_q4_0 = matmul_q4_0_avx2,
     .dot = dot_avx2,
-    .axpy = axpy_avx2,
+    .attn_scores = attn_scores_avx2,
+    .attn_wsum = attn_wsum_avx2,
     .exp_sum = exp_sum_avx2,
+    .silu_mul = silu_mul_avx2,
     .quantize_q8x = quantize_q8x_avx2,
 };
 

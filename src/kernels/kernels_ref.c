@@ -57,9 +57,24 @@ static float exp_sum_ref(float *x, int64_t n, float mx) {
     return reduce8(acc);
 }
 
-static void axpy_ref(float *y, float a, const float *x, int64_t n) {
+static void attn_scores_ref(float *sc, int64_t ldsc, const float *q, int64_t ldq, int64_t g,
+                            const float *k, int64_t ldk, int64_t n, int64_t hd, float div) {
+    for (int64_t h = 0; h < g; h++)
+        for (int64_t r = 0; r < n; r++)
+            sc[h * ldsc + r] = dot_ref(q + h * ldq, k + r * ldk, hd) / div;
+}
+
+static void attn_wsum_ref(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t g,
+                          const float *v, int64_t ldv, int64_t n, int64_t hd) {
+    for (int64_t h = 0; h < g; h++)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t d = 0; d < hd; d++)
+                out[h * ldo + d] = fmaf(p[h * ldp + r], v[r * ldv + d], out[h * ldo + d]);
+}
+
+static void silu_mul_ref(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++)
-        y[i] = fmaf(a, x[i], y[i]);
+        g[i] = (g[i] / (1.0f + st_expf_ref(-g[i]))) * u[i];
 }
 
 static void matmul_f32_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
@@ -109,6 +124,18 @@ static void matmul_bf16_ref(float *y, int64_t ldy, const void *w, size_t row_byt
                 dot_h16((const uint8_t *)w + (size_t)r * row_bytes, xf + m * ldx, K, 1);
 }
 
+/* One block of the canonical quantized dot product (kernels.h): lane l gets the exact integer
+ * sum over elements 4l .. 4l+3, times the block's combined scale. */
+static void qdot_block(float acc[8], const int8_t w[ST_QK], uint16_t wd, const st_block_q8x *xb) {
+    const float d = st_fp16_to_f32(wd) * xb->d;
+    for (int l = 0; l < 8; l++) {
+        int32_t s = 0;
+        for (int j = 4 * l; j < 4 * l + 4; j++)
+            s += (int32_t)w[j] * (int32_t)xb->q[j];
+        acc[l] = fmaf((float)s, d, acc[l]);
+    }
+}
+
 static void matmul_q8_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
     const st_block_q8x *xq = x;
@@ -116,15 +143,10 @@ static void matmul_q8_0_ref(float *y, int64_t ldy, const void *w, size_t row_byt
     for (int64_t r = r0; r < r1; r++) {
         const st_block_q8_0 *wb = (const st_block_q8_0 *)((const char *)w + (size_t)r * row_bytes);
         for (int64_t m = 0; m < M; m++) {
-            const st_block_q8x *xb = xq + m * ldx;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                int32_t s = 0;
-                for (int j = 0; j < ST_QK; j++)
-                    s += (int32_t)wb[b].q[j] * (int32_t)xb[b].q[j];
-                acc = fmaf((float)s, st_fp16_to_f32(wb[b].d) * xb[b].d, acc);
-            }
-            y[m * ldy + r] = acc;
+            float acc[8] = {0};
+            for (int64_t b = 0; b < nb; b++)
+                qdot_block(acc, wb[b].q, wb[b].d, xq + m * ldx + b);
+            y[m * ldy + r] = reduce8(acc);
         }
     }
 }
@@ -136,17 +158,16 @@ static void matmul_q4_0_ref(float *y, int64_t ldy, const void *w, size_t row_byt
     for (int64_t r = r0; r < r1; r++) {
         const st_block_q4_0 *wb = (const st_block_q4_0 *)((const char *)w + (size_t)r * row_bytes);
         for (int64_t m = 0; m < M; m++) {
-            const st_block_q8x *xb = xq + m * ldx;
-            float acc = 0.0f;
+            float acc[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
-                int32_t s = 0;
+                int8_t wq[ST_QK];
                 for (int j = 0; j < ST_QK / 2; j++) {
-                    s += ((int32_t)(wb[b].qs[j] & 0xf) - 8) * (int32_t)xb[b].q[j];
-                    s += ((int32_t)(wb[b].qs[j] >> 4) - 8) * (int32_t)xb[b].q[j + 16];
+                    wq[j] = (int8_t)((wb[b].qs[j] & 0xf) - 8);
+                    wq[j + ST_QK / 2] = (int8_t)((wb[b].qs[j] >> 4) - 8);
                 }
-                acc = fmaf((float)s, st_fp16_to_f32(wb[b].d) * xb[b].d, acc);
+                qdot_block(acc, wq, wb[b].d, xq + m * ldx + b);
             }
-            y[m * ldy + r] = acc;
+            y[m * ldy + r] = reduce8(acc);
         }
     }
 }
@@ -173,8 +194,10 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_q8_0 = matmul_q8_0_ref,
     .matmul_q4_0 = matmul_q4_0_ref,
     .dot = dot_ref,
-    .axpy = axpy_ref,
+    .attn_scores = attn_scores_ref,
+    .attn_wsum = attn_wsum_ref,
     .exp_sum = exp_sum_ref,
+    .silu_mul = silu_mul_ref,
     .quantize_q8x = quantize_q8x_ref,
 };
 

@@ -11,6 +11,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -391,7 +392,9 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->hb = alloc_f(B * F, sizeof(float), &ok);
     s->hb2 = alloc_f(B * F, sizeof(float), &ok);
     s->xq = alloc_f(B * (qmax / ST_QK + 1), sizeof(st_block_q8x), &ok);
-    s->scores = alloc_f((size_t)p.n_threads * (size_t)p.n_ctx, sizeof(float), &ok);
+    s->scores =
+        alloc_f((size_t)p.n_threads * (size_t)(hp->n_head / hp->n_head_kv) * (size_t)p.n_ctx,
+                sizeof(float), &ok);
     s->logits_tmp = alloc_f((size_t)hp->n_vocab, sizeof(float), &ok);
     s->b_pos = alloc_f(B, sizeof(int32_t), &ok);
     s->b_seq = alloc_f(B, sizeof(int32_t), &ok);
@@ -462,6 +465,9 @@ typedef struct mm_job {
     const void *x; /* float (M, ldx) or st_block_q8x (M, ldx) */
     int64_t ldx;
     int64_t M;
+    int64_t chunk;       /* rows per work item */
+    int64_t n_chunks[3]; /* work items of each matrix */
+    atomic_llong next;   /* next work item, over the matrices in order */
 } mm_job;
 
 static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
@@ -481,16 +487,25 @@ static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
 
 static bool is_quant(uint32_t type) { return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0; }
 
-/* Each thread takes the same share of rows of each matrix. Outputs are row-major (M, n_out). */
+/* Threads take chunks of rows of the matrices in turn from a shared counter (memory bandwidth
+ * is shared unevenly, so a static split leaves one thread waiting at the barrier). Which thread
+ * computes a row changes nothing in its value. Outputs are row-major (M, n_out). */
 static void mm_task(void *ctx, int ith, int nth) {
-    const mm_job *j = ctx;
-    for (int i = 0; i < j->n_mat; i++) {
+    (void)ith;
+    (void)nth;
+    mm_job *j = ctx;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        int i = 0;
+        while (i < j->n_mat && c >= j->n_chunks[i])
+            c -= j->n_chunks[i++];
+        if (i == j->n_mat)
+            return;
         const st_wt *w = j->w[i];
-        int64_t r0, r1;
-        st_split(w->n_out, ith, nth, &r0, &r1);
-        if (r0 < r1)
-            matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x, j->ldx,
-                                      w->n_in, j->M, r0, r1);
+        const int64_t r0 = c * j->chunk;
+        const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
+        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x, j->ldx, w->n_in,
+                                  j->M, r0, r1);
     }
 }
 
@@ -498,10 +513,20 @@ static void mm_task(void *ctx, int ith, int nth) {
 static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *const *y,
                     const float *x, int64_t M) {
     mm_job j = {.k = s->kern, .n_mat = n_mat, .M = M};
+    int64_t rows = 0;
     for (int i = 0; i < n_mat; i++) {
         j.w[i] = w[i];
         j.y[i] = y[i];
+        rows += w[i]->n_out;
     }
+    /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles. */
+    const int nth = st_pool_size(s->pool);
+    j.chunk = nth == 1 ? rows : (rows / (8 * nth) + 7) & ~(int64_t)7;
+    if (j.chunk < 8)
+        j.chunk = 8;
+    for (int i = 0; i < n_mat; i++)
+        j.n_chunks[i] = (w[i]->n_out + j.chunk - 1) / j.chunk;
+    atomic_init(&j.next, 0);
     int64_t K = w[0]->n_in;
     if (is_quant(w[0]->type)) {
         int64_t nb = K / ST_QK;
@@ -526,15 +551,42 @@ typedef struct attn_job {
     int32_t layer;
 } attn_job;
 
-/* One query head of one token: scores over the visible keys in position order, a max-subtracted
- * softmax, and the weighted sum of values accumulated in the same order. */
-static void attn_head(const st_session *s, const st_fwd *f, int32_t l, int32_t i, int32_t h,
-                      float *sc) {
+/* Scores of the g query heads of one KV group against the key rows rows[0..n) of one token,
+ * in runs of consecutive rows so that each run is one kernel call. */
+static void attn_scores_list(const st_kernels *k, float *sc, int64_t ldsc, const float *q,
+                             int64_t g, const float *K, int64_t kvd, const int32_t *rows, int32_t n,
+                             int64_t hd, float div) {
+    for (int32_t a = 0, b; a < n; a = b) {
+        for (b = a + 1; b < n && rows[b] == rows[b - 1] + 1; b++)
+            ;
+        k->attn_scores(sc + a, ldsc, q, hd, g, K + (int64_t)rows[a] * kvd, kvd, b - a, hd, div);
+    }
+}
+
+static void attn_wsum_list(const st_kernels *k, float *out, const float *p, int64_t ldp, int64_t g,
+                           const float *V, int64_t kvd, const int32_t *rows, int32_t n,
+                           int64_t hd) {
+    for (int32_t a = 0, b; a < n; a = b) {
+        for (b = a + 1; b < n && rows[b] == rows[b - 1] + 1; b++)
+            ;
+        k->attn_wsum(out, hd, p + a, ldp, g, V + (int64_t)rows[a] * kvd, kvd, b - a, hd);
+    }
+}
+
+/* The g query heads of KV head kvh for token i (grouped-query attention: each K and V row is
+ * read once for the whole group): scores over the visible keys in visit order (the prefix rows,
+ * then the extra rows), a max-subtracted softmax per head, and the weighted sum of the values in
+ * the same order. A masked prefix row gets score -inf (so it adds 0 to the softmax sum) and no
+ * value term. sc has room for g * n_ctx scores. */
+static void attn_group(const st_session *s, const st_fwd *f, int32_t l, int32_t i, int32_t kvh,
+                       float *sc) {
     const st_model_hparams *hp = &s->m->hp;
     const st_kernels *k = s->kern;
-    const int32_t hd = hp->head_dim, kvh = h / (hp->n_head / hp->n_head_kv);
+    const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
     const int64_t kvd = (int64_t)hp->n_head_kv * hd;
-    const float *q = s->q + (int64_t)i * hp->n_head * hd + (int64_t)h * hd;
+    const int64_t qoff = (int64_t)i * hp->n_head * hd + (int64_t)kvh * g * hd;
+    const float *q = s->q + qoff;
+    float *out = s->att + qoff;
     const float *K = st_kv_k(s, f->seq[i], l) + (int64_t)kvh * hd;
     const float *V = st_kv_v(s, f->seq[i], l) + (int64_t)kvh * hd;
     const float sq = sqrtf((float)hd);
@@ -542,44 +594,63 @@ static void attn_head(const st_session *s, const st_fwd *f, int32_t l, int32_t i
     const uint8_t *pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
     const int32_t e0 = f->extra_off ? f->extra_off[i] : 0,
                   e1 = f->extra_off ? f->extra_off[i + 1] : 0;
-    float mx = -INFINITY;
-    int32_t n = 0;
-    for (int32_t r = 0; r < np; r++) {
-        float v = (pm && !pm[r]) ? -INFINITY : k->dot(q, K + r * kvd, hd) / sq;
-        sc[n++] = v;
-        mx = v > mx ? v : mx;
+    const int32_t n = np + (e1 - e0);
+    /* scores (g, n) */
+    for (int32_t a = 0, b; a < np; a = b) {
+        const bool vis = !pm || pm[a];
+        for (b = a + 1; b < np && (!pm || !pm[b] == !vis); b++)
+            ;
+        if (vis)
+            k->attn_scores(sc + a, n, q, hd, g, K + (int64_t)a * kvd, kvd, b - a, hd, sq);
+        else
+            for (int32_t h = 0; h < g; h++)
+                for (int32_t r = a; r < b; r++)
+                    sc[(int64_t)h * n + r] = -INFINITY;
     }
-    for (int32_t e = e0; e < e1; e++) {
-        float v = k->dot(q, K + (int64_t)f->extra_rows[e] * kvd, hd) / sq;
-        sc[n++] = v;
-        mx = v > mx ? v : mx;
+    attn_scores_list(k, sc + np, n, q, g, K, kvd, f->extra_rows + e0, e1 - e0, hd, sq);
+    /* softmax per head, in place: p = exp(s - max) / sum; then the values, 64 heads at a time
+     * (a head with no visible key gets a zero output) */
+    for (int32_t h0 = 0; h0 < g; h0 += 64) {
+        const int32_t gc = g - h0 < 64 ? g - h0 : 64;
+        uint64_t dead = 0;
+        for (int32_t h = 0; h < gc; h++) {
+            float *sh = sc + (int64_t)(h0 + h) * n;
+            float mx = -INFINITY;
+            for (int32_t r = 0; r < n; r++)
+                mx = sh[r] > mx ? sh[r] : mx;
+            float sum = mx == -INFINITY ? 0.0f : k->exp_sum(sh, n, mx);
+            if (!(sum > 0.0f))
+                dead |= (uint64_t)1 << h;
+            else
+                for (int32_t r = 0; r < n; r++)
+                    sh[r] = sh[r] / sum;
+        }
+        float *o = out + (int64_t)h0 * hd;
+        const float *p = sc + (int64_t)h0 * n;
+        memset(o, 0, (size_t)gc * (size_t)hd * sizeof(float));
+        for (int32_t a = 0, b; a < np; a = b) {
+            const bool vis = !pm || pm[a];
+            for (b = a + 1; b < np && (!pm || !pm[b] == !vis); b++)
+                ;
+            if (vis)
+                k->attn_wsum(o, hd, p + a, n, gc, V + (int64_t)a * kvd, kvd, b - a, hd);
+        }
+        attn_wsum_list(k, o, p + np, n, gc, V, kvd, f->extra_rows + e0, e1 - e0, hd);
+        for (int32_t h = 0; h < gc; h++)
+            if (dead >> h & 1)
+                memset(o + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
     }
-    if (mx == -INFINITY) { /* no visible key: zero output */
-        memset(s->att + (int64_t)i * hp->n_head * hd + (int64_t)h * hd, 0, (size_t)hd * 4);
-        return;
-    }
-    float sum = k->exp_sum(sc, n, mx);
-    float *out = s->att + (int64_t)i * hp->n_head * hd + (int64_t)h * hd;
-    memset(out, 0, (size_t)hd * sizeof(float));
-    if (!(sum > 0.0f))
-        return; /* no visible key: zero output */
-    n = 0;
-    for (int32_t r = 0; r < np; r++, n++)
-        if (!(pm && !pm[r]))
-            k->axpy(out, sc[n] / sum, V + r * kvd, hd);
-    for (int32_t e = e0; e < e1; e++, n++)
-        k->axpy(out, sc[n] / sum, V + (int64_t)f->extra_rows[e] * kvd, hd);
 }
 
 static void attn_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const st_session *s = j->s;
-    int64_t total = (int64_t)j->f->n * s->m->hp.n_head, b, e;
+    const int32_t nkv = s->m->hp.n_head_kv, g = s->m->hp.n_head / nkv;
+    int64_t total = (int64_t)j->f->n * nkv, b, e;
     st_split(total, ith, nth, &b, &e);
-    float *sc = s->scores + (int64_t)ith * s->p.n_ctx;
+    float *sc = s->scores + (int64_t)ith * g * s->p.n_ctx;
     for (int64_t t = b; t < e; t++)
-        attn_head(s, j->f, j->layer, (int32_t)(t / s->m->hp.n_head), (int32_t)(t % s->m->hp.n_head),
-                  sc);
+        attn_group(s, j->f, j->layer, (int32_t)(t / nkv), (int32_t)(t % nkv), sc);
 }
 
 static st_status check_fwd(const st_session *s, const st_fwd *f) {
@@ -657,10 +728,7 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         const st_wt *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {s->hb, s->hb2};
         matmuls(s, 2, wgu, ygu, s->xb, T);
-        for (int64_t i = 0; i < T * F; i++) {
-            float g = s->hb[i];
-            s->hb[i] = (g / (1.0f + expf(-g))) * s->hb2[i];
-        }
+        k->silu_mul(s->hb, s->hb2, T * F);
         matmul1(s, &L->w_down, s->tmp, s->hb, T);
         for (int64_t i = 0; i < T * E; i++)
             s->x[i] += s->tmp[i];
