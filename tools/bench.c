@@ -6,16 +6,105 @@
 #include "bench.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-static const char *help = "usage: spectree-bench COMMAND [options]\n"
-                          "\n"
-                          "commands:\n"
-                          "  tree    per-step mask building + verification + commit against\n"
-                          "          context length, for every mask layout (--json, --reps R)\n"
-                          "  e2e     plain vs speculative generation speed per drafter\n"
-                          "\n"
-                          "'spectree-bench COMMAND --help' describes each command.\n";
+static const char *help =
+    "usage: spectree-bench COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  tree    per-step mask building + verification + commit against\n"
+    "          context length, for every mask layout (--json, --reps R)\n"
+    "  e2e     plain vs speculative generation speed per drafter\n"
+    "  decode  decode tokens/s of a model and weight bandwidth against the\n"
+    "          machine's copy bandwidth (-m MODEL, --json)\n"
+    "  verify  the verify-cost curve: one forward over N = 1..64 tokens at a\n"
+    "          512-token context, ms and ms(N)/ms(1) (-m MODEL, --json)\n"
+    "\n"
+    "'spectree-bench COMMAND --help' describes each command.\n";
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double st_bench_median(double *v, int n) {
+    if (n < 1)
+        return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int parse_int(const char *name, const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s must be an integer in %d..%d\n", name, flag, lo, hi);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+int st_bench_parse(const char *name, const char *usage, int argc, char **argv, st_bench_opts *o,
+                   int (*extra)(void *ctx, int argc, char **argv), void *ctx) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) {
+            o->model = argv[++i];
+        } else if (!strcmp(a, "--threads") && has) {
+            if (!parse_int(name, a, argv[++i], 0, 1024, &o->threads))
+                return 2;
+        } else if (!strcmp(a, "--reps") && has) {
+            if (!parse_int(name, a, argv[++i], 1, 1000, &o->reps))
+                return 2;
+        } else {
+            int used = extra ? extra(ctx, argc - i, argv + i) : 0;
+            if (used < 0)
+                return 2;
+            if (used == 0) {
+                fprintf(stderr, "%s: unknown option or missing value: %s\n%s", name, a, usage);
+                return 2;
+            }
+            i += used - 1;
+        }
+    }
+    if (!o->model) {
+        fprintf(stderr, "%s: -m MODEL is required\n%s", name, usage);
+        return 2;
+    }
+    return -1;
+}
+
+int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_model **m,
+                  st_session **s) {
+    *s = NULL;
+    if (st_model_load(o->model, m) != ST_OK) {
+        fprintf(stderr, "%s: %s\n", name, st_last_error());
+        return 1;
+    }
+    st_session_params p = st_session_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = 64;
+    p.n_threads = o->threads;
+    if (st_session_create(*m, &p, s) != ST_OK) {
+        fprintf(stderr, "%s: %s\n", name, st_last_error());
+        st_model_free(*m);
+        *m = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+const char *st_bench_wtype(const st_model *m) {
+    return st_dtype_name(st_model_get_hparams(m)->wtype);
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -30,6 +119,10 @@ int main(int argc, char **argv) {
         return st_bench_tree_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "e2e"))
         return st_bench_e2e_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "decode"))
+        return st_bench_decode_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "verify"))
+        return st_bench_verify_main(argc - 1, argv + 1);
     fprintf(stderr, "spectree-bench: unknown command '%s' (see --help)\n", argv[1]);
     return 2;
 }

@@ -1,6 +1,38 @@
-/* bench.h: the subcommands of spectree-bench, one file each (tools/bench_<name>.c). */
+/* bench.h: the subcommands of spectree-bench, one file each (tools/bench_<name>.c), and the
+ * helpers they share (bench.c). */
 #ifndef ST_BENCH_H
 #define ST_BENCH_H
+
+#include "spectree.h"
+
 int st_bench_tree_main(int argc, char **argv);
 int st_bench_e2e_main(int argc, char **argv);
+int st_bench_decode_main(int argc, char **argv);
+int st_bench_verify_main(int argc, char **argv);
+
+/* Median of n values (sorts v in place). */
+double st_bench_median(double *v, int n);
+
+/* Options shared by the model benchmarks. */
+typedef struct st_bench_opts {
+    const char *model; /* -m PATH */
+    int json;          /* --json */
+    int threads;       /* --threads N, 0 = the session default (all cores) */
+    int reps;          /* --reps R */
+} st_bench_opts;
+
+/* Parses -m, --json, --threads, --reps and --help for subcommand `name`; extra options are
+ * passed to `extra` (returns the number of arguments it consumed, 0 if unknown). Returns -1 to
+ * continue, else the exit code (0 after --help, 2 on a usage error). */
+int st_bench_parse(const char *name, const char *usage, int argc, char **argv, st_bench_opts *o,
+                   int (*extra)(void *ctx, int argc, char **argv), void *ctx);
+
+/* Loads the model and creates a session of n_ctx positions and o->threads threads; prints the
+ * error and returns nonzero on failure. */
+int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_model **m,
+                  st_session **s);
+
+/* Weight type of the model's blocks, e.g. "q8_0". */
+const char *st_bench_wtype(const st_model *m);
+
 #endif
