@@ -18,7 +18,7 @@ typedef struct trie_node {
     int32_t sibling; /* next sibling or -1 */
 } trie_node;
 
-enum { NG_HASH_BITS = 16, NG_WALK = 2048 };
+enum { NG_HASH_BITS = 12, NG_WALK = 2048 };
 
 typedef struct ngram {
     st_drafter base;
