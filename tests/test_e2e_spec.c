@@ -244,12 +244,53 @@ static void test_synthetic_draft(void **state) {
     remove(path);
 }
 
+typedef struct alloc_rec {
+    int n;
+    int64_t first, last;
+} alloc_rec;
+
+static int count_allocs(void *user, int32_t t) {
+    (void)t;
+    alloc_rec *a = user;
+    if (a->n++ == 1)
+        a->first = st_alloc_count();
+    a->last = st_alloc_count();
+    return 0;
+}
+
+/* The generation loop allocates nothing once it runs: build, verify, sampling, commit and
+ * drafting all use buffers sized at the start. */
+static void test_no_alloc_in_loop(void **state) {
+    (void)state;
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    for (int algo = 0; algo < 3; algo++) {
+        st_sampler_params sp = {
+            .temp = algo == 2 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 1};
+        st_spec_params spec = st_spec_default_params();
+        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+        spec.draft_model = model;
+        spec.ngram_min_match = 1;
+        spec.topk = 2;
+        spec.num_steps = 3;
+        spec.num_draft_tokens = 6;
+        spec.backend = algo == 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+        alloc_rec a = {0, 0, 0};
+        st_gen_stats gs;
+        assert_int_equal(
+            st_generate(model, prompt, 5, 64, &sp, &spec, 2, CTX, count_allocs, &a, &gs), ST_OK);
+        assert_true(a.n > 10);
+        assert_true(gs.spec_steps > 0);
+        assert_int_equal(a.last, a.first);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless_matrix),
         cmocka_unit_test(test_auto_and_stop),
         cmocka_unit_test(test_batch),
         cmocka_unit_test(test_synthetic_draft),
+        cmocka_unit_test(test_no_alloc_in_loop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
