@@ -19,8 +19,29 @@
 
 /* The most accumulators a tile keeps (R*T). */
 enum { ST_TILE_MAX = 12 };
-/* Software prefetch distance of the weight streams, in bytes (see tile_float). */
+/* Software prefetch distance of single-token weight streams, in bytes (see st_pf). */
 enum { ST_PF_BYTES = 8192 };
+
+/* A stretch of weights a tile prefetches while it computes, `per` cache lines per step: the
+ * rows of tiles to come. The hardware prefetchers stop at page boundaries and see only a few
+ * of the interleaved row streams, and a batch tile computes long enough to hide the whole
+ * transfer of the next block of rows. */
+typedef struct st_pf {
+    const char *p, *end;
+    int64_t per;
+} st_pf;
+
+static inline st_pf pf_region(const char *p, int64_t bytes, int64_t steps) {
+    st_pf r = {p, p + (bytes > 0 ? bytes : 0), 0};
+    if (bytes > 0)
+        r.per = ((bytes + 63) / 64 + steps - 1) / (steps > 0 ? steps : 1);
+    return r;
+}
+
+ST_INLINE void pf_step(st_pf *pf) {
+    for (int64_t j = 0; j < pf->per && pf->p < pf->end; j++, pf->p += 64)
+        _mm_prefetch(pf->p, _MM_HINT_T0);
+}
 
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
@@ -298,25 +319,17 @@ ST_INLINE __m256 load_w_tail(const char *w, int64_t i, int64_t rem, int kind) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* R rows x T tokens: y[t*ldy + r] for rows w + r*rb and tokens x + t*ldx. The R rows are one
- * contiguous stretch of memory, consumed at R*8 weights per step; for 16-bit weights each step
- * prefetches the same amount ST_PF_BYTES further on (the rows of the tiles to come: the
- * hardware prefetchers stop at page boundaries). F32 streams measured faster without it. */
+/* R rows x T tokens: y[t*ldy + r] for rows w + r*rb and tokens x + t*ldx, prefetching pf. */
 ST_INLINE void tile_float(float *y, int64_t ldy, const char *w, size_t rb, const float *x,
                           int64_t ldx, int64_t K, const int R, const int T, const int kind,
-                          const int pf_on) {
+                          st_pf pf) {
     __m256 acc[ST_TILE_MAX];
     ST_UNROLL
     for (int i = 0; i < R * T; i++)
         acc[i] = _mm256_setzero_ps();
-    const int step = R * 8 * (kind == KIND_F32 ? 4 : 2);
-    const char *pf = w + ST_PF_BYTES;
     int64_t i = 0;
-    for (; i + 8 <= K; i += 8, pf += step) {
-        ST_UNROLL
-        for (int j = 0; j < step; j += 64)
-            if (kind != KIND_F32 && pf_on)
-                _mm_prefetch(pf + j, _MM_HINT_T0);
+    for (; i + 8 <= K; i += 8) {
+        pf_step(&pf);
         __m256 xv[3];
         ST_UNROLL
         for (int t = 0; t < T; t++)
@@ -352,37 +365,49 @@ ST_INLINE void tile_float(float *y, int64_t ldy, const char *w, size_t rb, const
 }
 
 /* Rows in blocks of R, all M tokens per block (the block's weights stay in cache while they
- * serve every token): a single token uses 8-row tiles, a batch 4 rows x 3 tokens. */
+ * serve every token): a single token uses 8-row tiles that prefetch ST_PF_BYTES ahead, a batch
+ * 4 rows x 3 tokens, its token chunks sharing the prefetch of the next block of rows. */
 ST_INLINE void matmul_float(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
                             const int kind) {
     const float *xf = x;
     const char *wc = w;
+    const int64_t steps = K / 8;
     int64_t r = r0;
     if (M == 1) {
-        for (; r + 8 <= r1; r += 8)
-            tile_float(y + r, ldy, wc + (size_t)r * rb, rb, xf, ldx, K, 8, 1, kind, 1);
+        for (; r + 8 <= r1; r += 8) {
+            const char *wr = wc + (size_t)r * rb;
+            /* F32 single-token streams measured faster with the hardware prefetchers alone */
+            const int64_t ahead = kind == KIND_F32 ? 0 : 8 * (int64_t)rb;
+            tile_float(y + r, ldy, wr, rb, xf, ldx, K, 8, 1, kind,
+                       pf_region(wr + ST_PF_BYTES, ahead, steps));
+        }
         for (; r < r1; r++)
-            tile_float(y + r, ldy, wc + (size_t)r * rb, rb, xf, ldx, K, 1, 1, kind, 1);
+            tile_float(y + r, ldy, wc + (size_t)r * rb, rb, xf, ldx, K, 1, 1, kind,
+                       pf_region(NULL, 0, 1));
         return;
     }
+    const int64_t nc = (M + 2) / 3, blk = 4 * (int64_t)rb, seg = (blk + nc - 1) / nc;
     for (; r + 4 <= r1; r += 4) {
         const char *wr = wc + (size_t)r * rb;
-        int64_t m = 0;
-        for (; m + 3 <= M; m += 3)
-            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 3, kind, m == 0);
-        if (M - m == 2)
-            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 2, kind, m == 0);
-        else if (M - m == 1)
-            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 1, kind, m == 0);
+        for (int64_t m = 0, c = 0; m < M; m += 3, c++) {
+            const st_pf pf = pf_region(wr + blk + c * seg, seg, steps);
+            if (M - m >= 3)
+                tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 3, kind, pf);
+            else if (M - m == 2)
+                tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 2, kind, pf);
+            else
+                tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 4, 1, kind, pf);
+        }
     }
     for (; r < r1; r++) {
         const char *wr = wc + (size_t)r * rb;
+        const st_pf none = pf_region(NULL, 0, 1);
         int64_t m = 0;
         for (; m + 3 <= M; m += 3)
-            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 1, 3, kind, m == 0);
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 1, 3, kind, none);
         for (; m < M; m++)
-            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 1, 1, kind, m == 0);
+            tile_float(y + m * ldy + r, ldy, wr, rb, xf + m * ldx, ldx, K, 1, 1, kind, none);
     }
 }
 
@@ -410,20 +435,15 @@ static void matmul_bf16_avx2(float *y, int64_t ldy, const void *w, size_t row_by
  * uses maddubs(nibble, x) - maddubs(8, x), both exact in 16 bits. */
 ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
                           int64_t ldx, int64_t nb, const int R, const int T, const int q4,
-                          const int pf_on) {
+                          st_pf pf) {
     __m256 acc[ST_TILE_MAX];
     ST_UNROLL
     for (int i = 0; i < R * T; i++)
         acc[i] = _mm256_setzero_ps();
     const __m256i ones16 = _mm256_set1_epi16(1), lowmask = _mm256_set1_epi8(0xf);
     const __m256i eight = _mm256_set1_epi8(8);
-    const int step = R * (q4 ? (int)sizeof(st_block_q4_0) : (int)sizeof(st_block_q8_0));
-    const char *pf = w + ST_PF_BYTES;
-    for (int64_t b = 0; b < nb; b++, pf += step) {
-        ST_UNROLL
-        for (int j = 0; j < step; j += 64)
-            if (pf_on)
-                _mm_prefetch(pf + j, _MM_HINT_T0);
+    for (int64_t b = 0; b < nb; b++) {
+        pf_step(&pf);
         __m256i xv[3], xoff[3];
         __m256 dx[3];
         ST_UNROLL
@@ -469,25 +489,32 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
         y[t * ldy + r] = out[t * R + r];
 }
 
+/* Quantized rows in blocks of 4 with the tokens in pairs; a single token prefetches
+ * ST_PF_BYTES ahead, a batch's token pairs share the prefetch of the next block of rows. */
 ST_INLINE void matmul_quant(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
                             const int q4) {
     const st_block_q8x *xq = x;
     const char *wc = w;
     const int64_t nb = K / ST_QK;
+    const int64_t nc = (M + 1) / 2, blk = 4 * (int64_t)rb, seg = (blk + nc - 1) / nc;
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4) {
         const char *wr = wc + (size_t)r * rb;
-        int64_t m = 0;
-        for (; m + 2 <= M; m += 2)
-            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 2, q4, m == 0);
-        if (m < M)
-            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 1, q4, m == 0);
+        for (int64_t m = 0, c = 0; m < M; m += 2, c++) {
+            const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, nb)
+                                    : pf_region(wr + blk + c * seg, seg, nb);
+            if (M - m >= 2)
+                tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 2, q4, pf);
+            else
+                tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 1, q4, pf);
+        }
     }
     for (; r < r1; r++) {
         const char *wr = wc + (size_t)r * rb;
         for (int64_t m = 0; m < M; m++)
-            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 1, 1, q4, m == 0);
+            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 1, 1, q4,
+                       pf_region(NULL, 0, 1));
     }
 }
 

@@ -392,9 +392,9 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->hb = alloc_f(B * F, sizeof(float), &ok);
     s->hb2 = alloc_f(B * F, sizeof(float), &ok);
     s->xq = alloc_f(B * (qmax / ST_QK + 1), sizeof(st_block_q8x), &ok);
-    s->scores =
-        alloc_f((size_t)p.n_threads * (size_t)(hp->n_head / hp->n_head_kv) * (size_t)p.n_ctx,
-                sizeof(float), &ok);
+    s->scores = alloc_f((size_t)p.n_threads * ST_ATTN_TOKENS *
+                            (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p.n_ctx + 1),
+                        sizeof(float), &ok);
     s->logits_tmp = alloc_f((size_t)hp->n_vocab, sizeof(float), &ok);
     s->b_pos = alloc_f(B, sizeof(int32_t), &ok);
     s->b_seq = alloc_f(B, sizeof(int32_t), &ok);
@@ -573,84 +573,150 @@ static void attn_wsum_list(const st_kernels *k, float *out, const float *p, int6
     }
 }
 
-/* The g query heads of KV head kvh for token i (grouped-query attention: each K and V row is
- * read once for the whole group): scores over the visible keys in visit order (the prefix rows,
- * then the extra rows), a max-subtracted softmax per head, and the weighted sum of the values in
- * the same order. A masked prefix row gets score -inf (so it adds 0 to the softmax sum) and no
- * value term. sc has room for g * n_ctx scores. */
-static void attn_group(const st_session *s, const st_fwd *f, int32_t l, int32_t i, int32_t kvh,
+/* The prefix rows [a, b) of one token: scores (wsum = 0) or value terms (wsum = 1), skipping
+ * rows its prefix mask hides (their score is -inf). */
+static void attn_prefix(const st_kernels *k, int wsum, float *buf, int64_t ld, const float *qo,
+                        int64_t g, const float *KV, int64_t kvd, const uint8_t *pm, int32_t a,
+                        int32_t b, int64_t hd, float div) {
+    for (int32_t c; a < b; a = c) {
+        const bool vis = !pm || pm[a];
+        for (c = a + 1; c < b && (!pm || !pm[c] == !vis); c++)
+            ;
+        if (vis && wsum)
+            k->attn_wsum(buf, hd, qo + a, ld, g, KV + (int64_t)a * kvd, kvd, c - a, hd);
+        else if (vis)
+            k->attn_scores(buf + a, ld, qo, hd, g, KV + (int64_t)a * kvd, kvd, c - a, hd, div);
+        else if (!wsum)
+            for (int64_t h = 0; h < g; h++)
+                for (int32_t r = a; r < c; r++)
+                    buf[h * ld + r] = -INFINITY;
+    }
+}
+
+/* What token i of a group starting at i0 attends to, and where its queries, outputs and scores
+ * are. */
+typedef struct attn_tok {
+    int64_t qo; /* offset of its KV group's queries in s->q and outputs in s->att */
+    int32_t np, e0, ne, n;
+    const uint8_t *pm;
+    float *sc; /* (g, n + 1) */
+} attn_tok;
+
+static attn_tok tok_at(const st_session *s, const st_fwd *f, int32_t i, int32_t i0, int32_t kvh,
                        float *sc) {
+    const st_model_hparams *hp = &s->m->hp;
+    const int32_t g = hp->n_head / hp->n_head_kv;
+    attn_tok t;
+    t.qo = (int64_t)i * hp->n_head * hp->head_dim + (int64_t)kvh * g * hp->head_dim;
+    t.np = f->n_prefix[i];
+    t.pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
+    t.e0 = f->extra_off ? f->extra_off[i] : 0;
+    t.ne = f->extra_off ? f->extra_off[i + 1] - t.e0 : 0;
+    t.n = t.np + t.ne;
+    t.sc = sc + (int64_t)(i - i0) * g * (s->p.n_ctx + 1);
+    return t;
+}
+
+/* Attention of the g query heads of KV head kvh for tokens [i0, i1) of one sequence
+ * (grouped-query attention: each K and V row is read once for the whole group of heads). Each
+ * token sees its prefix rows, then its extra rows, in that order; the rows [0, P) that every
+ * token's prefix has (none when prefix masks are given) are streamed in chunks that stay in cache
+ * while each token's kernels run over them. Per token the arithmetic is exactly that of
+ * attending alone: scores in visit order, a max-subtracted softmax per head, and the value sums
+ * continued across chunks in visit order. sc: (i1 - i0, g, n_ctx + 1) floats. */
+static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t i0, int32_t i1,
+                        int32_t kvh, float *sc) {
     const st_model_hparams *hp = &s->m->hp;
     const st_kernels *k = s->kern;
     const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
     const int64_t kvd = (int64_t)hp->n_head_kv * hd;
-    const int64_t qoff = (int64_t)i * hp->n_head * hd + (int64_t)kvh * g * hd;
-    const float *q = s->q + qoff;
-    float *out = s->att + qoff;
-    const float *K = st_kv_k(s, f->seq[i], l) + (int64_t)kvh * hd;
-    const float *V = st_kv_v(s, f->seq[i], l) + (int64_t)kvh * hd;
+    const float *K = st_kv_k(s, f->seq[i0], l) + (int64_t)kvh * hd;
+    const float *V = st_kv_v(s, f->seq[i0], l) + (int64_t)kvh * hd;
     const float sq = sqrtf((float)hd);
-    const int32_t np = f->n_prefix[i];
-    const uint8_t *pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
-    const int32_t e0 = f->extra_off ? f->extra_off[i] : 0,
-                  e1 = f->extra_off ? f->extra_off[i + 1] : 0;
-    const int32_t n = np + (e1 - e0);
-    /* scores (g, n) */
-    for (int32_t a = 0, b; a < np; a = b) {
-        const bool vis = !pm || pm[a];
-        for (b = a + 1; b < np && (!pm || !pm[b] == !vis); b++)
-            ;
-        if (vis)
-            k->attn_scores(sc + a, n, q, hd, g, K + (int64_t)a * kvd, kvd, b - a, hd, sq);
-        else
-            for (int32_t h = 0; h < g; h++)
-                for (int32_t r = a; r < b; r++)
-                    sc[(int64_t)h * n + r] = -INFINITY;
+    const int32_t chunk = hd >= 512 ? 8 : (int32_t)(4096 / hd + 7) / 8 * 8;
+    int32_t P = f->prefix_mask ? 0 : f->n_prefix[i0];
+    for (int32_t i = i0; i < i1; i++)
+        P = f->n_prefix[i] < P ? f->n_prefix[i] : P;
+    /* scores (g, n) of each token, row n of each head left for its dead flag */
+    for (int32_t a = 0; a < P; a += chunk) {
+        const int32_t b = P - a < chunk ? P : a + chunk;
+        for (int32_t i = i0; i < i1; i++) {
+            const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
+            k->attn_scores(t.sc + a, t.n + 1, s->q + t.qo, hd, g, K + (int64_t)a * kvd, kvd, b - a,
+                           hd, sq);
+        }
     }
-    attn_scores_list(k, sc + np, n, q, g, K, kvd, f->extra_rows + e0, e1 - e0, hd, sq);
-    /* softmax per head, in place: p = exp(s - max) / sum; then the values, 64 heads at a time
-     * (a head with no visible key gets a zero output) */
-    for (int32_t h0 = 0; h0 < g; h0 += 64) {
-        const int32_t gc = g - h0 < 64 ? g - h0 : 64;
-        uint64_t dead = 0;
-        for (int32_t h = 0; h < gc; h++) {
-            float *sh = sc + (int64_t)(h0 + h) * n;
+    for (int32_t i = i0; i < i1; i++) {
+        const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
+        const int32_t n = t.n;
+        float *st = t.sc;
+        attn_prefix(k, 0, st, n + 1, s->q + t.qo, g, K, kvd, t.pm, P, t.np, hd, sq);
+        attn_scores_list(k, st + t.np, n + 1, s->q + t.qo, g, K, kvd, f->extra_rows + t.e0, t.ne,
+                         hd, sq);
+        /* softmax per head, in place: p = exp(s - max) / sum; a head with no visible key gets
+         * a zero output */
+        for (int32_t h = 0; h < g; h++) {
+            float *sh = st + (int64_t)h * (n + 1);
             float mx = -INFINITY;
             for (int32_t r = 0; r < n; r++)
                 mx = sh[r] > mx ? sh[r] : mx;
-            float sum = mx == -INFINITY ? 0.0f : k->exp_sum(sh, n, mx);
-            if (!(sum > 0.0f))
-                dead |= (uint64_t)1 << h;
-            else
+            const float sum = mx == -INFINITY ? 0.0f : k->exp_sum(sh, n, mx);
+            const bool dead = !(sum > 0.0f);
+            if (!dead)
                 for (int32_t r = 0; r < n; r++)
                     sh[r] = sh[r] / sum;
+            sh[n] = dead ? 1.0f : 0.0f;
         }
-        float *o = out + (int64_t)h0 * hd;
-        const float *p = sc + (int64_t)h0 * n;
-        memset(o, 0, (size_t)gc * (size_t)hd * sizeof(float));
-        for (int32_t a = 0, b; a < np; a = b) {
-            const bool vis = !pm || pm[a];
-            for (b = a + 1; b < np && (!pm || !pm[b] == !vis); b++)
-                ;
-            if (vis)
-                k->attn_wsum(o, hd, p + a, n, gc, V + (int64_t)a * kvd, kvd, b - a, hd);
+        memset(s->att + t.qo, 0, (size_t)g * (size_t)hd * sizeof(float));
+    }
+    /* values */
+    for (int32_t a = 0; a < P; a += chunk) {
+        const int32_t b = P - a < chunk ? P : a + chunk;
+        for (int32_t i = i0; i < i1; i++) {
+            const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
+            k->attn_wsum(s->att + t.qo, hd, t.sc + a, t.n + 1, g, V + (int64_t)a * kvd, kvd, b - a,
+                         hd);
         }
-        attn_wsum_list(k, o, p + np, n, gc, V, kvd, f->extra_rows + e0, e1 - e0, hd);
-        for (int32_t h = 0; h < gc; h++)
-            if (dead >> h & 1)
-                memset(o + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int32_t i = i0; i < i1; i++) {
+        const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
+        const int32_t n = t.n;
+        float *out = s->att + t.qo, *st = t.sc;
+        attn_prefix(k, 1, out, n + 1, st, g, V, kvd, t.pm, P, t.np, hd, 0.0f);
+        attn_wsum_list(k, out, st + t.np, n + 1, g, V, kvd, f->extra_rows + t.e0, t.ne, hd);
+        for (int32_t h = 0; h < g; h++)
+            if (st[(int64_t)h * (n + 1) + n] != 0.0f)
+                memset(out + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
     }
 }
 
+/* Token groups: runs of at most ST_ATTN_TOKENS consecutive tokens of one sequence (single tokens
+ * when prefix masks are given). Returns the end of the group that starts at token i. */
+static int32_t attn_group_end(const st_fwd *f, int32_t i) {
+    int32_t e = i + 1;
+    while (e < f->n && e - i < ST_ATTN_TOKENS && !f->prefix_mask && f->seq[e] == f->seq[i])
+        e++;
+    return e;
+}
+
+/* Work items are (token group, KV head) pairs, split evenly over the threads. */
 static void attn_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const st_session *s = j->s;
     const int32_t nkv = s->m->hp.n_head_kv, g = s->m->hp.n_head / nkv;
-    int64_t total = (int64_t)j->f->n * nkv, b, e;
-    st_split(total, ith, nth, &b, &e);
-    float *sc = s->scores + (int64_t)ith * g * s->p.n_ctx;
-    for (int64_t t = b; t < e; t++)
-        attn_group(s, j->f, j->layer, (int32_t)(t / nkv), (int32_t)(t % nkv), sc);
+    int64_t ng = 0;
+    for (int32_t i = 0; i < j->f->n; i = attn_group_end(j->f, i))
+        ng++;
+    int64_t b, e;
+    st_split(ng * nkv, ith, nth, &b, &e);
+    float *sc = s->scores + (int64_t)ith * ST_ATTN_TOKENS * g * (s->p.n_ctx + 1);
+    int64_t gi = 0;
+    for (int32_t i = 0, i1; i < j->f->n && gi * nkv < e; i = i1, gi++) {
+        i1 = attn_group_end(j->f, i);
+        for (int32_t h = 0; h < nkv; h++)
+            if (gi * nkv + h >= b && gi * nkv + h < e)
+                attn_tokens(s, j->f, j->layer, i, i1, h, sc);
+    }
 }
 
 static st_status check_fwd(const st_session *s, const st_fwd *f) {

@@ -60,6 +60,9 @@ typedef struct st_fwd {
     float *hidden;                     /* optional (n, n_embd): final-normed hidden states */
 } st_fwd;
 
+/* Tokens per attention work item: their shared prefix is streamed once for all of them. */
+enum { ST_ATTN_TOKENS = 16 };
+
 struct st_session {
     const st_model *m;
     st_session_params p;
@@ -71,17 +74,17 @@ struct st_session {
     float *rope_cos;  /* (n_ctx, n_rot/2) */
     float *rope_sin;  /* (n_ctx, n_rot/2) */
     /* scratch for n_batch tokens */
-    float *x;          /* (n_batch, n_embd) residual stream */
-    float *xb;         /* (n_batch, n_embd) normed input */
-    float *q;          /* (n_batch, n_head*head_dim) */
-    float *kt;         /* (n_batch, n_head_kv*head_dim) */
-    float *vt;         /* (n_batch, n_head_kv*head_dim) */
-    float *att;        /* (n_batch, n_head*head_dim) attention output */
-    float *hb;         /* (n_batch, n_ff) */
-    float *hb2;        /* (n_batch, n_ff) */
-    float *tmp;        /* (n_batch, n_embd) matmul output before the residual add */
-    st_block_q8x *xq;  /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
-    float *scores;     /* (n_threads, n_head/n_head_kv, n_ctx) attention scores per thread */
+    float *x;         /* (n_batch, n_embd) residual stream */
+    float *xb;        /* (n_batch, n_embd) normed input */
+    float *q;         /* (n_batch, n_head*head_dim) */
+    float *kt;        /* (n_batch, n_head_kv*head_dim) */
+    float *vt;        /* (n_batch, n_head_kv*head_dim) */
+    float *att;       /* (n_batch, n_head*head_dim) attention output */
+    float *hb;        /* (n_batch, n_ff) */
+    float *hb2;       /* (n_batch, n_ff) */
+    float *tmp;       /* (n_batch, n_embd) matmul output before the residual add */
+    st_block_q8x *xq; /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
+    float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
     float *logits_tmp; /* (1, n_vocab) */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
