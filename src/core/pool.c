@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,18 +28,21 @@ typedef struct worker_arg {
     int ith;
 } worker_arg;
 
+/* The job (written by the caller, read by every worker) and the countdown (written by every
+ * worker, read by the caller) sit on separate cache lines, so a worker's decrement does not
+ * take the job's line away from the other workers. */
 struct st_pool {
-    int n;
+    _Alignas(64) atomic_uint gen; /* bumped per job */
+    st_task_fn fn;
+    void *ctx;
+    atomic_int sleepers;
+    atomic_bool stop;
+    _Alignas(64) atomic_int remaining; /* workers still running the current job */
+    _Alignas(64) int n;
     worker_arg *args;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;      /* bumped per job */
-    atomic_int remaining; /* workers still running the current job */
-    atomic_int sleepers;
-    atomic_bool stop;
-    st_task_fn fn;
-    void *ctx;
 };
 
 int st_n_cores(void) {
@@ -83,9 +87,10 @@ st_status st_pool_create(int n_threads, st_pool **out) {
         n_threads = cores;
     if (n_threads > 256)
         n_threads = 256;
-    st_pool *p = st_calloc(1, sizeof *p);
+    st_pool *p = st_malloc_aligned(sizeof *p, 64);
     if (!p)
         return st_fail(ST_ERR_NOMEM, "thread pool: out of memory");
+    memset(p, 0, sizeof *p);
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
@@ -153,5 +158,5 @@ void st_pool_free(st_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     st_free(p->threads);
-    st_free(p);
+    st_free_aligned(p);
 }
