@@ -284,6 +284,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     double tpt = 0.0, win_gain = 0.0;
     int32_t n_cur = autotune ? 2 : N, win_steps = 0;
     int64_t backoff = 16, off_until = autotune ? 8 : 0, step = 0, last_plain = 0;
+    int failed_probes = 0;
     for (;;) {
         /* active sequences with room for one more token */
         int32_t na = 0, maxL = 0;
@@ -397,6 +398,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                     win_steps = 0;
                     if (mean >= 1.0) {
                         backoff = 16;
+                        failed_probes = 0;
                         if (mean >= 1.1)
                             n_cur = n_cur * 2 < N ? n_cur * 2 : N;
                     } else if (n_cur > 2) {
@@ -413,6 +415,11 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                                 dms += g.dr[b]->ms, ev += g.dr[b]->evals;
                         if (ev > 0 && dms / 1e3 / (double)ev > 0.5 * tpt)
                             off_until = INT64_MAX;
+                        /* a model drafter must catch up on every token since its last step
+                         * before each probe: after three failed probes in a row, pause for
+                         * 4096 steps instead of paying that again and again */
+                        if (ev > 0 && ++failed_probes >= 3 && off_until != INT64_MAX)
+                            off_until = step + 4096;
                     }
                 }
             }
