@@ -34,10 +34,22 @@ static void fill(float *x, int64_t n, float scale) {
         x[i] = frand() * scale;
 }
 
+/* The optimized tables this CPU supports (AVX2, AVX-512); the reference itself when none. */
+static int fast_tables(const st_kernels *out[2]) {
+    int n = 0;
+    if (st_kernels_avx2())
+        out[n++] = st_kernels_avx2();
+    if (st_kernels_avx512())
+        out[n++] = st_kernels_avx512();
+    if (n == 0) {
+        print_message("note: this CPU has no AVX2; comparing ref against ref\n");
+        out[n++] = st_kernels_ref();
+    }
+    return n;
+}
+
 static const st_kernels *avx2_or_skip(void) {
     const st_kernels *k = st_kernels_avx2();
-    if (!k)
-        print_message("note: this CPU has no AVX2; comparing ref against ref\n");
     return k ? k : st_kernels_ref();
 }
 
@@ -177,8 +189,17 @@ static void *make_weights(uint32_t type, int64_t rows, int64_t K, size_t *row_by
     return w;
 }
 
-static void check_matmul(uint32_t type, int64_t K, int64_t rows, int64_t M) {
-    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
+static st_matmul_fn matmul_of(const st_kernels *k, uint32_t type) {
+    return type == ST_DTYPE_F32    ? k->matmul_f32
+           : type == ST_DTYPE_F16  ? k->matmul_f16
+           : type == ST_DTYPE_BF16 ? k->matmul_bf16
+           : type == ST_DTYPE_Q8_0 ? k->matmul_q8_0
+                                   : k->matmul_q4_0;
+}
+
+static void check_matmul_with(const st_kernels *a, uint32_t type, int64_t K, int64_t rows,
+                              int64_t M) {
+    const st_kernels *r = st_kernels_ref();
     size_t rb;
     void *w = make_weights(type, rows, K, &rb);
     float *x = malloc((size_t)(M * K + 1) * 4);
@@ -200,16 +221,7 @@ static void check_matmul(uint32_t type, int64_t K, int64_t rows, int64_t M) {
     }
     float *y1 = calloc((size_t)(M * rows + 1), 4), *y2 = calloc((size_t)(M * rows + 1), 4),
           *y3 = calloc((size_t)(M * rows + 1), 4);
-    st_matmul_fn fr = type == ST_DTYPE_F32    ? r->matmul_f32
-                      : type == ST_DTYPE_F16  ? r->matmul_f16
-                      : type == ST_DTYPE_BF16 ? r->matmul_bf16
-                      : type == ST_DTYPE_Q8_0 ? r->matmul_q8_0
-                                              : r->matmul_q4_0;
-    st_matmul_fn fa = type == ST_DTYPE_F32    ? a->matmul_f32
-                      : type == ST_DTYPE_F16  ? a->matmul_f16
-                      : type == ST_DTYPE_BF16 ? a->matmul_bf16
-                      : type == ST_DTYPE_Q8_0 ? a->matmul_q8_0
-                                              : a->matmul_q4_0;
+    st_matmul_fn fr = matmul_of(r, type), fa = matmul_of(a, type);
     fr(y1, rows, w, rb, xin, ldx, K, M, 0, rows);
     fa(y2, rows, w, rb, xin, ldx, K, M, 0, rows);
     assert_memory_equal(y1, y2, (size_t)(M * rows) * 4);
@@ -221,6 +233,17 @@ static void check_matmul(uint32_t type, int64_t K, int64_t rows, int64_t M) {
         fa(y3 + m * rows, rows, w, rb, xm, ldx, K, 1, cut, rows);
     }
     assert_memory_equal(y1, y3, (size_t)(M * rows) * 4);
+    /* uneven token and row splits: tiles with every tail */
+    if (M > 2) {
+        const int64_t mc = M / 2 + 1, cut = rows / 2 + 1 < rows ? rows / 2 + 1 : rows;
+        const size_t xstride = quant ? sizeof(st_block_q8x) : sizeof(float);
+        const void *x2 = (const char *)xin + (size_t)(mc * ldx) * xstride;
+        memset(y3, 0, (size_t)(M * rows) * 4);
+        fa(y3, rows, w, rb, xin, ldx, K, mc, 0, cut);
+        fa(y3, rows, w, rb, xin, ldx, K, mc, cut, rows);
+        fa(y3 + mc * rows, rows, w, rb, x2, ldx, K, M - mc, 0, rows);
+        assert_memory_equal(y1, y3, (size_t)(M * rows) * 4);
+    }
     /* against a dequantized double-precision product, loosely: catches layout errors */
     float *wf = malloc((size_t)(K + 1) * 4);
     float *xf = malloc((size_t)(K + 1) * 4);
@@ -242,6 +265,13 @@ static void check_matmul(uint32_t type, int64_t K, int64_t rows, int64_t M) {
         }
     }
     free(wf), free(xf), free(w), free(x), free(xq), free(xq2), free(y1), free(y2), free(y3);
+}
+
+static void check_matmul(uint32_t type, int64_t K, int64_t rows, int64_t M) {
+    const st_kernels *fast[2];
+    const int n = fast_tables(fast);
+    for (int i = 0; i < n; i++)
+        check_matmul_with(fast[i], type, K, rows, M);
 }
 
 static void test_matmul_float(void **state) {

@@ -1,6 +1,7 @@
 /*
- * dispatch.c: picks the kernel table once: AVX2 when the CPU supports AVX2, FMA and F16C and
- * ST_KERNELS is not "ref"; the scalar reference otherwise.
+ * dispatch.c: picks the kernel table once: AVX-512 (F, BW, VL, DQ, VNNI, with the OS saving the
+ * 512-bit state) over AVX2 (with FMA and F16C) over the scalar reference, as the CPU allows.
+ * ST_KERNELS=ref forces the scalar table, ST_KERNELS=avx2 the AVX2 one.
  */
 #include "kernels/kernels.h"
 
@@ -12,6 +13,7 @@
 #include <string.h>
 
 const st_kernels *st_kernels_avx2_table_get(void);
+const st_kernels *st_kernels_avx512_table_get(void);
 
 static const st_kernels *st_chosen;
 static pthread_once_t st_once = PTHREAD_ONCE_INIT;
@@ -29,14 +31,41 @@ static int cpu_has_avx2(void) {
 #endif
 }
 
+static int cpu_has_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2() || !__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
+        return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0xe6) != 0xe6) /* SSE, AVX, opmask and both ZMM state components */
+        return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    const unsigned ebx = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
+    return (b & ebx) == ebx && (c & (1u << 11));                            /* VNNI */
+#else
+    return 0;
+#endif
+}
+
 const st_kernels *st_kernels_avx2(void) {
     return cpu_has_avx2() ? st_kernels_avx2_table_get() : NULL;
 }
 
+const st_kernels *st_kernels_avx512(void) {
+    return cpu_has_avx512() ? st_kernels_avx512_table_get() : NULL;
+}
+
 static void choose(void) {
     const char *env = getenv("ST_KERNELS");
-    const st_kernels *avx2 = st_kernels_avx2();
-    st_chosen = (env && strcmp(env, "ref") == 0) || !avx2 ? st_kernels_ref() : avx2;
+    const st_kernels *avx2 = st_kernels_avx2(), *avx512 = st_kernels_avx512();
+    if ((env && strcmp(env, "ref") == 0) || !avx2)
+        st_chosen = st_kernels_ref();
+    else if ((env && strcmp(env, "avx2") == 0) || !avx512)
+        st_chosen = avx2;
+    else
+        st_chosen = avx512;
 }
 
 const st_kernels *st_kernels_get(void) {

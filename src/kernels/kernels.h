@@ -1,9 +1,9 @@
 /*
  * kernels.h: the kernel table. Every hot loop goes through one table chosen once at run time
- * (AVX2+FMA+F16C when the CPU has them, else the scalar `_ref` twins; ST_KERNELS=ref forces the
- * scalar table). All kernels share one reduction order per output element, independent of the
- * number of tokens, rows or threads (DESIGN.md invariant 1), and each optimized kernel gives
- * bitwise the results of its `_ref` twin.
+ * (AVX-512 or AVX2+FMA+F16C when the CPU has them, else the scalar `_ref` twins; ST_KERNELS=ref
+ * forces the scalar table, ST_KERNELS=avx2 the AVX2 one). All kernels share one reduction order per
+ * output element, independent of the number of tokens, rows or threads (DESIGN.md invariant 1), and
+ * each optimized kernel gives bitwise the results of its `_ref` twin.
  *
  * Canonical float dot product of length n: eight lane accumulators, lane l takes elements
  * i = l (mod 8) in increasing i with a fused multiply-add (missing tail elements count as
@@ -83,9 +83,11 @@ typedef struct st_kernels {
 
 /* The table in use (chosen once, thread-safe). */
 const st_kernels *st_kernels_get(void);
-/* The scalar reference table and, if this CPU supports it, the AVX2 table (else NULL). */
+/* The scalar reference table and, if this CPU supports them, the AVX2 and AVX-512 tables (else
+ * NULL). The AVX-512 table differs from the AVX2 one only in its batch matmuls. */
 const st_kernels *st_kernels_ref(void);
 const st_kernels *st_kernels_avx2(void);
+const st_kernels *st_kernels_avx512(void);
 
 /* exp(x) as every kernel table computes it: range reduction by ln 2 and a degree-6 polynomial
  * with explicit fma, so scalar and vector versions agree bit for bit (relative error < 3e-7). */

@@ -370,6 +370,8 @@ ST_INLINE void tile_float(float *y, int64_t ldy, const char *w, size_t rb, const
 ST_INLINE void matmul_float(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
                             const int kind) {
+    if (M < 1)
+        return;
     const float *xf = x;
     const char *wc = w;
     const int64_t steps = K / 8;
@@ -494,6 +496,8 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
 ST_INLINE void matmul_quant(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
                             const int q4) {
+    if (M < 1)
+        return;
     const st_block_q8x *xq = x;
     const char *wc = w;
     const int64_t nb = K / ST_QK;

@@ -1,0 +1,401 @@
+/*
+ * kernels_avx512.c: AVX-512 (F, BW, VL, DQ, VNNI) matmuls for token batches, bitwise equal to
+ * the `_ref` twins: a 512-bit register holds the 8-lane accumulators of two weight rows side by
+ * side, so every output keeps exactly the canonical lanes and order of kernels.h while one
+ * instruction serves two rows. Quantized blocks use vpdpbusd, whose 32-bit lanes are the
+ * canonical integer lanes (lane l = bytes 4l .. 4l+3 of a block), with the signed side made
+ * unsigned by an offset that is subtracted exactly: Q8_0 takes x + 128 and starts the lanes at
+ * -128 * sum(w); Q4_0 takes the nibbles as they are and starts at -8 * sum(x).
+ * A single token is memory-bound and uses the AVX2 kernels, as do the other kernels.
+ * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
+ * the OS support these features (dispatch.c).
+ */
+#if defined(__clang__)
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))),        \
+    apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#endif
+
+#include "kernels/kernels.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define ST_INLINE static inline __attribute__((always_inline))
+#define ST_UNROLL _Pragma("GCC unroll 16")
+
+const st_kernels *st_kernels_avx2_table_get(void);
+const st_kernels *st_kernels_avx512_table_get(void);
+
+/* Rows per tile (in pairs), tokens per tile. */
+enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4 };
+
+/* The same additions as hsum8 in kernels_avx2.c, for eight accumulators at once. */
+ST_INLINE __m256 hsum8x8(const __m256 a[8]) {
+    __m256 u[4];
+    ST_UNROLL
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    __m256 s0 =
+        _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44), _mm256_shuffle_ps(u[0], u[1], 0xee));
+    __m256 s1 =
+        _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44), _mm256_shuffle_ps(u[2], u[3], 0xee));
+    __m256 h = _mm256_hadd_ps(s0, s1);
+    return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* acc[p*T + t] holds rows 2p (low half) and 2p+1 (high half) of token t; writes
+ * y[t*ldy + r] for r < 2P, t < T. */
+ST_INLINE void store_tile(float *y, int64_t ldy, const __m512 *acc, const int P, const int T) {
+    __m256 h[32];
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        ST_UNROLL
+    for (int p = 0; p < P; p++) {
+        h[t * 2 * P + 2 * p] = _mm512_castps512_ps256(acc[p * T + t]);
+        h[t * 2 * P + 2 * p + 1] = _mm512_extractf32x8_ps(acc[p * T + t], 1);
+    }
+    const int n = 2 * P * T;
+    float out[32];
+    ST_UNROLL
+    for (int i = 0; i < n; i += 8) {
+        __m256 a[8];
+        ST_UNROLL
+        for (int j = 0; j < 8; j++)
+            a[j] = i + j < n ? h[i + j] : _mm256_setzero_ps();
+        _mm256_storeu_ps(out + i, hsum8x8(a));
+    }
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        ST_UNROLL
+    for (int r = 0; r < 2 * P; r++)
+        y[t * ldy + r] = out[t * 2 * P + r];
+}
+
+/* Prefetch of the next block of rows, spread over the steps of a tile (see kernels_avx2.c). */
+typedef struct st_pf {
+    const char *p, *end;
+    int64_t per;
+} st_pf;
+
+static inline st_pf pf_region(const char *p, int64_t bytes, int64_t steps) {
+    st_pf r = {p, p + (bytes > 0 ? bytes : 0), 0};
+    if (bytes > 0)
+        r.per = ((bytes + 63) / 64 + steps - 1) / (steps > 0 ? steps : 1);
+    return r;
+}
+
+ST_INLINE void pf_step(st_pf *pf) {
+    for (int64_t j = 0; j < pf->per && pf->p < pf->end; j++, pf->p += 64)
+        _mm_prefetch(pf->p, _MM_HINT_T0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Float matmuls                                                                              */
+
+enum { KIND_F32, KIND_F16, KIND_BF16 };
+
+/* Weights i .. i+7 of rows a (low half) and b (high half) as floats; rem < 8 loads a tail with
+ * zeros after it. The high half comes in with a merging masked load (no shuffle): its address
+ * is 8 elements early, and the masked-off lanes are never accessed. */
+ST_INLINE __m512 load_pair(const char *a, const char *b, int64_t i, int rem, int kind) {
+    if (kind == KIND_F32) {
+        const float *fa = (const float *)a + i, *fb = (const float *)b + i;
+        if (rem == 8)
+            return _mm512_mask_loadu_ps(_mm512_castps256_ps512(_mm256_loadu_ps(fa)), 0xff00,
+                                        fb - 8);
+        const __mmask8 m = (__mmask8)((1u << rem) - 1);
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_maskz_loadu_ps(m, fa)),
+                                  _mm256_maskz_loadu_ps(m, fb), 1);
+    }
+    const uint16_t *ha = (const uint16_t *)a + i, *hb = (const uint16_t *)b + i;
+    __m256i h;
+    if (rem == 8) {
+        h = _mm256_mask_loadu_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ha)),
+                                    0xff00, hb - 8);
+    } else {
+        const __mmask8 m = (__mmask8)((1u << rem) - 1);
+        h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_maskz_loadu_epi16(m, ha)),
+                                    _mm_maskz_loadu_epi16(m, hb), 1);
+    }
+    if (kind == KIND_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* x_i .. x_i+7 in both halves. */
+ST_INLINE __m512 load_x2(const float *x, int64_t i, int rem) {
+    if (rem == 8)
+        return _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i));
+    const __m256 v = _mm256_maskz_loadu_ps((__mmask8)((1u << rem) - 1), x + i);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(v), v, 1);
+}
+
+/* 2P rows x T tokens. */
+ST_INLINE void tile_float(float *y, int64_t ldy, const char *w, size_t rb, const float *x,
+                          int64_t ldx, int64_t K, const int P, const int T, const int kind,
+                          st_pf pf) {
+    __m512 acc[PAIRS_F * TOK_F];
+    ST_UNROLL
+    for (int i = 0; i < P * T; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8) {
+        pf_step(&pf);
+        __m512 xv[TOK_F];
+        ST_UNROLL
+        for (int t = 0; t < T; t++)
+            xv[t] = load_x2(x + t * ldx, i, 8);
+        ST_UNROLL
+        for (int p = 0; p < P; p++) {
+            const __m512 wv =
+                load_pair(w + (size_t)(2 * p) * rb, w + (size_t)(2 * p + 1) * rb, i, 8, kind);
+            ST_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[p * T + t] = _mm512_fmadd_ps(wv, xv[t], acc[p * T + t]);
+        }
+    }
+    if (i < K) {
+        const int rem = (int)(K - i);
+        __m512 xv[TOK_F];
+        ST_UNROLL
+        for (int t = 0; t < T; t++)
+            xv[t] = load_x2(x + t * ldx, i, rem);
+        ST_UNROLL
+        for (int p = 0; p < P; p++) {
+            const __m512 wv =
+                load_pair(w + (size_t)(2 * p) * rb, w + (size_t)(2 * p + 1) * rb, i, rem, kind);
+            ST_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[p * T + t] = _mm512_fmadd_ps(wv, xv[t], acc[p * T + t]);
+        }
+    }
+    store_tile(y, ldy, acc, P, T);
+}
+
+/* Blocks of 2*PAIRS_F rows, tokens in chunks of TOK_F sharing the prefetch of the next block;
+ * a single token and leftover rows go to the AVX2 kernel (same results). */
+ST_INLINE void matmul_float(st_matmul_fn avx2, float *y, int64_t ldy, const void *w, size_t rb,
+                            const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                            int64_t r1, const int kind) {
+    if (M < 1 || r0 >= r1)
+        return;
+    if (M == 1) {
+        avx2(y, ldy, w, rb, x, ldx, K, M, r0, r1);
+        return;
+    }
+    const float *xf = x;
+    const char *wc = w;
+    const int64_t R = 2 * PAIRS_F, steps = K / 8 > 0 ? K / 8 : 1;
+    const int64_t nc = (M + TOK_F - 1) / TOK_F, blk = R * (int64_t)rb, seg = (blk + nc - 1) / nc;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) {
+        const char *wr = wc + (size_t)r * rb;
+        for (int64_t m = 0, c = 0; m < M; m += TOK_F, c++) {
+            const st_pf pf = pf_region(wr + blk + c * seg, seg, steps);
+            float *ym = y + m * ldy + r;
+            const float *xm = xf + m * ldx;
+            switch (M - m >= TOK_F ? TOK_F : M - m) {
+            case 1:
+                tile_float(ym, ldy, wr, rb, xm, ldx, K, PAIRS_F, 1, kind, pf);
+                break;
+            case 2:
+                tile_float(ym, ldy, wr, rb, xm, ldx, K, PAIRS_F, 2, kind, pf);
+                break;
+            case 3:
+                tile_float(ym, ldy, wr, rb, xm, ldx, K, PAIRS_F, 3, kind, pf);
+                break;
+            default:
+                tile_float(ym, ldy, wr, rb, xm, ldx, K, PAIRS_F, TOK_F, kind, pf);
+                break;
+            }
+        }
+    }
+    if (r < r1)
+        avx2(y, ldy, w, rb, x, ldx, K, M, r, r1);
+}
+
+static void matmul_f32_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    matmul_float(st_kernels_avx2_table_get()->matmul_f32, y, ldy, w, row_bytes, x, ldx, K, M, r0,
+                 r1, KIND_F32);
+}
+
+static void matmul_f16_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    matmul_float(st_kernels_avx2_table_get()->matmul_f16, y, ldy, w, row_bytes, x, ldx, K, M, r0,
+                 r1, KIND_F16);
+}
+
+static void matmul_bf16_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
+                               const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                               int64_t r1) {
+    matmul_float(st_kernels_avx2_table_get()->matmul_bf16, y, ldy, w, row_bytes, x, ldx, K, M, r0,
+                 r1, KIND_BF16);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Quantized matmuls                                                                          */
+
+/* Block b of rows a and b as 64 bytes, and their fp16 scales as 8 + 8 floats. Q8_0: the
+ * signed weights; Q4_0: the nibbles 0..15 in element order (j < 16 low, j >= 16 high). */
+ST_INLINE __m512i load_qpair(const char *ra, const char *rbp, int64_t b, const int q4, __m512 *dw) {
+    uint16_t da, db;
+    __m512i v;
+    if (q4) {
+        const st_block_q4_0 *pa = (const st_block_q4_0 *)ra + b,
+                            *pb = (const st_block_q4_0 *)rbp + b;
+        const __m256i raw = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa->qs)),
+            _mm_loadu_si128((const __m128i *)pb->qs), 1);
+        const __m256i lowmask = _mm256_set1_epi8(0xf);
+        const __m256i lo = _mm256_and_si256(raw, lowmask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lowmask);
+        /* [a lo, b lo, a hi, b hi] -> [a lo, a hi, b lo, b hi] */
+        v = _mm512_shuffle_i64x2(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                 _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                 _MM_SHUFFLE(3, 1, 2, 0));
+        memcpy(&da, &pa->d, 2);
+        memcpy(&db, &pb->d, 2);
+    } else {
+        const st_block_q8_0 *pa = (const st_block_q8_0 *)ra + b,
+                            *pb = (const st_block_q8_0 *)rbp + b;
+        v = _mm512_mask_loadu_epi8(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)pa->q)),
+            (__mmask64)0xffffffff00000000ULL, pb->q - 32);
+        memcpy(&da, &pa->d, 2);
+        memcpy(&db, &pb->d, 2);
+    }
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)da)),
+                                              _mm_set1_epi16((short)db), 1);
+    *dw = _mm512_cvtph_ps(h);
+    return v;
+}
+
+/* 2P rows x T tokens of the canonical quantized dot product. */
+ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
+                          int64_t ldx, int64_t nb, const int P, const int T, const int q4,
+                          st_pf pf) {
+    __m512 acc[PAIRS_Q * TOK_Q];
+    ST_UNROLL
+    for (int i = 0; i < P * T; i++)
+        acc[i] = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++) {
+        pf_step(&pf);
+        __m512i xv[TOK_Q], xinit[TOK_Q];
+        __m512 dx[TOK_Q];
+        ST_UNROLL
+        for (int t = 0; t < T; t++) {
+            const st_block_q8x *xb = x + t * ldx + b;
+            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
+            dx[t] = _mm512_set1_ps(xb->d);
+            if (q4) { /* nibble * x, lanes starting at -8 * sum(x) */
+                xv[t] = v;
+                xinit[t] =
+                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), v));
+            } else { /* (x + 128) * w, lanes starting at -128 * sum(w) */
+                xv[t] = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+            }
+        }
+        ST_UNROLL
+        for (int p = 0; p < P; p++) {
+            __m512 dw;
+            const __m512i wv =
+                load_qpair(w + (size_t)(2 * p) * rb, w + (size_t)(2 * p + 1) * rb, b, q4, &dw);
+            const __m512i winit =
+                q4 ? zero
+                   : _mm512_sub_epi32(zero,
+                                      _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)0x80), wv));
+            ST_UNROLL
+            for (int t = 0; t < T; t++) {
+                const __m512i s = q4 ? _mm512_dpbusd_epi32(xinit[t], wv, xv[t])
+                                     : _mm512_dpbusd_epi32(winit, xv[t], wv);
+                acc[p * T + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx[t]),
+                                                 acc[p * T + t]);
+            }
+        }
+    }
+    store_tile(y, ldy, acc, P, T);
+}
+
+ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void *w, size_t rb,
+                            const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                            int64_t r1, const int q4) {
+    if (M < 1 || r0 >= r1)
+        return;
+    if (M == 1) {
+        avx2(y, ldy, w, rb, x, ldx, K, M, r0, r1);
+        return;
+    }
+    const st_block_q8x *xq = x;
+    const char *wc = w;
+    const int64_t nb = K / ST_QK, R = 2 * PAIRS_Q;
+    const int64_t nc = (M + TOK_Q - 1) / TOK_Q, blk = R * (int64_t)rb, seg = (blk + nc - 1) / nc;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) {
+        const char *wr = wc + (size_t)r * rb;
+        for (int64_t m = 0, c = 0; m < M; m += TOK_Q, c++) {
+            const st_pf pf = pf_region(wr + blk + c * seg, seg, nb);
+            float *ym = y + m * ldy + r;
+            const st_block_q8x *xm = xq + m * ldx;
+            switch (M - m >= TOK_Q ? TOK_Q : M - m) {
+            case 1:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 1, q4, pf);
+                break;
+            case 2:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 2, q4, pf);
+                break;
+            case 3:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 3, q4, pf);
+                break;
+            default:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, TOK_Q, q4, pf);
+                break;
+            }
+        }
+    }
+    if (r < r1)
+        avx2(y, ldy, w, rb, x, ldx, K, M, r, r1);
+}
+
+static void matmul_q8_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
+                               const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                               int64_t r1) {
+    matmul_quant(st_kernels_avx2_table_get()->matmul_q8_0, y, ldy, w, row_bytes, x, ldx, K, M, r0,
+                 r1, 0);
+}
+
+static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
+                               const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                               int64_t r1) {
+    matmul_quant(st_kernels_avx2_table_get()->matmul_q4_0, y, ldy, w, row_bytes, x, ldx, K, M, r0,
+                 r1, 1);
+}
+
+static st_kernels st_kernels_avx512_table;
+
+static void table_init(void) {
+    st_kernels_avx512_table = *st_kernels_avx2_table_get();
+    st_kernels_avx512_table.name = "avx512";
+    st_kernels_avx512_table.matmul_f32 = matmul_f32_avx512;
+    st_kernels_avx512_table.matmul_f16 = matmul_f16_avx512;
+    st_kernels_avx512_table.matmul_bf16 = matmul_bf16_avx512;
+    st_kernels_avx512_table.matmul_q8_0 = matmul_q8_0_avx512;
+    st_kernels_avx512_table.matmul_q4_0 = matmul_q4_0_avx512;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+
+#include <pthread.h>
+
+const st_kernels *st_kernels_avx512_table_get(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, table_init);
+    return &st_kernels_avx512_table;
+}
