@@ -77,42 +77,59 @@ static void test_dot(void **state) {
     }
 }
 
-/* Attention scores and value sums for GQA groups of g heads, head sizes around the vector width,
- * row counts around the 8-row blocks; the scores also equal dot / div row by row. */
+/* Attention scores and value sums for nq queries with scattered scores and outputs, head sizes
+ * around the vector width, row counts around the row blocks; the scores also equal dot / div
+ * row by row. */
 static void test_attn(void **state) {
     (void)state;
-    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
-    const int64_t hds[] = {1, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128};
-    const int64_t gs[] = {1, 2, 3, 5, 8};
-    const int64_t ns[] = {0, 1, 7, 8, 9, 17, 64};
-    for (size_t ih = 0; ih < sizeof hds / sizeof hds[0]; ih++)
-        for (size_t ig = 0; ig < sizeof gs / sizeof gs[0]; ig++)
-            for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
-                const int64_t hd = hds[ih], g = gs[ig], n = ns[in];
-                const int64_t ldq = hd + 3, ldk = 2 * hd + 5, lds = n + 2, ldo = hd + 1;
-                float *q = malloc((size_t)(g * ldq) * 4), *kv = malloc((size_t)(n * ldk + 1) * 4);
-                float *s1 = calloc((size_t)(g * lds), 4), *s2 = calloc((size_t)(g * lds), 4);
-                float *o1 = malloc((size_t)(g * ldo) * 4), *o2 = malloc((size_t)(g * ldo) * 4);
-                fill(q, g * ldq, 1.0f);
-                fill(kv, n * ldk, 1.0f);
-                fill(s1, g * lds, 1.0f);
-                memcpy(s2, s1, (size_t)(g * lds) * 4);
-                r->attn_scores(s1, lds, q, ldq, g, kv, ldk, n, hd, 2.5f);
-                a->attn_scores(s2, lds, q, ldq, g, kv, ldk, n, hd, 2.5f);
-                assert_memory_equal(s1, s2, (size_t)(g * lds) * 4);
-                for (int64_t h = 0; h < g; h++)
-                    for (int64_t j = 0; j < n; j++) {
-                        float want = r->dot(q + h * ldq, kv + j * ldk, hd) / 2.5f;
-                        assert_memory_equal(&s1[h * lds + j], &want, 4);
+    const st_kernels *r = st_kernels_ref(), *fast[2];
+    const int nfast = fast_tables(fast);
+    const int64_t hds[] = {1, 7, 8, 9, 16, 17, 31, 32, 33, 64, 100, 128};
+    const int64_t nqs[] = {1, 2, 3, 4, 5, 8, 9, 17};
+    const int64_t ns[] = {0, 1, 3, 4, 5, 7, 8, 9, 17, 64};
+    for (int ia = 0; ia < nfast; ia++)
+        for (size_t ih = 0; ih < sizeof hds / sizeof hds[0]; ih++)
+            for (size_t iq = 0; iq < sizeof nqs / sizeof nqs[0]; iq++)
+                for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+                    const st_kernels *a = fast[ia];
+                    const int64_t hd = hds[ih], nq = nqs[iq], n = ns[in];
+                    const int64_t ldq = hd + 3, ldk = 2 * hd + 5, lds = n + 2, ldo = hd + 1;
+                    float *q = malloc((size_t)(nq * ldq) * 4);
+                    float *kv = malloc((size_t)(n * ldk + 1) * 4);
+                    float *s1 = calloc((size_t)(nq * lds), 4), *s2 = calloc((size_t)(nq * lds), 4);
+                    float *o1 = malloc((size_t)(nq * ldo) * 4),
+                          *o2 = malloc((size_t)(nq * ldo) * 4);
+                    const float *qp[17], *pp[17];
+                    float *sp1[17], *sp2[17], *op1[17], *op2[17];
+                    for (int64_t j = 0; j < nq; j++) { /* queries in reverse, scores shuffled */
+                        const int64_t js = (j + nq / 2) % nq;
+                        qp[j] = q + (nq - 1 - j) * ldq;
+                        sp1[j] = s1 + js * lds + 1;
+                        sp2[j] = s2 + js * lds + 1;
+                        pp[j] = sp1[j];
+                        op1[j] = o1 + (nq - 1 - j) * ldo;
+                        op2[j] = o2 + (nq - 1 - j) * ldo;
                     }
-                /* p from the scores; out starts non-zero (a chain continued across runs) */
-                fill(o1, g * ldo, 1.0f);
-                memcpy(o2, o1, (size_t)(g * ldo) * 4);
-                r->attn_wsum(o1, ldo, s1, lds, g, kv + 1, ldk, n, hd);
-                a->attn_wsum(o2, ldo, s1, lds, g, kv + 1, ldk, n, hd);
-                assert_memory_equal(o1, o2, (size_t)(g * ldo) * 4);
-                free(q), free(kv), free(s1), free(s2), free(o1), free(o2);
-            }
+                    fill(q, nq * ldq, 1.0f);
+                    fill(kv, n * ldk, 1.0f);
+                    fill(s1, nq * lds, 1.0f);
+                    memcpy(s2, s1, (size_t)(nq * lds) * 4);
+                    r->attn_scores(sp1, qp, nq, kv, ldk, n, hd, 2.5f);
+                    a->attn_scores(sp2, qp, nq, kv, ldk, n, hd, 2.5f);
+                    assert_memory_equal(s1, s2, (size_t)(nq * lds) * 4);
+                    for (int64_t j = 0; j < nq; j++)
+                        for (int64_t i = 0; i < n; i++) {
+                            float want = r->dot(qp[j], kv + i * ldk, hd) / 2.5f;
+                            assert_memory_equal(&sp1[j][i], &want, 4);
+                        }
+                    /* p from the scores; out starts non-zero (a chain continued across runs) */
+                    fill(o1, nq * ldo, 1.0f);
+                    memcpy(o2, o1, (size_t)(nq * ldo) * 4);
+                    r->attn_wsum(op1, pp, nq, kv + 1, ldk, n, hd);
+                    a->attn_wsum(op2, pp, nq, kv + 1, ldk, n, hd);
+                    assert_memory_equal(o1, o2, (size_t)(nq * ldo) * 4);
+                    free(q), free(kv), free(s1), free(s2), free(o1), free(o2);
+                }
 }
 
 /* exp_sum and silu_mul against the scalar twin, special values included. */

@@ -61,16 +61,16 @@ typedef struct st_kernels {
     st_matmul_fn matmul_q4_0;
     /* Canonical dot product (see above). */
     float (*dot)(const float *a, const float *b, int64_t n);
-    /* Attention scores of g query heads against n key rows:
-     * sc[h*ldsc + r] = dot(q + h*ldq, k + r*ldk, hd) / div for h < g, r < n. Each key row is
-     * read once for all g heads (grouped-query attention). */
-    void (*attn_scores)(float *sc, int64_t ldsc, const float *q, int64_t ldq, int64_t g,
-                        const float *k, int64_t ldk, int64_t n, int64_t hd, float div);
-    /* Weighted sum of n value rows for g heads, continuing the fma chain in out:
-     * out[h*ldo + d] = fma(p[h*ldp + r], v[r*ldv + d], out[h*ldo + d]) for r = 0 .. n-1 in
-     * order, h < g, d < hd. */
-    void (*attn_wsum)(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t g,
-                      const float *v, int64_t ldv, int64_t n, int64_t hd);
+    /* Attention scores of nq queries against n key rows:
+     * sc[j][r] = dot(q[j], k + r*ldk, hd) / div for j < nq, r < n. Each key row is read once for
+     * all the queries (the query heads of a KV group, of every token that sees the row). */
+    void (*attn_scores)(float *const *sc, const float *const *q, int64_t nq, const float *k,
+                        int64_t ldk, int64_t n, int64_t hd, float div);
+    /* Weighted sum of n value rows for nq queries, continuing the fma chains in out:
+     * out[j][d] = fma(p[j][r], v[r*ldv + d], out[j][d]) for r = 0 .. n-1 in order, j < nq,
+     * d < hd. */
+    void (*attn_wsum)(float *const *out, const float *const *p, int64_t nq, const float *v,
+                      int64_t ldv, int64_t n, int64_t hd);
     /* Softmax numerator: x[i] = exp(x[i] - mx) for i < n (x[i] = -inf gives 0), returning the
      * sum with eight lanes (lane = i mod 8) and the canonical final reduction. exp is the
      * project's own polynomial (st_expf_ref), identical in every table. */

@@ -104,125 +104,145 @@ static float dot_avx2(const float *a, const float *b, int64_t n) {
 /* ------------------------------------------------------------------------------------------ */
 /* Attention                                                                                  */
 
-/* Scores of g heads against 8 (or, at the end, fewer) key rows at a time: the block of rows is
- * loaded from memory once and reused from L1 for every head of the group. */
-static void attn_scores_avx2(float *sc, int64_t ldsc, const float *q, int64_t ldq, int64_t g,
-                             const float *k, int64_t ldk, int64_t n, int64_t hd, float div) {
+/* Two queries x four key rows per step: eight canonical dot products with their own
+ * accumulators, reduced at once; a block of rows is loaded once and serves every query pair
+ * from cache. Missing rows or queries of a partial block repeat a valid one; their results are
+ * not stored. */
+static void attn_scores_avx2(float *const *sc, const float *const *q, int64_t nq, const float *k,
+                             int64_t ldk, int64_t n, int64_t hd, float div) {
     const __m256 vdiv = _mm256_set1_ps(div);
     const int64_t hfull = hd & ~(int64_t)7;
     const __m256i mk = tail_mask(hd - hfull);
-    for (int64_t r0 = 0; r0 < n; r0 += 8) {
-        const int64_t nr = n - r0 < 8 ? n - r0 : 8;
-        const float *kr[8];
-        for (int64_t j = 0; j < 8; j++)
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+        const int64_t nr = n - r0 < 4 ? n - r0 : 4;
+        const float *kr[4];
+        ST_UNROLL
+        for (int j = 0; j < 4; j++)
             kr[j] = k + (r0 + (j < nr ? j : 0)) * ldk;
-        for (int64_t h = 0; h < g; h++) {
-            const float *qh = q + h * ldq;
+        for (int64_t j0 = 0; j0 < nq; j0 += 2) {
+            const float *qa = q[j0], *qb = q[j0 + 1 < nq ? j0 + 1 : j0];
             __m256 acc[8];
             ST_UNROLL
             for (int j = 0; j < 8; j++)
                 acc[j] = _mm256_setzero_ps();
             int64_t i = 0;
             for (; i < hfull; i += 8) {
-                __m256 qv = _mm256_loadu_ps(qh + i);
+                const __m256 va = _mm256_loadu_ps(qa + i), vb = _mm256_loadu_ps(qb + i);
                 ST_UNROLL
-                for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[j] + i), acc[j]);
+                for (int j = 0; j < 4; j++) {
+                    const __m256 kv = _mm256_loadu_ps(kr[j] + i);
+                    acc[j] = _mm256_fmadd_ps(va, kv, acc[j]);
+                    acc[4 + j] = _mm256_fmadd_ps(vb, kv, acc[4 + j]);
+                }
             }
             if (i < hd) {
-                __m256 qv = _mm256_maskload_ps(qh + i, mk);
+                const __m256 va = _mm256_maskload_ps(qa + i, mk),
+                             vb = _mm256_maskload_ps(qb + i, mk);
                 ST_UNROLL
-                for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(kr[j] + i, mk), acc[j]);
+                for (int j = 0; j < 4; j++) {
+                    const __m256 kv = _mm256_maskload_ps(kr[j] + i, mk);
+                    acc[j] = _mm256_fmadd_ps(va, kv, acc[j]);
+                    acc[4 + j] = _mm256_fmadd_ps(vb, kv, acc[4 + j]);
+                }
             }
-            __m256 s = _mm256_div_ps(hsum8x8(acc), vdiv);
-            if (nr == 8) {
-                _mm256_storeu_ps(sc + h * ldsc + r0, s);
-            } else {
-                float tmp[8];
-                _mm256_storeu_ps(tmp, s);
-                memcpy(sc + h * ldsc + r0, tmp, (size_t)nr * sizeof(float));
-            }
+            const __m256 s = _mm256_div_ps(hsum8x8(acc), vdiv);
+            float tmp[8];
+            _mm256_storeu_ps(tmp, s);
+            memcpy(sc[j0] + r0, tmp, (size_t)nr * sizeof(float));
+            if (j0 + 1 < nq)
+                memcpy(sc[j0 + 1] + r0, tmp + 4, (size_t)nr * sizeof(float));
         }
     }
 }
 
-/* nh heads x nv vectors of one output chunk starting at d0; vector nv-1 may be partial (mask).
- * The chain per element runs over the rows in order, in registers. */
-ST_INLINE void wsum_chunk(float *out, int64_t ldo, const float *p, int64_t ldp, int nh, int nv,
-                          const float *v, int64_t ldv, int64_t n, __m256i mk_last) {
-    __m256 acc[2][4];
+/* NQ queries x NV vectors of one output chunk starting at d0; vector NV-1 may be partial (mask).
+ * NQ*NV independent chains, each over the rows in order, in registers. */
+ST_INLINE void wsum_chunk(float *const *out, const float *const *p, const int NQ, const int NV,
+                          int64_t d0, const float *v, int64_t ldv, int64_t n, __m256i mk_last) {
+    __m256 acc[8][2];
     ST_UNROLL
-    for (int h = 0; h < nh; h++)
+    for (int h = 0; h < NQ; h++)
         ST_UNROLL
-    for (int j = 0; j < nv; j++)
-        acc[h][j] = j == nv - 1 ? _mm256_maskload_ps(out + h * ldo + 8 * j, mk_last)
-                                : _mm256_loadu_ps(out + h * ldo + 8 * j);
+    for (int j = 0; j < NV; j++)
+        acc[h][j] = j == NV - 1 ? _mm256_maskload_ps(out[h] + d0 + 8 * j, mk_last)
+                                : _mm256_loadu_ps(out[h] + d0 + 8 * j);
     for (int64_t r = 0; r < n; r++) {
-        const float *vr = v + r * ldv;
-        __m256 vv[4];
+        const float *vr = v + r * ldv + d0;
+        __m256 vv[2];
         ST_UNROLL
-        for (int j = 0; j < nv; j++)
+        for (int j = 0; j < NV; j++)
             vv[j] =
-                j == nv - 1 ? _mm256_maskload_ps(vr + 8 * j, mk_last) : _mm256_loadu_ps(vr + 8 * j);
+                j == NV - 1 ? _mm256_maskload_ps(vr + 8 * j, mk_last) : _mm256_loadu_ps(vr + 8 * j);
         ST_UNROLL
-        for (int h = 0; h < nh; h++) {
-            __m256 ph = _mm256_broadcast_ss(p + h * ldp + r);
+        for (int h = 0; h < NQ; h++) {
+            const __m256 ph = _mm256_broadcast_ss(p[h] + r);
             ST_UNROLL
-            for (int j = 0; j < nv; j++)
+            for (int j = 0; j < NV; j++)
                 acc[h][j] = _mm256_fmadd_ps(ph, vv[j], acc[h][j]);
         }
     }
     ST_UNROLL
-    for (int h = 0; h < nh; h++)
+    for (int h = 0; h < NQ; h++)
         ST_UNROLL
-    for (int j = 0; j < nv; j++) {
-        if (j == nv - 1)
-            _mm256_maskstore_ps(out + h * ldo + 8 * j, mk_last, acc[h][j]);
+    for (int j = 0; j < NV; j++) {
+        if (j == NV - 1)
+            _mm256_maskstore_ps(out[h] + d0 + 8 * j, mk_last, acc[h][j]);
         else
-            _mm256_storeu_ps(out + h * ldo + 8 * j, acc[h][j]);
+            _mm256_storeu_ps(out[h] + d0 + 8 * j, acc[h][j]);
     }
 }
 
-static void attn_wsum_avx2(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t g,
-                           const float *v, int64_t ldv, int64_t n, int64_t hd) {
-    for (int64_t d0 = 0; d0 < hd; d0 += 32) {
-        const int64_t w = hd - d0 < 32 ? hd - d0 : 32;
-        const int nv = (int)((w + 7) / 8);
+/* Eight chains in flight: 8 queries x 8 values, or 4 queries x 16 values. */
+static void attn_wsum_avx2(float *const *out, const float *const *p, int64_t nq, const float *v,
+                           int64_t ldv, int64_t n, int64_t hd) {
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        const int64_t w = hd - d0 < 16 ? hd - d0 : 16;
+        const int nv = w > 8 ? 2 : 1;
         const __m256i mk = tail_mask(w - 8 * (nv - 1));
-        for (int64_t h = 0; h < g; h += 2) {
-            float *o = out + h * ldo + d0;
-            const float *ph = p + h * ldp, *vd = v + d0;
-            const int nh = g - h < 2 ? 1 : 2;
-#define ST_WSUM(NH, NV) wsum_chunk(o, ldo, ph, ldp, NH, NV, vd, ldv, n, mk)
-            if (nh == 2) {
-                switch (nv) {
+        const int64_t step = nv == 2 ? 4 : 8;
+        for (int64_t j = 0; j < nq; j += step) {
+            const int64_t c = nq - j < step ? nq - j : step;
+#define ST_WSUM(NQ, NV) wsum_chunk(out + j, p + j, NQ, NV, d0, v, ldv, n, mk)
+            if (nv == 2) {
+                switch (c) {
                 case 1:
-                    ST_WSUM(2, 1);
+                    ST_WSUM(1, 2);
                     break;
                 case 2:
                     ST_WSUM(2, 2);
                     break;
                 case 3:
-                    ST_WSUM(2, 3);
+                    ST_WSUM(3, 2);
                     break;
                 default:
-                    ST_WSUM(2, 4);
+                    ST_WSUM(4, 2);
                     break;
                 }
             } else {
-                switch (nv) {
+                switch (c) {
                 case 1:
                     ST_WSUM(1, 1);
                     break;
                 case 2:
-                    ST_WSUM(1, 2);
+                    ST_WSUM(2, 1);
                     break;
                 case 3:
-                    ST_WSUM(1, 3);
+                    ST_WSUM(3, 1);
+                    break;
+                case 4:
+                    ST_WSUM(4, 1);
+                    break;
+                case 5:
+                    ST_WSUM(5, 1);
+                    break;
+                case 6:
+                    ST_WSUM(6, 1);
+                    break;
+                case 7:
+                    ST_WSUM(7, 1);
                     break;
                 default:
-                    ST_WSUM(1, 4);
+                    ST_WSUM(8, 1);
                     break;
                 }
             }

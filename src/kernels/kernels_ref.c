@@ -57,19 +57,19 @@ static float exp_sum_ref(float *x, int64_t n, float mx) {
     return reduce8(acc);
 }
 
-static void attn_scores_ref(float *sc, int64_t ldsc, const float *q, int64_t ldq, int64_t g,
-                            const float *k, int64_t ldk, int64_t n, int64_t hd, float div) {
-    for (int64_t h = 0; h < g; h++)
+static void attn_scores_ref(float *const *sc, const float *const *q, int64_t nq, const float *k,
+                            int64_t ldk, int64_t n, int64_t hd, float div) {
+    for (int64_t j = 0; j < nq; j++)
         for (int64_t r = 0; r < n; r++)
-            sc[h * ldsc + r] = dot_ref(q + h * ldq, k + r * ldk, hd) / div;
+            sc[j][r] = dot_ref(q[j], k + r * ldk, hd) / div;
 }
 
-static void attn_wsum_ref(float *out, int64_t ldo, const float *p, int64_t ldp, int64_t g,
-                          const float *v, int64_t ldv, int64_t n, int64_t hd) {
-    for (int64_t h = 0; h < g; h++)
+static void attn_wsum_ref(float *const *out, const float *const *p, int64_t nq, const float *v,
+                          int64_t ldv, int64_t n, int64_t hd) {
+    for (int64_t j = 0; j < nq; j++)
         for (int64_t r = 0; r < n; r++)
             for (int64_t d = 0; d < hd; d++)
-                out[h * ldo + d] = fmaf(p[h * ldp + r], v[r * ldv + d], out[h * ldo + d]);
+                out[j][d] = fmaf(p[j][r], v[r * ldv + d], out[j][d]);
 }
 
 static void silu_mul_ref(float *g, const float *u, int64_t n) {

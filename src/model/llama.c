@@ -551,139 +551,134 @@ typedef struct attn_job {
     int32_t layer;
 } attn_job;
 
-/* Scores of the g query heads of one KV group against the key rows rows[0..n) of one token,
- * in runs of consecutive rows so that each run is one kernel call. */
-static void attn_scores_list(const st_kernels *k, float *sc, int64_t ldsc, const float *q,
-                             int64_t g, const float *K, int64_t kvd, const int32_t *rows, int32_t n,
-                             int64_t hd, float div) {
-    for (int32_t a = 0, b; a < n; a = b) {
-        for (b = a + 1; b < n && rows[b] == rows[b - 1] + 1; b++)
-            ;
-        k->attn_scores(sc + a, ldsc, q, hd, g, K + (int64_t)rows[a] * kvd, kvd, b - a, hd, div);
-    }
+/* Queries per attention kernel call (pointer arrays on the stack). */
+enum { ST_ATTN_Q = 128 };
+
+/* Where token i of a group starting at i0 keeps its scores: (g, n_i + 1) floats, the last of
+ * each head's row its dead flag. */
+static float *tok_scores(const st_session *s, const st_fwd *f, int32_t i, int32_t i0, float *sc) {
+    (void)f;
+    const int32_t g = s->m->hp.n_head / s->m->hp.n_head_kv;
+    return sc + (int64_t)(i - i0) * g * (s->p.n_ctx + 1);
 }
 
-static void attn_wsum_list(const st_kernels *k, float *out, const float *p, int64_t ldp, int64_t g,
-                           const float *V, int64_t kvd, const int32_t *rows, int32_t n,
-                           int64_t hd) {
-    for (int32_t a = 0, b; a < n; a = b) {
-        for (b = a + 1; b < n && rows[b] == rows[b - 1] + 1; b++)
-            ;
-        k->attn_wsum(out, hd, p + a, ldp, g, V + (int64_t)rows[a] * kvd, kvd, b - a, hd);
-    }
+static int32_t tok_n(const st_fwd *f, int32_t i) {
+    return f->n_prefix[i] + (f->extra_off ? f->extra_off[i + 1] - f->extra_off[i] : 0);
 }
 
-/* The prefix rows [a, b) of one token: scores (wsum = 0) or value terms (wsum = 1), skipping
- * rows its prefix mask hides (their score is -inf). */
-static void attn_prefix(const st_kernels *k, int wsum, float *buf, int64_t ld, const float *qo,
-                        int64_t g, const float *KV, int64_t kvd, const uint8_t *pm, int32_t a,
-                        int32_t b, int64_t hd, float div) {
-    for (int32_t c; a < b; a = c) {
-        const bool vis = !pm || pm[a];
-        for (c = a + 1; c < b && (!pm || !pm[c] == !vis); c++)
-            ;
-        if (vis && wsum)
-            k->attn_wsum(buf, hd, qo + a, ld, g, KV + (int64_t)a * kvd, kvd, c - a, hd);
-        else if (vis)
-            k->attn_scores(buf + a, ld, qo, hd, g, KV + (int64_t)a * kvd, kvd, c - a, hd, div);
-        else if (!wsum)
-            for (int64_t h = 0; h < g; h++)
-                for (int32_t r = a; r < c; r++)
-                    buf[h * ld + r] = -INFINITY;
-    }
-}
-
-/* What token i of a group starting at i0 attends to, and where its queries, outputs and scores
- * are. */
-typedef struct attn_tok {
-    int64_t qo; /* offset of its KV group's queries in s->q and outputs in s->att */
-    int32_t np, e0, ne, n;
-    const uint8_t *pm;
-    float *sc; /* (g, n + 1) */
-} attn_tok;
-
-static attn_tok tok_at(const st_session *s, const st_fwd *f, int32_t i, int32_t i0, int32_t kvh,
-                       float *sc) {
+/* Scores (wsum = 0) or value terms (wsum = 1) of the queries of tokens [t0, t1) x the g heads of
+ * KV head kvh against the rows [a, b) of KV (K or V of the sequence, already offset to the KV
+ * head), which are score column col onward of each token. Every row is read once for all those
+ * queries. */
+static void attn_run(const st_session *s, const st_fwd *f, int wsum, int32_t i0, int32_t t0,
+                     int32_t t1, int32_t kvh, float *sc, const float *KV, int32_t a, int32_t b,
+                     int32_t col) {
     const st_model_hparams *hp = &s->m->hp;
-    const int32_t g = hp->n_head / hp->n_head_kv;
-    attn_tok t;
-    t.qo = (int64_t)i * hp->n_head * hp->head_dim + (int64_t)kvh * g * hp->head_dim;
-    t.np = f->n_prefix[i];
-    t.pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
-    t.e0 = f->extra_off ? f->extra_off[i] : 0;
-    t.ne = f->extra_off ? f->extra_off[i + 1] - t.e0 : 0;
-    t.n = t.np + t.ne;
-    t.sc = sc + (int64_t)(i - i0) * g * (s->p.n_ctx + 1);
-    return t;
+    const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hd, Q = (int64_t)hp->n_head * hd;
+    const float sq = sqrtf((float)hd);
+    float *wr[ST_ATTN_Q];
+    const float *rd[ST_ATTN_Q];
+    int nq = 0;
+    for (int32_t i = t0; i < t1; i++) {
+        const int32_t n1 = tok_n(f, i) + 1;
+        float *st = tok_scores(s, f, i, i0, sc);
+        for (int32_t h = 0; h < g; h++) {
+            float *q = s->q + (int64_t)i * Q + ((int64_t)kvh * g + h) * hd;
+            float *out = s->att + (int64_t)i * Q + ((int64_t)kvh * g + h) * hd;
+            float *sh = st + (int64_t)h * n1 + col;
+            wr[nq] = wsum ? out : sh;
+            rd[nq] = wsum ? sh : q;
+            if (++nq == ST_ATTN_Q || (i == t1 - 1 && h == g - 1)) {
+                if (wsum)
+                    s->kern->attn_wsum(wr, rd, nq, KV + (int64_t)a * kvd, kvd, b - a, hd);
+                else
+                    s->kern->attn_scores(wr, rd, nq, KV + (int64_t)a * kvd, kvd, b - a, hd, sq);
+                nq = 0;
+            }
+        }
+    }
+}
+
+/* Token i's own rows: its prefix rows [P, n_prefix) (skipping those its prefix mask hides, whose
+ * score is -inf) and its extra rows, in runs of consecutive rows. */
+static void attn_own(const st_session *s, const st_fwd *f, int wsum, int32_t i0, int32_t i,
+                     int32_t kvh, float *sc, const float *KV, int32_t P) {
+    const int32_t g = s->m->hp.n_head / s->m->hp.n_head_kv, np = f->n_prefix[i];
+    const uint8_t *pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
+    for (int32_t a = P, c; a < np; a = c) {
+        const bool vis = !pm || pm[a];
+        for (c = a + 1; c < np && (!pm || !pm[c] == !vis); c++)
+            ;
+        if (vis) {
+            attn_run(s, f, wsum, i0, i, i + 1, kvh, sc, KV, a, c, a);
+        } else if (!wsum) {
+            const int32_t n1 = tok_n(f, i) + 1;
+            float *st = tok_scores(s, f, i, i0, sc);
+            for (int32_t h = 0; h < g; h++)
+                for (int32_t r = a; r < c; r++)
+                    st[(int64_t)h * n1 + r] = -INFINITY;
+        }
+    }
+    if (!f->extra_off)
+        return;
+    const int32_t e0 = f->extra_off[i], ne = f->extra_off[i + 1] - e0;
+    const int32_t *rows = f->extra_rows + e0;
+    for (int32_t a = 0, b; a < ne; a = b) {
+        for (b = a + 1; b < ne && rows[b] == rows[b - 1] + 1; b++)
+            ;
+        attn_run(s, f, wsum, i0, i, i + 1, kvh, sc, KV, rows[a], rows[a] + (b - a), np + a);
+    }
 }
 
 /* Attention of the g query heads of KV head kvh for tokens [i0, i1) of one sequence
- * (grouped-query attention: each K and V row is read once for the whole group of heads). Each
- * token sees its prefix rows, then its extra rows, in that order; the rows [0, P) that every
- * token's prefix has (none when prefix masks are given) are streamed in chunks that stay in cache
- * while each token's kernels run over them. Per token the arithmetic is exactly that of
- * attending alone: scores in visit order, a max-subtracted softmax per head, and the value sums
- * continued across chunks in visit order. sc: (i1 - i0, g, n_ctx + 1) floats. */
+ * (grouped-query attention). Each token sees its prefix rows, then its extra rows, in that
+ * order. The rows [0, P) that every token's prefix has (none when prefix masks are given) are
+ * streamed in chunks that stay in cache, each chunk once for all the tokens' queries. Per token
+ * the arithmetic is exactly that of attending alone: scores in visit order, a max-subtracted
+ * softmax per head, and the value sums continued across chunks in visit order.
+ * sc: (i1 - i0, g, n_ctx + 1) floats. */
 static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t i0, int32_t i1,
                         int32_t kvh, float *sc) {
     const st_model_hparams *hp = &s->m->hp;
-    const st_kernels *k = s->kern;
     const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
-    const int64_t kvd = (int64_t)hp->n_head_kv * hd;
+    const int64_t Q = (int64_t)hp->n_head * hd;
     const float *K = st_kv_k(s, f->seq[i0], l) + (int64_t)kvh * hd;
     const float *V = st_kv_v(s, f->seq[i0], l) + (int64_t)kvh * hd;
-    const float sq = sqrtf((float)hd);
     const int32_t chunk = hd >= 512 ? 8 : (int32_t)(4096 / hd + 7) / 8 * 8;
     int32_t P = f->prefix_mask ? 0 : f->n_prefix[i0];
     for (int32_t i = i0; i < i1; i++)
         P = f->n_prefix[i] < P ? f->n_prefix[i] : P;
-    /* scores (g, n) of each token, row n of each head left for its dead flag */
-    for (int32_t a = 0; a < P; a += chunk) {
-        const int32_t b = P - a < chunk ? P : a + chunk;
-        for (int32_t i = i0; i < i1; i++) {
-            const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
-            k->attn_scores(t.sc + a, t.n + 1, s->q + t.qo, hd, g, K + (int64_t)a * kvd, kvd, b - a,
-                           hd, sq);
-        }
-    }
+    for (int32_t a = 0; a < P; a += chunk)
+        attn_run(s, f, 0, i0, i0, i1, kvh, sc, K, a, P - a < chunk ? P : a + chunk, a);
     for (int32_t i = i0; i < i1; i++) {
-        const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
-        const int32_t n = t.n;
-        float *st = t.sc;
-        attn_prefix(k, 0, st, n + 1, s->q + t.qo, g, K, kvd, t.pm, P, t.np, hd, sq);
-        attn_scores_list(k, st + t.np, n + 1, s->q + t.qo, g, K, kvd, f->extra_rows + t.e0, t.ne,
-                         hd, sq);
+        attn_own(s, f, 0, i0, i, kvh, sc, K, P);
         /* softmax per head, in place: p = exp(s - max) / sum; a head with no visible key gets
          * a zero output */
+        const int32_t n = tok_n(f, i);
+        float *st = tok_scores(s, f, i, i0, sc);
         for (int32_t h = 0; h < g; h++) {
             float *sh = st + (int64_t)h * (n + 1);
             float mx = -INFINITY;
             for (int32_t r = 0; r < n; r++)
                 mx = sh[r] > mx ? sh[r] : mx;
-            const float sum = mx == -INFINITY ? 0.0f : k->exp_sum(sh, n, mx);
+            const float sum = mx == -INFINITY ? 0.0f : s->kern->exp_sum(sh, n, mx);
             const bool dead = !(sum > 0.0f);
             if (!dead)
                 for (int32_t r = 0; r < n; r++)
                     sh[r] = sh[r] / sum;
             sh[n] = dead ? 1.0f : 0.0f;
         }
-        memset(s->att + t.qo, 0, (size_t)g * (size_t)hd * sizeof(float));
+        memset(s->att + (int64_t)i * Q + (int64_t)kvh * g * hd, 0,
+               (size_t)g * (size_t)hd * sizeof(float));
     }
-    /* values */
-    for (int32_t a = 0; a < P; a += chunk) {
-        const int32_t b = P - a < chunk ? P : a + chunk;
-        for (int32_t i = i0; i < i1; i++) {
-            const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
-            k->attn_wsum(s->att + t.qo, hd, t.sc + a, t.n + 1, g, V + (int64_t)a * kvd, kvd, b - a,
-                         hd);
-        }
-    }
+    for (int32_t a = 0; a < P; a += chunk)
+        attn_run(s, f, 1, i0, i0, i1, kvh, sc, V, a, P - a < chunk ? P : a + chunk, a);
     for (int32_t i = i0; i < i1; i++) {
-        const attn_tok t = tok_at(s, f, i, i0, kvh, sc);
-        const int32_t n = t.n;
-        float *out = s->att + t.qo, *st = t.sc;
-        attn_prefix(k, 1, out, n + 1, st, g, V, kvd, t.pm, P, t.np, hd, 0.0f);
-        attn_wsum_list(k, out, st + t.np, n + 1, g, V, kvd, f->extra_rows + t.e0, t.ne, hd);
+        attn_own(s, f, 1, i0, i, kvh, sc, V, P);
+        const int32_t n = tok_n(f, i);
+        const float *st = tok_scores(s, f, i, i0, sc);
+        float *out = s->att + (int64_t)i * Q + (int64_t)kvh * g * hd;
         for (int32_t h = 0; h < g; h++)
             if (st[(int64_t)h * (n + 1) + n] != 0.0f)
                 memset(out + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
