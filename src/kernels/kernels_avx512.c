@@ -29,8 +29,8 @@
 const st_kernels *st_kernels_avx2_table_get(void);
 const st_kernels *st_kernels_avx512_table_get(void);
 
-/* Rows per tile (in pairs), tokens per tile. */
-enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4 };
+/* Rows per tile (in pairs), tokens per tile; prefetch distance of single-token streams. */
+enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4, ST_PF_BYTES = 8192 };
 
 /* The same additions as hsum8 in kernels_avx2.c, for eight accumulators at once. */
 ST_INLINE __m256 hsum8x8(const __m256 a[8]) {
@@ -183,7 +183,7 @@ ST_INLINE void matmul_float(st_matmul_fn avx2, float *y, int64_t ldy, const void
                             int64_t r1, const int kind) {
     if (M < 1 || r0 >= r1)
         return;
-    if (M == 1) {
+    if (M == 1 && kind == KIND_F32) {
         avx2(y, ldy, w, rb, x, ldx, K, M, r0, r1);
         return;
     }
@@ -195,7 +195,8 @@ ST_INLINE void matmul_float(st_matmul_fn avx2, float *y, int64_t ldy, const void
     for (; r + R <= r1; r += R) {
         const char *wr = wc + (size_t)r * rb;
         for (int64_t m = 0, c = 0; m < M; m += TOK_F, c++) {
-            const st_pf pf = pf_region(wr + blk + c * seg, seg, steps);
+            const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, steps)
+                                    : pf_region(wr + blk + c * seg, seg, steps);
             float *ym = y + m * ldy + r;
             const float *xm = xf + m * ldx;
             switch (M - m >= TOK_F ? TOK_F : M - m) {
@@ -327,10 +328,6 @@ ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void
                             int64_t r1, const int q4) {
     if (M < 1 || r0 >= r1)
         return;
-    if (M == 1) {
-        avx2(y, ldy, w, rb, x, ldx, K, M, r0, r1);
-        return;
-    }
     const st_block_q8x *xq = x;
     const char *wc = w;
     const int64_t nb = K / ST_QK, R = 2 * PAIRS_Q;
@@ -339,7 +336,8 @@ ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void
     for (; r + R <= r1; r += R) {
         const char *wr = wc + (size_t)r * rb;
         for (int64_t m = 0, c = 0; m < M; m += TOK_Q, c++) {
-            const st_pf pf = pf_region(wr + blk + c * seg, seg, nb);
+            const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, nb)
+                                    : pf_region(wr + blk + c * seg, seg, nb);
             float *ym = y + m * ldy + r;
             const st_block_q8x *xm = xq + m * ldx;
             switch (M - m >= TOK_Q ? TOK_Q : M - m) {
