@@ -19,6 +19,11 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 echo "== tests with the scalar reference kernels (ST_KERNELS=ref)"
 ST_KERNELS=ref ctest --test-dir build --output-on-failure -j"$jobs"
 
+if grep -q avx512 /proc/cpuinfo 2>/dev/null; then
+    echo "== tests with the AVX2 kernels on an AVX-512 machine (ST_KERNELS=avx2)"
+    ST_KERNELS=avx2 ctest --test-dir build --output-on-failure -j"$jobs"
+fi
+
 echo "== build with ASan+UBSan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_SANITIZE=ON -DST_WERROR=ON >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
