@@ -19,7 +19,7 @@
 
 /* The most accumulators a tile keeps (R*T). */
 enum { ST_TILE_MAX = 12 };
-/* Software prefetch distance of single-token weight streams, in bytes (see st_pf). */
+/* Software prefetch distance of single-token quantized weight streams, in bytes (see st_pf). */
 enum { ST_PF_BYTES = 8192 };
 
 /* A stretch of weights a tile prefetches while it computes, `per` cache lines per step: the
@@ -385,7 +385,7 @@ ST_INLINE void tile_float(float *y, int64_t ldy, const char *w, size_t rb, const
 }
 
 /* Rows in blocks of R, all M tokens per block (the block's weights stay in cache while they
- * serve every token): a single token uses 8-row tiles that prefetch ST_PF_BYTES ahead, a batch
+ * serve every token): a single token uses 8-row tiles that prefetch the next tile, a batch
  * 4 rows x 3 tokens, its token chunks sharing the prefetch of the next block of rows. */
 ST_INLINE void matmul_float(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
@@ -402,7 +402,7 @@ ST_INLINE void matmul_float(float *y, int64_t ldy, const void *w, size_t rb, con
             /* F32 single-token streams measured faster with the hardware prefetchers alone */
             const int64_t ahead = kind == KIND_F32 ? 0 : 8 * (int64_t)rb;
             tile_float(y + r, ldy, wr, rb, xf, ldx, K, 8, 1, kind,
-                       pf_region(wr + ST_PF_BYTES, ahead, steps));
+                       pf_region(wr + 8 * (int64_t)rb, ahead, steps));
         }
         for (; r < r1; r++)
             tile_float(y + r, ldy, wc + (size_t)r * rb, rb, xf, ldx, K, 1, 1, kind,

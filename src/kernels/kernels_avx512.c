@@ -6,7 +6,8 @@
  * canonical integer lanes (lane l = bytes 4l .. 4l+3 of a block), with the signed side made
  * unsigned by an offset that is subtracted exactly: Q8_0 takes x + 128 and starts the lanes at
  * -128 * sum(w); Q4_0 takes the nibbles as they are and starts at -8 * sum(x).
- * A single token is memory-bound and uses the AVX2 kernels, as do the other kernels.
+ * F32 with a single token (memory-bound, measured no better here) and all the other kernels
+ * are the AVX2 ones.
  * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
  * the OS support these features (dispatch.c).
  */
@@ -29,7 +30,8 @@
 const st_kernels *st_kernels_avx2_table_get(void);
 const st_kernels *st_kernels_avx512_table_get(void);
 
-/* Rows per tile (in pairs), tokens per tile; prefetch distance of single-token streams. */
+/* Rows per tile (in pairs), tokens per tile; prefetch distance of single-token quantized
+ * streams (float tiles prefetch the next block of rows). */
 enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4, ST_PF_BYTES = 8192 };
 
 /* The same additions as hsum8 in kernels_avx2.c, for eight accumulators at once. */
@@ -195,8 +197,7 @@ ST_INLINE void matmul_float(st_matmul_fn avx2, float *y, int64_t ldy, const void
     for (; r + R <= r1; r += R) {
         const char *wr = wc + (size_t)r * rb;
         for (int64_t m = 0, c = 0; m < M; m += TOK_F, c++) {
-            const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, steps)
-                                    : pf_region(wr + blk + c * seg, seg, steps);
+            const st_pf pf = pf_region(wr + blk + c * seg, seg, steps);
             float *ym = y + m * ldy + r;
             const float *xm = xf + m * ldx;
             switch (M - m >= TOK_F ? TOK_F : M - m) {
