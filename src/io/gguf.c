@@ -62,7 +62,7 @@ static st_status rd(cursor *c, void *dst, size_t n, const char *what) {
     return ST_OK;
 }
 
-static size_t type_size(st_gguf_type t) {
+size_t st_gguf_type_size(st_gguf_type t) {
     switch (t) {
     case ST_GGUF_UINT8:
     case ST_GGUF_INT8:
@@ -195,12 +195,12 @@ static st_status parse_kv(cursor *c, gguf_kv *kv, int64_t idx) {
     }
     if (t != ST_GGUF_ARRAY) {
         kv->off = c->off;
-        if ((s = need(c, type_size(kv->type), "metadata value")))
+        if ((s = need(c, st_gguf_type_size(kv->type), "metadata value")))
             return s;
         if (t == ST_GGUF_BOOL && c->p[c->off] > 1)
             return st_fail(ST_ERR_FORMAT, "%s: key '%s' has bool value %u (must be 0 or 1)",
                            c->name, kv->key, c->p[c->off]);
-        c->off += type_size(kv->type);
+        c->off += st_gguf_type_size(kv->type);
         return ST_OK;
     }
     uint32_t at;
@@ -218,7 +218,7 @@ static st_status parse_kv(cursor *c, gguf_kv *kv, int64_t idx) {
     kv->off = c->off;
     if (at != ST_GGUF_STRING) {
         size_t bytes;
-        if (!st_mul_size((size_t)n, type_size(kv->arr_type), &bytes))
+        if (!st_mul_size((size_t)n, st_gguf_type_size(kv->arr_type), &bytes))
             return st_fail(ST_ERR_FORMAT, "%s: key '%s': array too large", c->name, kv->key);
         if ((s = need(c, bytes, "array data")))
             return s;
@@ -491,7 +491,7 @@ static bool num_at(st_gguf_type t, const uint8_t *p, double *out) {
         int64_t i64;
         double f64;
     } v;
-    size_t n = type_size(t);
+    size_t n = st_gguf_type_size(t);
     if (n == 0)
         return false;
     memcpy(&v, p, n);
@@ -643,20 +643,20 @@ st_status st_gguf_arr_str(const st_gguf *g, int64_t kv, int64_t i, st_gguf_str *
 
 st_status st_gguf_arr_num(const st_gguf *g, int64_t kv, int64_t i, double *out) {
     if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
-        type_size(g->kv[kv].arr_type) == 0)
+        st_gguf_type_size(g->kv[kv].arr_type) == 0)
         return st_fail(ST_ERR_FORMAT, "%s: metadata %" PRId64 " is not a numeric array", g->name,
                        kv);
     if (i < 0 || i >= g->kv[kv].n)
         return st_fail(ST_ERR_RANGE, "%s: key '%s': index %" PRId64 " out of range (%" PRId64 ")",
                        g->name, g->kv[kv].key, i, g->kv[kv].n);
-    size_t es = type_size(g->kv[kv].arr_type);
+    size_t es = st_gguf_type_size(g->kv[kv].arr_type);
     num_at(g->kv[kv].arr_type, g->data + g->kv[kv].off + (size_t)i * es, out);
     return ST_OK;
 }
 
 const void *st_gguf_arr_data(const st_gguf *g, int64_t kv) {
     if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
-        type_size(g->kv[kv].arr_type) == 0)
+        st_gguf_type_size(g->kv[kv].arr_type) == 0)
         return NULL;
     return g->data + g->kv[kv].off;
 }

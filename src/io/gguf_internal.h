@@ -7,4 +7,6 @@
 const char *st_gguf_name(const st_gguf *g);
 /* Byte offset of the tensor data blob from the start of the file. */
 size_t st_gguf_data_offset(const st_gguf *g);
+/* Bytes of one value of a fixed-size metadata type; 0 for STRING and ARRAY. */
+size_t st_gguf_type_size(st_gguf_type t);
 #endif

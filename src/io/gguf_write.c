@@ -7,6 +7,7 @@
 #include "io/gguf_write.h"
 
 #include "core/core.h"
+#include "io/gguf_internal.h"
 #include "kernels/kernels.h"
 
 #include <errno.h>
@@ -115,30 +116,6 @@ void st_gguf_writer_free(st_gguf_writer *w) {
     st_free(w);
 }
 
-static size_t value_size(st_gguf_type t) {
-    switch (t) {
-    case ST_GGUF_UINT8:
-    case ST_GGUF_INT8:
-    case ST_GGUF_BOOL:
-        return 1;
-    case ST_GGUF_UINT16:
-    case ST_GGUF_INT16:
-        return 2;
-    case ST_GGUF_UINT32:
-    case ST_GGUF_INT32:
-    case ST_GGUF_FLOAT32:
-        return 4;
-    case ST_GGUF_UINT64:
-    case ST_GGUF_INT64:
-    case ST_GGUF_FLOAT64:
-        return 8;
-    case ST_GGUF_STRING:
-    case ST_GGUF_ARRAY:
-        break;
-    }
-    return 0;
-}
-
 /* Checks that a KV can be added and writes its key and type; *mark is where to roll back to. */
 static st_status kv_begin(st_gguf_writer *w, const char *key, st_gguf_type type, size_t *mark) {
     if (!w || !key)
@@ -179,7 +156,7 @@ static st_status add_scalar(st_gguf_writer *w, const char *key, st_gguf_type typ
     st_status s = kv_begin(w, key, type, &mark);
     if (s)
         return s;
-    return kv_end(w, key, mark, bytes_put(&w->kv, v, value_size(type)));
+    return kv_end(w, key, mark, bytes_put(&w->kv, v, st_gguf_type_size(type)));
 }
 
 st_status st_gguf_writer_add_u8(st_gguf_writer *w, const char *key, uint8_t v) {
@@ -245,7 +222,7 @@ st_status st_gguf_writer_add_str(st_gguf_writer *w, const char *key, const char 
 
 st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_type type,
                                  const void *data, int64_t n) {
-    size_t es = value_size(type), total;
+    size_t es = st_gguf_type_size(type), total;
     if (es == 0)
         return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has element type %d",
                        key ? key : "?", (int)type);
