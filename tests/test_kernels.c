@@ -132,6 +132,54 @@ static void test_attn(void **state) {
                 }
 }
 
+/* softmax against the reference: every length 0 .. 300 with scores of several scales, masked
+ * (-inf) keys, all masked, NaN, +inf, huge and tiny scores, zeros of both signs. */
+static void test_softmax(void **state) {
+    (void)state;
+    const st_kernels *r = st_kernels_ref(), *fast[2];
+    const int nfast = fast_tables(fast);
+    const float special[] = {-INFINITY, 0.0f,   -0.0f,   1e-30f,  -1e-30f, 3.0e38f,
+                             -3.0e38f,  -87.0f, 88.0f,   -100.0f, 100.0f,  NAN,
+                             INFINITY,  1e-45f, -1e-45f, 1.0f};
+    const int nsp = (int)(sizeof special / sizeof special[0]);
+    for (int ia = 0; ia < nfast; ia++)
+        for (int64_t n = 0; n <= 300; n++)
+            for (int kind = 0; kind < 10; kind++) {
+                const st_kernels *a = fast[ia];
+                float *x1 = malloc((size_t)(n > 0 ? n : 1) * 4);
+                float *x2 = malloc((size_t)(n > 0 ? n : 1) * 4);
+                fill(x1, n, kind == 0 ? 1.0f : kind == 1 ? 30.0f : 200.0f);
+                for (int64_t i = 0; i < n; i++) {
+                    if (kind == 3 && i % 3 != 1) /* masked keys */
+                        x1[i] = -INFINITY;
+                    else if (kind == 4) /* all masked */
+                        x1[i] = -INFINITY;
+                    else if (kind == 5) /* zeros of both signs, the max among them */
+                        x1[i] = i % 2 ? -0.0f : (i % 5 ? -fabsf(x1[i]) : 0.0f);
+                    else if (kind == 6) /* one special value, the rest ordinary */
+                        x1[i] = i == n / 2 ? special[n % nsp] : x1[i];
+                    else if (kind == 7) /* specials scattered */
+                        x1[i] = i % 3 == 0 ? special[(i / 3) % nsp] : x1[i];
+                    else if (kind == 8) /* NaN and -inf, ordinary scores in between */
+                        x1[i] = i % 2 ? NAN : (i % 4 ? -INFINITY : x1[i]);
+                    else if (kind == 9) /* NaN everywhere after the first score */
+                        x1[i] = i > 0 ? NAN : x1[i];
+                }
+                memcpy(x2, x1, (size_t)n * 4);
+                const float m1 = r->softmax(x1, n), m2 = a->softmax(x2, n);
+                assert_memory_equal(&m1, &m2, 4);
+                assert_memory_equal(x1, x2, (size_t)n * 4);
+                if (kind == 4 || n == 0)
+                    assert_true(m1 == 0.0f);
+                else if (kind <= 2) { /* a proper distribution */
+                    double t = 0;
+                    for (int64_t i = 0; i < n; i++)
+                        t += x1[i];
+                    assert_true(m1 >= 1.0f && fabs(t - 1.0) < 1e-5);
+                }
+            }
+}
+
 /* exp_sum and silu_mul against the scalar twin, special values included. */
 static void test_exp_silu(void **state) {
     (void)state;
@@ -329,9 +377,13 @@ static void test_fp16_roundtrip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dot),          cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_exp_silu),     cmocka_unit_test(test_matmul_float),
-        cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_fp16_roundtrip),
+        cmocka_unit_test(test_dot),
+        cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_exp_silu),
+        cmocka_unit_test(test_matmul_float),
+        cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_fp16_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,8 +15,9 @@
  * increasing b, acc_l = fma((float)isum[b][l], d_b, acc_l) with d_b = fp16_to_f32(w scale) *
  * x scale rounded to float; the result is reduce8(acc).
  * Attention (DESIGN.md invariant 1: the same arithmetic for a key whatever the batch): a score
- * is dot(q, k_row, head_dim) / div (canonical dot, one IEEE division); the softmax numerators
- * come from exp_sum; the output is, per element d, the fma chain out_d = fma(p_r, v_r[d], out_d)
+ * is dot(q, k_row, head_dim) / div (canonical dot, one IEEE division); the probabilities of a
+ * head are softmax(scores): exp_sum(x - max) with its eight lanes, then one IEEE division by
+ * the sum per score; the output is, per element d, the fma chain out_d = fma(p_r, v_r[d], out_d)
  * over the visible rows in visit order.
  */
 #ifndef ST_KERNELS_H
@@ -75,6 +76,11 @@ typedef struct st_kernels {
      * sum with eight lanes (lane = i mod 8) and the canonical final reduction. exp is the
      * project's own polynomial (st_expf_ref), identical in every table. */
     float (*exp_sum)(float *x, int64_t n, float mx);
+    /* Softmax of one head's scores, in place: mx = max x[i] (NaNs never count; -inf if none;
+     * the sign of a zero max cannot change the results), sum = mx == -inf ? 0 :
+     * exp_sum(x, n, mx), then if sum > 0, x[i] = x[i] / sum (one IEEE division) for i < n.
+     * Returns sum; !(sum > 0) means the head has no usable key (all -inf, or NaN). */
+    float (*softmax)(float *x, int64_t n);
     /* SwiGLU: g[i] = (g[i] / (1 + exp(-g[i]))) * u[i] for i < n, exp = st_expf_ref. */
     void (*silu_mul)(float *g, const float *u, int64_t n);
     /* Quantizes K floats (K a multiple of 32) into K/32 blocks: d = max|x|/127, q = round(x/d). */

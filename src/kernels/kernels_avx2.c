@@ -279,7 +279,8 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_blendv_ps(y, x, isnan_); /* NaN stays NaN */
 }
 
-static float exp_sum_avx2(float *x, int64_t n, float mx) {
+/* exp_sum's eight lane sums (not yet reduced). */
+ST_INLINE __m256 exp_lanes(float *x, int64_t n, float mx) {
     __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -292,9 +293,59 @@ static float exp_sum_avx2(float *x, int64_t n, float mx) {
         __m256 y = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mk), vm));
         y = _mm256_and_ps(y, _mm256_castsi256_ps(mk));
         _mm256_maskstore_ps(x + i, mk, y);
-        acc = _mm256_add_ps(acc, y);
+        acc = _mm256_add_ps(acc, y); /* +0 in the missing lanes: no lane is ever -0 */
     }
-    return hsum8(acc);
+    return acc;
+}
+
+static float exp_sum_avx2(float *x, int64_t n, float mx) { return hsum8(exp_lanes(x, n, mx)); }
+
+/* The largest of x[0 .. n) (NaNs never count: max_ps returns its second operand, the running
+ * maximum, when the first is NaN), -inf if none. */
+ST_INLINE float max_avx2(const float *x, int64_t n) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m0 = ninf, m1 = ninf;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+    }
+    if (i + 8 <= n) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+        i += 8;
+    }
+    if (i < n) {
+        const __m256i mk = tail_mask(n - i);
+        m1 = _mm256_max_ps(
+            _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, mk), _mm256_castsi256_ps(mk)), m1);
+    }
+    m0 = _mm256_max_ps(m0, m1);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+/* x[i] / sum for i < n. */
+ST_INLINE void div_avx2(float *x, int64_t n, float sum) {
+    const __m256 vs = _mm256_set1_ps(sum);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vs));
+    if (i < n) {
+        const __m256i mk = tail_mask(n - i);
+        _mm256_maskstore_ps(x + i, mk, _mm256_div_ps(_mm256_maskload_ps(x + i, mk), vs));
+    }
+}
+
+static float softmax_avx2(float *x, int64_t n) {
+    const float mx = max_avx2(x, n);
+    if (mx == -INFINITY)
+        return 0.0f;
+    const float sum = hsum8(exp_lanes(x, n, mx));
+    if (sum > 0.0f)
+        div_avx2(x, n, sum);
+    return sum;
 }
 
 static inline __m256 silu_mul8(__m256 g, __m256 u) {
@@ -595,6 +646,7 @@ static const st_kernels st_kernels_avx2_table = {
     .attn_scores = attn_scores_avx2,
     .attn_wsum = attn_wsum_avx2,
     .exp_sum = exp_sum_avx2,
+    .softmax = softmax_avx2,
     .silu_mul = silu_mul_avx2,
     .quantize_q8x = quantize_q8x_avx2,
 };

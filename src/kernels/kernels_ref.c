@@ -57,6 +57,17 @@ static float exp_sum_ref(float *x, int64_t n, float mx) {
     return reduce8(acc);
 }
 
+static float softmax_ref(float *x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    const float sum = mx == -INFINITY ? 0.0f : exp_sum_ref(x, n, mx);
+    if (sum > 0.0f)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = x[i] / sum;
+    return sum;
+}
+
 static void attn_scores_ref(float *const *sc, const float *const *q, int64_t nq, const float *k,
                             int64_t ldk, int64_t n, int64_t hd, float div) {
     for (int64_t j = 0; j < nq; j++)
@@ -197,6 +208,7 @@ static const st_kernels st_kernels_ref_table = {
     .attn_scores = attn_scores_ref,
     .attn_wsum = attn_wsum_ref,
     .exp_sum = exp_sum_ref,
+    .softmax = softmax_ref,
     .silu_mul = silu_mul_ref,
     .quantize_q8x = quantize_q8x_ref,
 };

@@ -659,15 +659,7 @@ static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t
         float *st = tok_scores(s, f, i, i0, sc);
         for (int32_t h = 0; h < g; h++) {
             float *sh = st + (int64_t)h * (n + 1);
-            float mx = -INFINITY;
-            for (int32_t r = 0; r < n; r++)
-                mx = sh[r] > mx ? sh[r] : mx;
-            const float sum = mx == -INFINITY ? 0.0f : s->kern->exp_sum(sh, n, mx);
-            const bool dead = !(sum > 0.0f);
-            if (!dead)
-                for (int32_t r = 0; r < n; r++)
-                    sh[r] = sh[r] / sum;
-            sh[n] = dead ? 1.0f : 0.0f;
+            sh[n] = s->kern->softmax(sh, n) > 0.0f ? 0.0f : 1.0f;
         }
         memset(s->att + (int64_t)i * Q + (int64_t)kvh * g * hd, 0,
                (size_t)g * (size_t)hd * sizeof(float));
