@@ -132,6 +132,60 @@ static void test_attn(void **state) {
                 }
 }
 
+/* Values that make a score's sign of zero matter: zeros of both signs, and products so small
+ * that they round to -0 (the canonical lanes start at +0 and a missing tail element adds 0*0,
+ * which turns a -0 lane into +0). mode 0: random with zeros sprinkled in; mode 1: every product
+ * a negative underflow; mode 2: zeros only. */
+static void fill_signed_zeros(float *x, int64_t n, int mode, float sign) {
+    for (int64_t i = 0; i < n; i++) {
+        const float v = frand();
+        if (mode == 1)
+            x[i] = sign * (1e-30f + 1e-31f * fabsf(v));
+        else if (mode == 2)
+            x[i] = v < 0 ? -0.0f : 0.0f;
+        else
+            x[i] = v > 0.8f ? 0.0f : v < -0.8f ? -0.0f : v;
+    }
+}
+
+/* Small heads against the reference, every size: hd 1 .. 20 (the transposed small-head path
+ * and its tails), n 0 .. 40 rows (full and partial blocks of 8), nq 1 .. 9 queries. Keys and
+ * queries are packed tightly in exactly-sized buffers (no reads past them), scores land in
+ * rows with a guard element on each side. */
+static void test_attn_small(void **state) {
+    (void)state;
+    const st_kernels *r = st_kernels_ref(), *fast[2];
+    const int nfast = fast_tables(fast);
+    for (int ia = 0; ia < nfast; ia++)
+        for (int64_t hd = 1; hd <= 20; hd++)
+            for (int64_t n = 0; n <= 40; n++)
+                for (int64_t nq = 1; nq <= 9; nq++) {
+                    const st_kernels *a = fast[ia];
+                    const int mode = (int)((hd + n + nq) % 3);
+                    const int64_t ldk = n % 2 ? hd : hd + 3, lds = n + 2;
+                    const int64_t nk = n > 0 ? (n - 1) * ldk + hd : 0;
+                    float *q = malloc((size_t)(nq * hd) * 4);
+                    float *kv = malloc((size_t)(nk > 0 ? nk : 1) * 4);
+                    float *s1 = malloc((size_t)(nq * lds) * 4),
+                          *s2 = malloc((size_t)(nq * lds) * 4);
+                    const float *qp[9];
+                    float *sp1[9], *sp2[9];
+                    for (int64_t j = 0; j < nq; j++) {
+                        qp[j] = q + j * hd;
+                        sp1[j] = s1 + (nq - 1 - j) * lds + 1;
+                        sp2[j] = s2 + (nq - 1 - j) * lds + 1;
+                    }
+                    fill_signed_zeros(q, nq * hd, mode, -1.0f);
+                    fill_signed_zeros(kv, nk, mode, 1.0f);
+                    fill(s1, nq * lds, 1.0f);
+                    memcpy(s2, s1, (size_t)(nq * lds) * 4);
+                    r->attn_scores(sp1, qp, nq, kv, ldk, n, hd, 2.5f);
+                    a->attn_scores(sp2, qp, nq, kv, ldk, n, hd, 2.5f);
+                    assert_memory_equal(s1, s2, (size_t)(nq * lds) * 4);
+                    free(q), free(kv), free(s1), free(s2);
+                }
+}
+
 /* softmax against the reference: every length 0 .. 300 with scores of several scales, masked
  * (-inf) keys, all masked, NaN, +inf, huge and tiny scores, zeros of both signs. */
 static void test_softmax(void **state) {
@@ -377,13 +431,10 @@ static void test_fp16_roundtrip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dot),
-        cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_softmax),
-        cmocka_unit_test(test_exp_silu),
-        cmocka_unit_test(test_matmul_float),
-        cmocka_unit_test(test_matmul_quant),
-        cmocka_unit_test(test_fp16_roundtrip),
+        cmocka_unit_test(test_dot),          cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_attn_small),   cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_exp_silu),     cmocka_unit_test(test_matmul_float),
+        cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_fp16_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -104,12 +104,121 @@ static float dot_avx2(const float *a, const float *b, int64_t n) {
 /* ------------------------------------------------------------------------------------------ */
 /* Attention                                                                                  */
 
-/* Two queries x four key rows per step: eight canonical dot products with their own
- * accumulators, reduced at once; a block of rows is loaded once and serves every query pair
- * from cache. Missing rows or queries of a partial block repeat a valid one; their results are
- * not stored. */
+/* Transposes the 8x8 block r (row j in r[j]) in place: afterwards r[i] holds element i of every
+ * row. */
+ST_INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    ST_UNROLL
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);     /* r_j0 r_j+1,0 r_j1 r_j+1,1 | 4 5 */
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]); /* elements 2, 3 | 6, 7 */
+    }
+    ST_UNROLL
+    for (int h = 0; h < 8; h += 4) { /* rows h .. h+3: elements e | e+4 for e = 0 .. 3 */
+        u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
+        u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee);
+        u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+        u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
+    }
+    ST_UNROLL
+    for (int e = 0; e < 4; e++) {
+        r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+        r[e + 4] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+    }
+}
+
+/* Elements 8c .. 8c+7 of the key rows k + j*ldk, j < nr <= 8, as columns: col[i] holds element
+ * 8c+i of rows 0 .. 7, zero for rows j >= nr and elements at or past hd. A full block loads
+ * row halves side by side (rows j and j+4 in one register) and needs only the in-lane half of
+ * the transposition. */
+ST_INLINE void key_cols(__m256 col[8], const float *k, int64_t ldk, int64_t nr, int64_t hd,
+                        int64_t c) {
+    const int64_t i0 = 8 * c;
+    if (nr == 8 && hd - i0 >= 8) {
+        __m256 a[8];
+        ST_UNROLL
+        for (int j = 0; j < 4; j++) {
+            const float *lo = k + j * ldk + i0, *hi = k + (j + 4) * ldk + i0;
+            a[j] =
+                _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
+            a[j + 4] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo + 4)),
+                                            _mm_loadu_ps(hi + 4), 1);
+        }
+        ST_UNROLL
+        for (int h = 0; h < 8; h += 4) { /* a[h + j]: elements h .. h+3 of rows j | j+4 */
+            const __m256 t0 = _mm256_unpacklo_ps(a[h], a[h + 1]);
+            const __m256 t1 = _mm256_unpackhi_ps(a[h], a[h + 1]);
+            const __m256 t2 = _mm256_unpacklo_ps(a[h + 2], a[h + 3]);
+            const __m256 t3 = _mm256_unpackhi_ps(a[h + 2], a[h + 3]);
+            col[h] = _mm256_shuffle_ps(t0, t2, 0x44);
+            col[h + 1] = _mm256_shuffle_ps(t0, t2, 0xee);
+            col[h + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
+            col[h + 3] = _mm256_shuffle_ps(t1, t3, 0xee);
+        }
+        return;
+    }
+    const int64_t w = hd - i0 < 8 ? hd - i0 : 8;
+    const __m256i mk = tail_mask(w);
+    ST_UNROLL
+    for (int j = 0; j < 8; j++)
+        col[j] = j < nr ? _mm256_maskload_ps(k + j * ldk + i0, mk) : _mm256_setzero_ps();
+    transpose8(col);
+}
+
+/* Head sizes hd <= 8*NC <= 16: eight key rows at a time, transposed once for all the queries.
+ * acc[l] holds lane l of the canonical dot product of eight rows at once (element i of the
+ * query, broadcast, times column i, in increasing i; past hd a missing element adds 0*0), so
+ * the canonical reduce8 is three vertical steps and gives eight scores in one register. */
+ST_INLINE void scores_cols(float *const *sc, const float *const *q, int64_t nq, const float *k,
+                           int64_t ldk, int64_t n, int64_t hd, float div, const int NC) {
+    const __m256 vdiv = _mm256_set1_ps(div), zero = _mm256_setzero_ps();
+    for (int64_t r0 = 0; r0 < n; r0 += 8) {
+        const int64_t nr = n - r0 < 8 ? n - r0 : 8;
+        __m256 col[16];
+        ST_UNROLL
+        for (int c = 0; c < NC; c++)
+            key_cols(col + 8 * c, k + r0 * ldk, ldk, nr, hd, c);
+        const __m256i mk = tail_mask(nr);
+        for (int64_t j = 0; j < nq; j++) {
+            const float *qj = q[j];
+            __m256 acc[8];
+            ST_UNROLL
+            for (int l = 0; l < 8; l++)
+                acc[l] = l < hd ? _mm256_fmadd_ps(_mm256_broadcast_ss(qj + l), col[l], zero) : zero;
+            ST_UNROLL
+            for (int i = 8; i < 8 * NC; i++)
+                acc[i & 7] = i < hd
+                                 ? _mm256_fmadd_ps(_mm256_broadcast_ss(qj + i), col[i], acc[i & 7])
+                                 : _mm256_add_ps(acc[i & 7], zero);
+            const __m256 s = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+            if (nr == 8)
+                _mm256_storeu_ps(sc[j] + r0, _mm256_div_ps(s, vdiv));
+            else
+                _mm256_maskstore_ps(sc[j] + r0, mk, _mm256_div_ps(s, vdiv));
+        }
+    }
+}
+
+/* Small heads (hd <= 16) go to scores_cols (8 and 16 with constant sizes). Larger ones: two
+ * queries x four key rows per step, eight canonical dot products with their own accumulators,
+ * reduced at once; a block of rows is loaded once and serves every query pair from cache.
+ * Missing rows or queries of a partial block repeat a valid one; their results are not
+ * stored. */
 static void attn_scores_avx2(float *const *sc, const float *const *q, int64_t nq, const float *k,
                              int64_t ldk, int64_t n, int64_t hd, float div) {
+    if (hd <= 16) {
+        if (hd == 8)
+            scores_cols(sc, q, nq, k, ldk, n, 8, div, 1);
+        else if (hd == 16)
+            scores_cols(sc, q, nq, k, ldk, n, 16, div, 2);
+        else if (hd < 8)
+            scores_cols(sc, q, nq, k, ldk, n, hd, div, 1);
+        else
+            scores_cols(sc, q, nq, k, ldk, n, hd, div, 2);
+        return;
+    }
     const __m256 vdiv = _mm256_set1_ps(div);
     const int64_t hfull = hd & ~(int64_t)7;
     const __m256i mk = tail_mask(hd - hfull);
