@@ -19,12 +19,16 @@ static const char *help =
     "\n"
     "Plain vs speculative tokens/s in the same run for NGRAM, STANDALONE with the model as its\n"
     "own draft, and STANDALONE with each --draft model, all with auto tree shapes. Greedy.\n"
+    "Each repetition runs plain and speculative back to back; the speed-up is the median of\n"
+    "the per-repetition ratios (robust to a machine whose speed drifts), tok/s are medians.\n"
     "\n"
     "  -m, --model PATH   target model (default ../shared/models/stories260K.gguf)\n"
     "  -p, --prompt TEXT  prompt (default \"Once upon a time\")\n"
     "  -n N               tokens per run (default 256)\n"
     "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
     "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
+    "      --ngram-min-match N  NGRAM's shortest suffix match (default: the engine's)\n"
+    "      --no-self      skip STANDALONE with the model as its own draft\n"
     "  -t N               threads (default: the engine's choice)\n"
     "      --json         one JSON object per drafter on stdout\n";
 
@@ -41,13 +45,15 @@ static double median(double *v, int n) {
 int st_bench_e2e_main(int argc, char **argv) {
     const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
     const char *drafts[MAX_DRAFTS];
-    int n_drafts = 0, json = 0, reps = 7, threads = 0;
+    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, no_self = 0;
     long n_gen = 256;
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
                                        {"reps", required_argument, 0, 'r'},
                                        {"draft", required_argument, 0, 'd'},
                                        {"json", no_argument, 0, 'j'},
+                                       {"ngram-min-match", required_argument, 0, 'g'},
+                                       {"no-self", no_argument, 0, 's'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -78,6 +84,16 @@ int st_bench_e2e_main(int argc, char **argv) {
             break;
         case 'j':
             json = 1;
+            break;
+        case 'g':
+            ng_min = atoi(optarg);
+            if (ng_min < 1 || ng_min > 64) {
+                fprintf(stderr, "spectree-bench e2e: --ngram-min-match must be 1..64\n");
+                return 2;
+            }
+            break;
+        case 's':
+            no_self = 1;
             break;
         case 'h':
             fputs(help, stdout);
@@ -115,12 +131,19 @@ int st_bench_e2e_main(int argc, char **argv) {
     /* configurations: 0 NGRAM, 1 self-draft, 2.. the --draft models */
     int n_cfg = 2 + n_drafts;
     for (int cfg = 0; cfg < n_cfg; cfg++) {
+        if (cfg == 1 && no_self)
+            continue;
         st_spec_params spec = st_spec_default_params();
+        if (ng_min) {
+            spec.ngram_min_match = ng_min;
+            if (spec.ngram_max_match < ng_min)
+                spec.ngram_max_match = ng_min;
+        }
         spec.algo = cfg == 0 ? ST_SPEC_NGRAM : ST_SPEC_STANDALONE;
         spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
         const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : drafts[cfg - 2];
         st_spec_params none = st_spec_default_params();
-        double plain[MAX_REPS], specr[MAX_REPS], tau = 0;
+        double plain[MAX_REPS], specr[MAX_REPS], ratio[MAX_REPS], tau = 0;
         int64_t steps = 0, plain_steps = 0;
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
             st_gen_stats a, b;
@@ -139,22 +162,23 @@ int st_bench_e2e_main(int argc, char **argv) {
             if (r >= 0) {
                 plain[r] = a.gen_tok_s;
                 specr[r] = b.gen_tok_s;
+                ratio[r] = b.gen_tok_s / a.gen_tok_s;
                 tau = b.tau;
                 steps = b.spec_steps;
                 plain_steps = b.plain_steps;
             }
         }
-        double p = median(plain, reps), s = median(specr, reps);
+        double p = median(plain, reps), s = median(specr, reps), q = median(ratio, reps);
         if (json)
             printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"gen_tokens\": %ld, \"plain_tok_s\": "
                    "%.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, \"spec_steps\": "
                    "%lld, \"plain_steps\": %lld, \"reps\": %d}\n",
-                   model_path, name, n_gen, p, s, s / p, tau, (long long)steps,
-                   (long long)plain_steps, reps);
+                   model_path, name, n_gen, p, s, q, tau, (long long)steps, (long long)plain_steps,
+                   reps);
         else
             printf("%-28s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
                    "(%lld speculative + %lld plain steps)\n",
-                   name, p, s, s / p, tau, (long long)steps, (long long)plain_steps);
+                   name, p, s, q, tau, (long long)steps, (long long)plain_steps);
         fflush(stdout);
     }
     rc = 0;

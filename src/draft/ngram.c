@@ -184,6 +184,9 @@ static st_status ngram_propose(st_drafter *d, const int32_t *hist, int64_t n_his
         memcpy(g->level, g->next, (size_t)K * sizeof *g->level);
         lp += K;
     }
+    /* confidence class: the match length (1, 2, 3, 4+) and whether several occurrences agreed
+     * to be merged */
+    d->conf = best_len < 1 ? 0 : (best_len > 4 ? 3 : best_len - 1) + (found > 1 ? 4 : 0);
     *n_real = real;
     d->ms += (st_time_now() - t0) * 1e3;
     return ST_OK;

@@ -7,6 +7,7 @@
  * (DESIGN.md invariant 1). A small controller turns speculation off while it does not pay.
  */
 #include "draft/drafter.h"
+#include "engine/ctl.h"
 #include "engine/engine_api.h"
 
 #include <ctype.h>
@@ -121,12 +122,33 @@ static void gen_free(gen *g) {
         st_free(p[i]);
 }
 
+/* First index of the largest value (NaN never wins; index 0 if x[0] is NaN), as the scalar
+ * loop `if (x[i] > x[b]) b = i` gives it: eight running maxima (a loop compilers turn into
+ * vector max instructions), then the first index holding the maximum. */
 static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
+    if (n < 16 || isnan(x[0])) {
+        int32_t b = 0;
+        for (int32_t i = 1; i < n; i++)
+            if (x[i] > x[b])
+                b = i;
+        return b;
+    }
+    float m[8];
+    for (int l = 0; l < 8; l++)
+        m[l] = x[0];
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+    for (; i < n; i++)
+        m[0] = x[i] > m[0] ? x[i] : m[0];
+    float mx = m[0];
+    for (int l = 1; l < 8; l++)
+        mx = m[l] > mx ? m[l] : mx;
+    for (i = 0; i < n; i++)
+        if (x[i] == mx)
+            return i;
+    return 0;
 }
 
 /* The target's token after a node at position pos: what plain decoding would pick there. */
@@ -137,6 +159,38 @@ static st_status target_token(gen *g, const float *lg, const st_sampler_params *
         return ST_OK;
     }
     return st_sample(lg, g->V, sp, pos, g->scratch, out);
+}
+
+/* The target's tokens at the nodes greedy verification visits, and only there (it reads no
+ * other entry of g->tp): from the root, the target's token selects the child to accept next.
+ * Each visited node costs one argmax or one sampler draw; the rest of the tree costs none. */
+static st_status path_targets(gen *g, int32_t na, int32_t n, int64_t S, const st_tree *tree,
+                              const st_sampler_params *sp) {
+    for (int32_t a = 0; a < na; a++) {
+        const int64_t o = (int64_t)a * n;
+        const int32_t *cand = tree->tokens + o;
+        const int64_t *ri = tree->retrieve_index + o, *nt = tree->next_token + o,
+                      *ns = tree->next_sibling + o;
+        for (int64_t j = 0, cur = 0;; j++) {
+            const int64_t row = ri[cur];
+            if (row < 0 || row >= (int64_t)na * n)
+                return st_fail(ST_ERR_INVALID, "verify: tree row %lld out of range",
+                               (long long)row);
+            st_status rc = target_token(g, g->logits + (size_t)row * (size_t)g->V, sp,
+                                        (int64_t)g->positions[row] + 1, &g->tp[row]);
+            if (rc)
+                return rc;
+            if (j == S)
+                break;
+            int64_t c = nt[cur], hops = 0;
+            while (c != -1 && cand[c] != g->tp[row] && ++hops < n)
+                c = ns[c];
+            if (c == -1 || cand[c] != g->tp[row])
+                break;
+            cur = c;
+        }
+    }
+    return ST_OK;
 }
 
 typedef struct emit_ctx {
@@ -189,6 +243,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                                        "(--speculative-draft-model-path)");
     gen g;
     memset(&g, 0, sizeof g);
+    st_ctl *ctl = NULL;
     g.V = m->hp.n_vocab;
     g.bs = bs;
     emit_ctx ec = {emit, user};
@@ -269,21 +324,22 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     double t1 = st_time_now();
     S_->prompt_ms = (t1 - t0) * 1e3;
     double verify_s = 0.0;
-    /* Controller (auto shapes only). It keeps tpt, the measured time per token of plain
-     * decoding (refreshed by a plain step every 64 steps), and judges speculative steps by their
-     * speed-up, emitted tokens * tpt / step time, averaged over windows of 4 steps (cut short
-     * when clearly failing). A window
-     * that pays well doubles the tree size (up to N); one that does not halves it, and at the
-     * smallest tree (one draft) turns speculation off. It is probed again after a back-off that
-     * doubles with every failed probe (16, 32, ... 512 steps). A failed probe costs about four
-     * verifies of two tokens, so an always-wrong drafter stays close to plain speed. */
+    /* `auto` (ctl.h): each step the controller ranks the drafted candidates, estimates from
+     * calibrated acceptance and the measured verify-cost curve how many of them to verify, and
+     * verifies none when no tree promises a gain. A plain step every 64 steps keeps the plain
+     * time per token fresh. A model drafter costs time before the choice is made, so it is
+     * also judged by its realized gain over windows of 4 drafted steps: a losing window pauses
+     * it for a back-off that doubles with each failure (16 .. 512 steps). */
     int spec_on = sp.algo != ST_SPEC_NONE;
     int autotune = spec_on && (sp.topk == 0 || sp.num_steps == 0 ||
                                (sp.topk != 1 && sp.num_draft_tokens == 0));
+    const int model_drafter = sp.algo == ST_SPEC_STANDALONE;
     int64_t spec_emitted = 0;
-    double tpt = 0.0, win_gain = 0.0;
-    int32_t n_cur = autotune ? 2 : N, win_steps = 0;
-    int64_t backoff = 16, off_until = autotune ? 8 : 0, step = 0, last_plain = 0;
+    if (autotune && (rc = st_ctl_create(bs, K, S, N, &ctl)))
+        goto done;
+    double win_benefit = 0.0;
+    int32_t win_steps = 0;
+    int64_t backoff = 16, off_until = 0, step = 0, last_plain = 0;
     int failed_probes = 0;
     for (;;) {
         /* active sequences with room for one more token */
@@ -314,9 +370,18 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                                            g.level_parents + a * g.LPW, &n_real)))
                     goto done;
                 max_real = n_real > max_real ? n_real : max_real;
+                if (ctl)
+                    st_ctl_rank(ctl, a, b, K, S, g.scores + a * g.M, g.cand_tokens + a * g.M,
+                                g.level_parents + a * g.LPW, g.n_hist[b], g.dr[b]->conf);
             }
-            nstep = (int32_t)(max_real + 1 < n_cur ? max_real + 1 : n_cur);
+            if (ctl) {
+                double eg;
+                nstep = st_ctl_choose(ctl, na, &eg);
+            } else {
+                nstep = (int32_t)(max_real + 1 < N ? max_real + 1 : N);
+            }
         }
+        double tp = st_time_now();
         if (nstep > 1) {
             st_tree_shape shape = {na, K, S, nstep};
             st_tree_mask mk;
@@ -339,10 +404,8 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
             if ((rc = st_session_verify(g.s, sp.backend, na, nstep, g.seqs, &tree, &mk, g.logits)))
                 goto done;
             verify_s += st_time_now() - tv;
-            for (int64_t t = 0; t < (int64_t)na * nstep; t++)
-                if ((rc = target_token(&g, g.logits + (size_t)t * g.V, sampler,
-                                       (int64_t)g.positions[t] + 1, &g.tp[t])))
-                    goto done;
+            if ((rc = path_targets(&g, na, nstep, S, &tree, sampler)))
+                goto done;
             if ((rc = st_verify_tree_greedy(na, nstep, S, &tree, g.tp, g.pred, g.acc, g.n_acc)))
                 goto done;
             for (int32_t a = 0; a < na; a++) {
@@ -379,30 +442,27 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                 emitted++;
             }
         }
-        double dt = st_time_now() - ts;
+        double te = st_time_now();
         step++;
-        if (autotune && emitted > 0) {
+        if (ctl) {
+            for (int32_t a = 0; a < na; a++) {
+                int32_t b = g.seqs[a];
+                st_ctl_observe(ctl, b, g.hist[b], g.n_hist[b], g.done[b]);
+            }
             if (nstep == 1) {
-                double per = dt / (double)emitted;
-                tpt = tpt > 0 ? 0.75 * tpt + 0.25 * per : per;
+                if (emitted > 0)
+                    st_ctl_time_plain(ctl, (te - tp) / (double)na);
                 last_plain = step;
-            } else if (tpt > 0) {
-                double gain = (double)emitted * tpt / dt;
-                win_gain += gain;
-                ++win_steps;
-                /* a window ends after 4 steps, or early when it is clearly failing */
-                if (win_steps == 4 || (win_steps == 1 && gain < 0.55) ||
-                    (win_steps >= 2 && win_gain / win_steps < 0.8)) {
-                    double mean = win_gain / win_steps;
-                    win_gain = 0.0;
-                    win_steps = 0;
-                    if (mean >= 1.0) {
+            } else {
+                st_ctl_time_verify(ctl, (int64_t)na * nstep, te - tp);
+            }
+            if (use_spec && model_drafter) {
+                /* realized gain of this drafted step: plain time of its tokens minus its time */
+                win_benefit += (double)emitted * st_ctl_t1(ctl) - (te - ts);
+                if (++win_steps == 4) {
+                    if (win_benefit >= 0.0) {
                         backoff = 16;
                         failed_probes = 0;
-                        if (mean >= 1.1)
-                            n_cur = n_cur * 2 < N ? n_cur * 2 : N;
-                    } else if (n_cur > 2) {
-                        n_cur = n_cur / 2 > 2 ? n_cur / 2 : 2;
                     } else {
                         off_until = step + backoff;
                         backoff = backoff * 2 < 512 ? backoff * 2 : 512;
@@ -411,16 +471,16 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                         double dms = 0;
                         int64_t ev = 0;
                         for (int32_t b = 0; b < bs; b++)
-                            if (g.dr[b])
-                                dms += g.dr[b]->ms, ev += g.dr[b]->evals;
-                        if (ev > 0 && dms / 1e3 / (double)ev > 0.5 * tpt)
+                            dms += g.dr[b]->ms, ev += g.dr[b]->evals;
+                        if (ev > 0 && dms / 1e3 / (double)ev > 0.5 * st_ctl_t1(ctl))
                             off_until = INT64_MAX;
-                        /* a model drafter must catch up on every token since its last step
-                         * before each probe: after three failed probes in a row, pause for
-                         * 4096 steps instead of paying that again and again */
-                        if (ev > 0 && ++failed_probes >= 3 && off_until != INT64_MAX)
+                        /* every probe must first catch up on the tokens since the last one:
+                         * after three failed probes in a row, pause for 4096 steps */
+                        if (++failed_probes >= 3 && off_until != INT64_MAX)
                             off_until = step + 4096;
                     }
+                    win_benefit = 0.0;
+                    win_steps = 0;
                 }
             }
         }
@@ -437,6 +497,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     S_->prompt_tok_s = S_->prompt_ms > 0 ? (double)S_->prompt_tokens / (S_->prompt_ms / 1e3) : 0.0;
     S_->gen_tok_s = S_->gen_ms > 0 ? (double)S_->gen_tokens / (S_->gen_ms / 1e3) : 0.0;
 done:
+    st_ctl_free(ctl);
     gen_free(&g);
     return rc;
 }

@@ -1,0 +1,349 @@
+/*
+ * ctl.c: the `auto` controller (see ctl.h): calibrated node acceptance from shadow proposals,
+ * a measured verify-cost curve, and a per-step choice of the tree size.
+ */
+#include "engine/ctl.h"
+
+#include "spectree.h"
+
+#include <math.h>
+#include <string.h>
+
+enum {
+    CTL_CLASSES = 8,
+    CTL_DEPTHS = 8,
+    CTL_BINS = 5,
+    CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
+    CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
+};
+
+/* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
+#define CTL_PRIOR_SCALE 0.6
+#define CTL_PRIOR_WEIGHT 2.0
+
+typedef struct shadow {
+    int64_t n0; /* history length when proposed: a depth-d node predicts hist[n0 + d - 1] */
+    int32_t cnt, maxd, used;
+} shadow;
+
+struct st_ctl {
+    int32_t bs, N;
+    int64_t Mmax;
+    double seen[CTL_NB], acc[CTL_NB];
+    /* this step's ranking, per active slot: candidate of each ranked node, its bucket, depth,
+     * parent (ranked index, -1 the root, -2 none), estimated path acceptance; E[m]: expected
+     * accepted nodes among the first m-1; avail: ranked nodes */
+    int64_t *order;   /* (bs, N-1) */
+    int32_t *bucket;  /* (bs, N-1) */
+    int32_t *depth;   /* (bs, N-1) */
+    int32_t *par;     /* (bs, N-1) */
+    int32_t *tok;     /* (bs, N-1) */
+    double *E;        /* (bs, N+1) */
+    int32_t *avail;   /* (bs) */
+    int32_t *slot_of; /* (bs) sequence of each slot */
+    int32_t *map;     /* (Mmax) candidate -> ranked index, -1 */
+    int64_t *fin;     /* (Mmax) finite candidates */
+    /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
+    shadow *sh;
+    int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth;
+    /* timing */
+    double t1;
+    int64_t t1_n;
+    int64_t explore;  /* near-paying steps seen (exploration counter) */
+    double *tv;       /* (Tmax + 1) */
+    int32_t *tv_n;    /* (Tmax + 1) */
+    uint8_t *tv_seen; /* (Tmax + 1) a first, unmeasured step of that size was made */
+    int64_t Tmax;
+};
+
+void st_ctl_free(st_ctl *c) {
+    if (!c)
+        return;
+    void *p[] = {c->order,  c->bucket,    c->depth,    c->par, c->tok,  c->E,
+                 c->avail,  c->slot_of,   c->map,      c->fin, c->sh,   c->sh_par,
+                 c->sh_tok, c->sh_bucket, c->sh_depth, c->tv,  c->tv_n, c->tv_seen};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        st_free(p[i]);
+    st_free(c);
+}
+
+st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **out) {
+    *out = NULL;
+    if (bs < 1 || N < 2 || K < 1 || S < 1)
+        return st_fail(ST_ERR_INVALID, "controller: bad shape");
+    st_ctl *c = st_calloc(1, sizeof *c);
+    if (!c)
+        return st_fail(ST_ERR_NOMEM, "controller: out of memory");
+    c->bs = bs;
+    c->N = N;
+    c->Mmax = st_tree_n_candidates(K, S);
+    c->Tmax = (int64_t)bs * N;
+    const size_t R = (size_t)bs * (size_t)(N - 1), SR = R * CTL_RING;
+    c->order = st_malloc(R * sizeof *c->order);
+    c->bucket = st_malloc(R * sizeof *c->bucket);
+    c->depth = st_malloc(R * sizeof *c->depth);
+    c->par = st_malloc(R * sizeof *c->par);
+    c->tok = st_malloc(R * sizeof *c->tok);
+    c->E = st_calloc((size_t)bs * (size_t)(N + 1), sizeof *c->E);
+    c->avail = st_calloc((size_t)bs, sizeof *c->avail);
+    c->slot_of = st_calloc((size_t)bs, sizeof *c->slot_of);
+    c->map = st_malloc((size_t)c->Mmax * sizeof *c->map);
+    c->fin = st_malloc((size_t)c->Mmax * sizeof *c->fin);
+    c->sh = st_calloc((size_t)bs * CTL_RING, sizeof *c->sh);
+    c->sh_par = st_malloc(SR * sizeof *c->sh_par);
+    c->sh_tok = st_malloc(SR * sizeof *c->sh_tok);
+    c->sh_bucket = st_malloc(SR * sizeof *c->sh_bucket);
+    c->sh_depth = st_malloc(SR * sizeof *c->sh_depth);
+    c->tv = st_calloc((size_t)c->Tmax + 1, sizeof *c->tv);
+    c->tv_n = st_calloc((size_t)c->Tmax + 1, sizeof *c->tv_n);
+    c->tv_seen = st_calloc((size_t)c->Tmax + 1, 1);
+    if (!c->order || !c->bucket || !c->depth || !c->par || !c->tok || !c->E || !c->avail ||
+        !c->slot_of || !c->map || !c->fin || !c->sh || !c->sh_par || !c->sh_tok || !c->sh_bucket ||
+        !c->sh_depth || !c->tv || !c->tv_n || !c->tv_seen) {
+        st_ctl_free(c);
+        return st_fail(ST_ERR_NOMEM, "controller: out of memory");
+    }
+    for (int64_t i = 0; i < c->Mmax; i++)
+        c->map[i] = -1;
+    *out = c;
+    return ST_OK;
+}
+
+/* st_tree_organize's order: higher score first, ties by lower index. */
+static int ranks_before(const float *score, int64_t a, int64_t b) {
+    if (score[a] != score[b])
+        return score[a] > score[b];
+    return a < b;
+}
+
+static int32_t score_bin(float s) {
+    return s >= 0.8f ? 0 : s >= 0.5f ? 1 : s >= 0.25f ? 2 : s >= 0.1f ? 3 : 4;
+}
+
+static double bucket_p(const st_ctl *c, int32_t b, float score) {
+    double prior = CTL_PRIOR_SCALE * (score > 1.0f ? 1.0 : score > 0.0f ? (double)score : 0.0);
+    return (c->acc[b] + CTL_PRIOR_WEIGHT * prior) / (c->seen[b] + CTL_PRIOR_WEIGHT);
+}
+
+/* Records the ranking of slot a as a shadow of sequence b. */
+static void add_shadow(st_ctl *c, int32_t a, int32_t b, int64_t n_hist) {
+    const int32_t n1 = c->N - 1, cnt = c->avail[a];
+    if (cnt == 0)
+        return;
+    shadow *ring = c->sh + (size_t)b * CTL_RING;
+    int32_t w = -1;
+    for (int32_t i = 0; i < CTL_RING && w < 0; i++)
+        if (!ring[i].used)
+            w = i;
+    if (w < 0) { /* full: replace the oldest, unscored */
+        w = 0;
+        for (int32_t i = 1; i < CTL_RING; i++)
+            if (ring[i].n0 < ring[w].n0)
+                w = i;
+    }
+    shadow *r = &ring[w];
+    r->n0 = n_hist;
+    r->cnt = cnt;
+    r->used = 1;
+    r->maxd = 0;
+    const size_t o = ((size_t)b * CTL_RING + (size_t)w) * (size_t)n1, s = (size_t)a * (size_t)n1;
+    for (int32_t j = 0; j < cnt; j++) {
+        c->sh_par[o + j] = c->par[s + j];
+        c->sh_tok[o + j] = c->tok[s + j];
+        c->sh_bucket[o + j] = c->bucket[s + j];
+        c->sh_depth[o + j] = c->depth[s + j];
+        r->maxd = c->depth[s + j] > r->maxd ? c->depth[s + j] : r->maxd;
+    }
+}
+
+void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const float *scores,
+                 const int32_t *tokens, const int64_t *level_parents, int64_t n_hist,
+                 int32_t conf) {
+    const int32_t n1 = c->N - 1;
+    const size_t s0 = (size_t)a * (size_t)n1;
+    int64_t M = st_tree_n_candidates(K, S);
+    if (M > c->Mmax)
+        M = c->Mmax;
+    int64_t nf = 0;
+    for (int64_t i = 0; i < M; i++)
+        if (isfinite(scores[i]))
+            c->fin[nf++] = i;
+    if (conf < 0 || conf >= CTL_CLASSES)
+        conf = 0;
+    int32_t cnt = 0;
+    double *E = c->E + (size_t)a * (size_t)(c->N + 1);
+    E[0] = E[1] = 0.0;
+    /* partial selection sort of the finite candidates: the first n1 in organize's order */
+    for (; cnt < n1 && cnt < nf; cnt++) {
+        int64_t bi = cnt;
+        for (int64_t i = cnt + 1; i < nf; i++)
+            if (ranks_before(scores, c->fin[i], c->fin[bi]))
+                bi = i;
+        int64_t cand = c->fin[bi];
+        c->fin[bi] = c->fin[cnt];
+        c->fin[cnt] = cand;
+        int32_t d, parent;
+        if (cand < K) {
+            d = 1;
+            parent = -1;
+        } else {
+            const int64_t lvl = 1 + (cand - K) / (K * K); /* 0-based level */
+            const int64_t q = cand - (K + (lvl - 1) * K * K);
+            const int64_t pc = level_parents[1 + (lvl - 1) * K + q / K];
+            d = (int32_t)lvl + 1;
+            parent = pc >= 0 && pc < c->Mmax && c->map[pc] >= 0 ? c->map[pc] : -2;
+        }
+        c->map[cand] = cnt;
+        const int32_t bk = (conf * CTL_DEPTHS + (d > CTL_DEPTHS ? CTL_DEPTHS : d) - 1) * CTL_BINS +
+                           score_bin(scores[cand]);
+        c->order[s0 + cnt] = cand;
+        c->bucket[s0 + cnt] = bk;
+        c->depth[s0 + cnt] = d;
+        c->par[s0 + cnt] = parent;
+        c->tok[s0 + cnt] = tokens[cand];
+        E[cnt + 2] = E[cnt + 1] + (parent == -2 ? 0.0 : bucket_p(c, bk, scores[cand]));
+    }
+    for (int32_t j = 0; j < cnt; j++)
+        c->map[c->order[s0 + j]] = -1;
+    for (int32_t m = cnt + 2; m <= c->N; m++)
+        E[m] = E[cnt + 1];
+    c->avail[a] = cnt;
+    c->slot_of[a] = b;
+    add_shadow(c, a, b, n_hist);
+}
+
+int64_t st_ctl_ranked(const st_ctl *c, int32_t a, int32_t j) {
+    if (a < 0 || a >= c->bs || j < 0 || j >= c->avail[a])
+        return -1;
+    return c->order[(size_t)a * (size_t)(c->N - 1) + (size_t)j];
+}
+
+int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n) {
+    int32_t d = 0;
+    const size_t s0 = (size_t)a * (size_t)(c->N - 1);
+    for (int32_t j = 0; j < n - 1 && j < c->avail[a]; j++)
+        d = c->depth[s0 + j] > d ? c->depth[s0 + j] : d;
+    return d;
+}
+
+/* Estimated cost of a verify step over T tree tokens, in plain-token times (a ratio to t1: both
+ * grow with the context, their ratio much less), interpolated between measured sizes and
+ * extrapolated with the measured slope (0.6 per token before any measurement). */
+static double est_ratio(const st_ctl *c, int64_t T) {
+    if (T <= c->Tmax && c->tv_n[T] > 0)
+        return c->tv[T];
+    int64_t lo = 1, hi = 0;
+    for (int64_t t = T - 1; t >= 2 && lo == 1; t--)
+        if (t <= c->Tmax && c->tv_n[t] > 0)
+            lo = t;
+    for (int64_t t = T + 1; t <= c->Tmax && hi == 0; t++)
+        if (c->tv_n[t] > 0)
+            hi = t;
+    const double vlo = lo == 1 ? 1.0 : c->tv[lo];
+    if (hi)
+        return vlo + (c->tv[hi] - vlo) * (double)(T - lo) / (double)(hi - lo);
+    double slope = 0.6;
+    if (lo > 1) {
+        slope = (vlo - 1.0) / (double)(lo - 1);
+        slope = slope < 0.25 ? 0.25 : slope > 1.5 ? 1.5 : slope;
+    }
+    return vlo + slope * (double)(T - lo);
+}
+
+int32_t st_ctl_choose(st_ctl *c, int32_t na, double *exp_gain) {
+    *exp_gain = 1.0;
+    if (c->t1_n == 0)
+        return 1; /* measure plain decoding first */
+    int32_t mmax = 1;
+    for (int32_t a = 0; a < na; a++)
+        mmax = c->avail[a] + 1 > mmax ? c->avail[a] + 1 : mmax;
+    if (mmax > c->N)
+        mmax = c->N;
+    int32_t best = 1, alt = 1;
+    double bg = 1.03, ag = 0.0; /* a speculative step must promise a clear gain */
+    for (int32_t m = 2; m <= mmax; m++) {
+        double tok = 0.0;
+        for (int32_t a = 0; a < na; a++)
+            tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
+        const double g = tok / est_ratio(c, (int64_t)na * m);
+        if (g > bg) {
+            bg = g;
+            best = m;
+        }
+        if (g > ag) {
+            ag = g;
+            alt = m;
+        }
+    }
+    /* Exploration: a size that nearly pays is verified now and then (one step in 16 of those),
+     * so that one slow measurement (a cold cache, a preempted step) cannot rule it out for
+     * good. It costs at most a few percent of those rare steps. */
+    if (best == 1 && ag > 0.85 && ++c->explore % 16 == 0) {
+        best = alt;
+        bg = ag;
+    }
+    if (best > 1)
+        *exp_gain = bg;
+    return best;
+}
+
+/* Interference on a shared machine only ever slows a step down, so times are tracked by a low
+ * quantile rather than a mean: a faster observation pulls the estimate down quickly, a slower
+ * one up slowly (which still follows a context that grows a token per step). */
+static void track(double *v, int64_t n, double x) {
+    if (n == 0)
+        *v = x;
+    else
+        *v += (x < *v ? 0.3 : 0.05) * (x - *v);
+}
+
+void st_ctl_time_plain(st_ctl *c, double per_token) {
+    if (!(per_token > 0.0))
+        return;
+    track(&c->t1, c->t1_n, per_token);
+    c->t1_n++;
+}
+
+void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
+    if (T < 2 || T > c->Tmax || !(seconds > 0.0) || c->t1_n == 0)
+        return;
+    /* the first step of a size is not measured: it runs cold (fresh logits rows and buffers
+     * touched for the first time measured 2-3x a warm step) */
+    if (!c->tv_seen[T]) {
+        c->tv_seen[T] = 1;
+        return;
+    }
+    track(&c->tv[T], c->tv_n[T], seconds / c->t1);
+    if (c->tv_n[T] < 1000000)
+        c->tv_n[T]++;
+}
+
+double st_ctl_t1(const st_ctl *c) { return c->t1; }
+
+void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done) {
+    if (b < 0 || b >= c->bs)
+        return;
+    const int32_t n1 = c->N - 1;
+    shadow *ring = c->sh + (size_t)b * CTL_RING;
+    for (int32_t w = 0; w < CTL_RING; w++) {
+        shadow *r = &ring[w];
+        if (!r->used)
+            continue;
+        if (done) {
+            r->used = 0;
+            continue;
+        }
+        if (n_hist < r->n0 + r->maxd)
+            continue;
+        const size_t o = ((size_t)b * CTL_RING + (size_t)w) * (size_t)n1;
+        uint8_t ok[64];
+        for (int32_t j = 0; j < r->cnt && j < 64; j++) {
+            const int32_t p = c->sh_par[o + j];
+            const int reach = p == -1 || (p >= 0 && p < j && ok[p]);
+            ok[j] = (uint8_t)(reach && hist[r->n0 + c->sh_depth[o + j] - 1] == c->sh_tok[o + j]);
+            c->seen[c->sh_bucket[o + j]] += 1.0;
+            c->acc[c->sh_bucket[o + j]] += ok[j];
+        }
+        r->used = 0;
+    }
+}

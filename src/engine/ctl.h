@@ -1,0 +1,55 @@
+/*
+ * ctl.h: the `auto` controller. It picks, step by step, how many drafted nodes to verify (the
+ * tree of N nodes is the N-1 best-scored candidates of the drafter's (K, S) pool, as
+ * st_tree_organize selects them, plus the root), or none, by maximizing the expected tokens per
+ * second:
+ *
+ *   speed-up(N) = (tokens emitted, expected) * t1 / t(N tokens),   plain: 1
+ *
+ * - t1 is the measured time of a plain step per token; t(T) / t1 the measured cost of a verify
+ *   step over T tree tokens (all sequences) in plain-token times, interpolated where not yet
+ *   measured. Both are tracked by a low quantile (interference only slows steps down), and a
+ *   size that nearly pays is re-measured now and then.
+ * - The expected tokens of a sequence are 1 (the bonus) plus the sum, over the selected nodes,
+ *   of the probability that the node's whole path is accepted. That probability is calibrated
+ *   online per bucket of (drafter confidence class, depth, drafter score): each proposal is
+ *   kept as a "shadow" and scored against the tokens the sequence really emits next, whether
+ *   it was verified or not, so the calibration keeps learning while speculation is off.
+ */
+#ifndef ST_CTL_H
+#define ST_CTL_H
+
+#include "core/core.h"
+
+typedef struct st_ctl st_ctl;
+
+/* bs sequences, drafter pool (K, S) of M candidates, at most N tree tokens. */
+st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **out);
+void st_ctl_free(st_ctl *c);
+
+/* Ranks the candidates of active slot a (sequence b, whose history has n_hist tokens) as
+ * st_tree_organize would select them, estimates each node's acceptance and records the
+ * proposal as a shadow. conf: the drafter's confidence class (0 .. 7). */
+void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const float *scores,
+                 const int32_t *tokens, const int64_t *level_parents, int64_t n_hist, int32_t conf);
+
+/* The tree size for the na slots ranked this step: 1 (plain) or 2..N. *exp_gain: the expected
+ * speed-up of that choice over plain decoding. */
+int32_t st_ctl_choose(st_ctl *c, int32_t na, double *exp_gain);
+
+/* The candidate ranked j-th for slot a (j < the number ranked), else -1. */
+int64_t st_ctl_ranked(const st_ctl *c, int32_t a, int32_t j);
+
+/* Deepest level among the first n-1 ranked nodes of slot a. */
+int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n);
+
+/* Timing of a plain step (seconds per token) and of a verify step over T tree tokens. */
+void st_ctl_time_plain(st_ctl *c, double per_token);
+void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds);
+double st_ctl_t1(const st_ctl *c);
+
+/* Scores sequence b's pending shadows against its history (call after tokens were appended);
+ * done: the sequence has ended (pending shadows are dropped). */
+void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done);
+
+#endif /* ST_CTL_H */
