@@ -287,14 +287,17 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, double *exp_gain) {
     return best;
 }
 
-/* Interference on a shared machine only ever slows a step down, so times are tracked by a low
- * quantile rather than a mean: a faster observation pulls the estimate down quickly, a slower
- * one up slowly (which still follows a context that grows a token per step). */
+/* Times are tracked by a moving average in which an observation counts at most 1.5 times the
+ * current estimate (a step preempted on a shared machine must not rule a tree size out). The
+ * same average for plain and verify steps keeps their ratio unbiased. */
 static void track(double *v, int64_t n, double x) {
-    if (n == 0)
+    if (n == 0) {
         *v = x;
-    else
-        *v += (x < *v ? 0.3 : 0.05) * (x - *v);
+        return;
+    }
+    if (x > 1.5 * *v)
+        x = 1.5 * *v;
+    *v += 0.15 * (x - *v);
 }
 
 void st_ctl_time_plain(st_ctl *c, double per_token) {

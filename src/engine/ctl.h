@@ -8,8 +8,8 @@
  *
  * - t1 is the measured time of a plain step per token; t(T) / t1 the measured cost of a verify
  *   step over T tree tokens (all sequences) in plain-token times, interpolated where not yet
- *   measured. Both are tracked by a low quantile (interference only slows steps down), and a
- *   size that nearly pays is re-measured now and then.
+ *   measured. Both are moving averages with preempted steps clipped, and a size that
+ *   nearly pays is re-measured now and then.
  * - The expected tokens of a sequence are 1 (the bonus) plus the sum, over the selected nodes,
  *   of the probability that the node's whole path is accepted. That probability is calibrated
  *   online per bucket of (drafter confidence class, depth, drafter score): each proposal is

@@ -355,8 +355,11 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
         }
         if (na == 0)
             break;
+        /* (a model drafter only drafts once the plain time per token is known: its drafts
+         * cost time before the controller can judge them) */
         int use_spec = spec_on && step >= off_until && maxL + N + 1 + K * S < ps.n_ctx &&
-                       !(autotune && step - last_plain >= 64);
+                       !(autotune && step - last_plain >= 64) &&
+                       !(ctl && model_drafter && st_ctl_t1(ctl) <= 0.0);
         double ts = st_time_now();
         int64_t emitted = 0;
         int32_t nstep = 1;
@@ -459,21 +462,22 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
             if (use_spec && model_drafter) {
                 /* realized gain of this drafted step: plain time of its tokens minus its time */
                 win_benefit += (double)emitted * st_ctl_t1(ctl) - (te - ts);
-                if (++win_steps == 4) {
-                    if (win_benefit >= 0.0) {
+                /* drafts that cost more than half a target token each can never pay back
+                 * the drafting: off for good (checked from the first drafted step on) */
+                double dms = 0;
+                int64_t ev = 0;
+                for (int32_t b = 0; b < bs; b++)
+                    dms += g.dr[b]->ms, ev += g.dr[b]->evals;
+                const int hopeless = ev > 0 && dms / 1e3 / (double)ev > 0.5 * st_ctl_t1(ctl);
+                /* a window ends after 4 drafted steps, or at once on a clear loss */
+                ++win_steps;
+                if (hopeless || win_steps == 4 || win_benefit < -0.5 * st_ctl_t1(ctl)) {
+                    if (win_benefit >= 0.0 && !hopeless) {
                         backoff = 16;
                         failed_probes = 0;
                     } else {
-                        off_until = step + backoff;
+                        off_until = hopeless ? INT64_MAX : step + backoff;
                         backoff = backoff * 2 < 512 ? backoff * 2 : 512;
-                        /* a drafter whose own tokens cost more than half a target token
-                         * cannot pay back the catch-up a probe needs: stop probing */
-                        double dms = 0;
-                        int64_t ev = 0;
-                        for (int32_t b = 0; b < bs; b++)
-                            dms += g.dr[b]->ms, ev += g.dr[b]->evals;
-                        if (ev > 0 && dms / 1e3 / (double)ev > 0.5 * st_ctl_t1(ctl))
-                            off_until = INT64_MAX;
                         /* every probe must first catch up on the tokens since the last one:
                          * after three failed probes in a row, pause for 4096 steps */
                         if (++failed_probes >= 3 && off_until != INT64_MAX)
