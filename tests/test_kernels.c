@@ -234,35 +234,42 @@ static void test_softmax(void **state) {
             }
 }
 
-/* exp_sum and silu_mul against the scalar twin, special values included. */
+/* exp_sum and silu_mul of every table against the scalar twin, special values included, on
+ * the standard sizes and every length up to 40 (tails of 8 and 16 lanes). */
 static void test_exp_silu(void **state) {
     (void)state;
-    const st_kernels *r = st_kernels_ref(), *a = avx2_or_skip();
-    const float special[] = {0.0f,   -0.0f,   1.0f,     -1.0f,     87.5f,   -86.9f,
-                             -87.0f, -87.1f,  88.0f,    89.0f,     -100.0f, 100.0f,
-                             1e-30f, -1e-30f, INFINITY, -INFINITY, 3.0e38f, -3.0e38f};
+    const st_kernels *r = st_kernels_ref(), *fast[2];
+    const int nfast = fast_tables(fast);
+    const float special[] = {0.0f,     -0.0f,     1.0f,    -1.0f,    87.5f,  -86.9f, -87.0f,
+                             -87.1f,   88.0f,     89.0f,   -100.0f,  100.0f, 1e-30f, -1e-30f,
+                             INFINITY, -INFINITY, 3.0e38f, -3.0e38f, NAN};
     const int ns = (int)(sizeof special / sizeof special[0]);
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-        int64_t n = sizes[s];
-        float *x1 = malloc((size_t)(n + 1) * 4), *x2 = malloc((size_t)(n + 1) * 4);
-        float *u = malloc((size_t)(n + 1) * 4);
-        fill(x1, n, 20.0f);
-        fill(u, n, 2.0f);
-        for (int64_t i = 0; i < n && i < ns; i++)
-            x1[(i * 7) % n] = special[i];
-        memcpy(x2, x1, (size_t)n * 4);
-        float m1 = r->exp_sum(x1, n, 3.0f), m2 = a->exp_sum(x2, n, 3.0f);
-        assert_memory_equal(&m1, &m2, 4);
-        assert_memory_equal(x1, x2, (size_t)n * 4);
-        fill(x1, n, 30.0f);
-        for (int64_t i = 0; i < n && i < ns; i++)
-            x1[(i * 5) % n] = special[i];
-        memcpy(x2, x1, (size_t)n * 4);
-        r->silu_mul(x1, u, n);
-        a->silu_mul(x2, u, n);
-        assert_memory_equal(x1, x2, (size_t)n * 4);
-        free(x1), free(x2), free(u);
-    }
+    const int nsz = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int ia = 0; ia < nfast; ia++)
+        for (int s = 0; s < nsz + 41; s++) {
+            const st_kernels *a = fast[ia];
+            const int64_t n = s < nsz ? sizes[s] : s - nsz;
+            float *x1 = malloc((size_t)(n + 1) * 4), *x2 = malloc((size_t)(n + 1) * 4);
+            float *u = malloc((size_t)(n + 1) * 4);
+            fill(u, n, 2.0f);
+            for (int sp = 0; sp < 2; sp++) { /* plain sums (order-sensitive), then specials */
+                fill(x1, n, 20.0f);
+                for (int64_t i = 0; sp && i < n && i < ns; i++)
+                    x1[(i * 7) % n] = special[(i + s) % ns];
+                memcpy(x2, x1, (size_t)n * 4);
+                float m1 = r->exp_sum(x1, n, 3.0f), m2 = a->exp_sum(x2, n, 3.0f);
+                assert_memory_equal(&m1, &m2, 4);
+                assert_memory_equal(x1, x2, (size_t)n * 4);
+            }
+            fill(x1, n, 30.0f);
+            for (int64_t i = 0; i < n && i < ns; i++)
+                x1[(i * 5) % n] = special[i];
+            memcpy(x2, x1, (size_t)n * 4);
+            r->silu_mul(x1, u, n);
+            a->silu_mul(x2, u, n);
+            assert_memory_equal(x1, x2, (size_t)n * 4);
+            free(x1), free(x2), free(u);
+        }
     /* st_expf_ref against libm: relative error below 3e-7 over the useful range */
     for (float x = -86.0f; x < 88.0f; x += 0.0137f) {
         double want = exp((double)x);

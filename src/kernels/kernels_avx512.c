@@ -6,8 +6,9 @@
  * canonical integer lanes (lane l = bytes 4l .. 4l+3 of a block), with the signed side made
  * unsigned by an offset that is subtracted exactly: Q8_0 takes x + 128 and starts the lanes at
  * -128 * sum(w); Q4_0 takes the nibbles as they are and starts at -8 * sum(x).
- * F32 with a single token (memory-bound, measured no better here) and all the other kernels
- * are the AVX2 ones.
+ * exp_sum and softmax run 16 lanes per step, each element still added to its canonical lane
+ * (i mod 8) in increasing i. F32 with a single token (memory-bound, measured no better here)
+ * and all the other kernels are the AVX2 ones.
  * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
  * the OS support these features (dispatch.c).
  */
@@ -22,6 +23,7 @@
 #include "kernels/kernels.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define ST_INLINE static inline __attribute__((always_inline))
@@ -375,6 +377,96 @@ static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t row_
                  r1, 1);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* exp and softmax                                                                            */
+
+/* The canonical reduction of eight lanes (hsum8 in kernels_avx2.c, the same additions). */
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    __m128 hi = _mm256_extractf128_ps(v, 1);
+    __m128 s4 = _mm_add_ps(lo, hi);
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+/* Sixteen lanes of st_expf_ref, operation for operation (exp8 in kernels_avx2.c). */
+ST_INLINE __m512 exp16(__m512 x) {
+    const __mmask16 lo_ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GT_OQ);
+    const __mmask16 isnan_ = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 xc = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    xc = _mm512_max_ps(xc, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), xc);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const __m512 y = _mm512_maskz_mul_ps(lo_ok, p, _mm512_castsi512_ps(e)); /* x <= -87 -> 0 */
+    return _mm512_mask_blend_ps(isnan_, y, x);                              /* NaN stays NaN */
+}
+
+/* exp_sum's eight lane sums, sixteen elements per step: element i still goes to lane i mod 8,
+ * in increasing i (the low half of a step, then the high half). */
+ST_INLINE __m256 exp_lanes16(float *x, int64_t n, float mx) {
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 y = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, y);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(y));
+        acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(y, 1));
+    }
+    if (i < n) {
+        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 y =
+            _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + i), vm)));
+        _mm512_mask_storeu_ps(x + i, mk, y);
+        /* +0 in the missing lanes: no lane is ever -0 */
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(y));
+        if (n - i > 8)
+            acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(y, 1));
+    }
+    return acc;
+}
+
+static float exp_sum_avx512(float *x, int64_t n, float mx) { return hsum8(exp_lanes16(x, n, mx)); }
+
+/* The softmax of kernels_avx2.c with sixteen lanes: max_ps keeps the running maximum (its
+ * second operand) when the input is NaN; the exp sums keep their canonical lanes. */
+static float softmax_avx512(float *x, int64_t n) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m = ninf;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
+    if (i < n)
+        m = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, (__mmask16)((1u << (n - i)) - 1), x + i), m);
+    const float mx = _mm512_reduce_max_ps(m); /* no NaN left: any order gives the maximum */
+    if (mx == -INFINITY)
+        return 0.0f;
+    const float sum = hsum8(exp_lanes16(x, n, mx));
+    if (!(sum > 0.0f))
+        return sum;
+    const __m512 vs = _mm512_set1_ps(sum);
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), vs));
+    if (i < n) {
+        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, mk, _mm512_div_ps(_mm512_maskz_loadu_ps(mk, x + i), vs));
+    }
+    return sum;
+}
+
 static st_kernels st_kernels_avx512_table;
 
 static void table_init(void) {
@@ -385,6 +477,8 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_bf16 = matmul_bf16_avx512;
     st_kernels_avx512_table.matmul_q8_0 = matmul_q8_0_avx512;
     st_kernels_avx512_table.matmul_q4_0 = matmul_q4_0_avx512;
+    st_kernels_avx512_table.exp_sum = exp_sum_avx512;
+    st_kernels_avx512_table.softmax = softmax_avx512;
 }
 
 #if defined(__clang__)
