@@ -90,7 +90,8 @@ typedef struct st_kernels {
 /* The table in use (chosen once, thread-safe). */
 const st_kernels *st_kernels_get(void);
 /* The scalar reference table and, if this CPU supports them, the AVX2 and AVX-512 tables (else
- * NULL). The AVX-512 table differs from the AVX2 one in its batch matmuls, exp_sum and softmax. */
+ * NULL). The AVX-512 table differs from the AVX2 one in its batch matmuls, exp_sum, softmax
+ * and small-head attn_scores. */
 const st_kernels *st_kernels_ref(void);
 const st_kernels *st_kernels_avx2(void);
 const st_kernels *st_kernels_avx512(void);

@@ -7,8 +7,9 @@
  * unsigned by an offset that is subtracted exactly: Q8_0 takes x + 128 and starts the lanes at
  * -128 * sum(w); Q4_0 takes the nibbles as they are and starts at -8 * sum(x).
  * exp_sum and softmax run 16 lanes per step, each element still added to its canonical lane
- * (i mod 8) in increasing i. F32 with a single token (memory-bound, measured no better here)
- * and all the other kernels are the AVX2 ones.
+ * (i mod 8) in increasing i; attention scores of heads up to 16 take 16 key rows per step.
+ * F32 with a single token (memory-bound, measured no better here) and all the other kernels
+ * are the AVX2 ones.
  * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
  * the OS support these features (dispatch.c).
  */
@@ -378,6 +379,130 @@ static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t row_
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Attention scores                                                                           */
+
+/* Transposes the 8x8 block r (row j in r[j]) in place (transpose8 in kernels_avx2.c). */
+ST_INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    ST_UNROLL
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    }
+    ST_UNROLL
+    for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
+        u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee);
+        u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+        u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
+    }
+    ST_UNROLL
+    for (int e = 0; e < 4; e++) {
+        r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+        r[e + 4] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+    }
+}
+
+/* Elements 8c .. 8c+7 of the key rows k + j*ldk, j < nr <= 16, as columns: col[i] holds element
+ * 8c+i of rows 0 .. 15, zero for rows j >= nr and elements at or past hd. A full block puts
+ * rows j, j+4, j+8, j+12 in the four 128-bit lanes of one register and transposes 4x4 within
+ * the lanes. */
+ST_INLINE void key_cols16(__m512 col[8], const float *k, int64_t ldk, int64_t nr, int64_t hd,
+                          int64_t c) {
+    const int64_t i0 = 8 * c;
+    if (nr == 16 && hd - i0 >= 8) {
+        __m512 a[8];
+        ST_UNROLL
+        for (int j = 0; j < 4; j++)
+            ST_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const float *p = k + j * ldk + i0 + 4 * h;
+            __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(p));
+            v = _mm512_insertf32x4(v, _mm_loadu_ps(p + 4 * ldk), 1);
+            v = _mm512_insertf32x4(v, _mm_loadu_ps(p + 8 * ldk), 2);
+            a[4 * h + j] = _mm512_insertf32x4(v, _mm_loadu_ps(p + 12 * ldk), 3);
+        }
+        ST_UNROLL
+        for (int h = 0; h < 8; h += 4) { /* a[h + j]: elements h .. h+3 of rows j + 4*lane */
+            const __m512 t0 = _mm512_unpacklo_ps(a[h], a[h + 1]);
+            const __m512 t1 = _mm512_unpackhi_ps(a[h], a[h + 1]);
+            const __m512 t2 = _mm512_unpacklo_ps(a[h + 2], a[h + 3]);
+            const __m512 t3 = _mm512_unpackhi_ps(a[h + 2], a[h + 3]);
+            col[h] = _mm512_shuffle_ps(t0, t2, 0x44);
+            col[h + 1] = _mm512_shuffle_ps(t0, t2, 0xee);
+            col[h + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+            col[h + 3] = _mm512_shuffle_ps(t1, t3, 0xee);
+        }
+        return;
+    }
+    const int64_t w = hd - i0 < 8 ? hd - i0 : 8;
+    const __mmask8 mk = (__mmask8)((1u << w) - 1);
+    __m256 lo[8], hi[8];
+    ST_UNROLL
+    for (int j = 0; j < 8; j++)
+        lo[j] = j < nr ? _mm256_maskz_loadu_ps(mk, k + j * ldk + i0) : _mm256_setzero_ps();
+    transpose8(lo);
+    if (nr <= 8) { /* rows 8 .. 15 are not stored */
+        ST_UNROLL
+        for (int i = 0; i < 8; i++)
+            col[i] = _mm512_zextps256_ps512(lo[i]);
+        return;
+    }
+    ST_UNROLL
+    for (int j = 0; j < 8; j++)
+        hi[j] =
+            j + 8 < nr ? _mm256_maskz_loadu_ps(mk, k + (j + 8) * ldk + i0) : _mm256_setzero_ps();
+    transpose8(hi);
+    ST_UNROLL
+    for (int i = 0; i < 8; i++)
+        col[i] = _mm512_insertf32x8(_mm512_castps256_ps512(lo[i]), hi[i], 1);
+}
+
+/* attn_scores for hd <= 8*NC <= 16, sixteen key rows at a time (scores_cols in kernels_avx2.c
+ * with 16 lanes): the same canonical lanes per score, three vertical reduce8 steps. */
+ST_INLINE void scores_cols16(float *const *sc, const float *const *q, int64_t nq, const float *k,
+                             int64_t ldk, int64_t n, int64_t hd, float div, const int NC) {
+    const __m512 vdiv = _mm512_set1_ps(div), zero = _mm512_setzero_ps();
+    for (int64_t r0 = 0; r0 < n; r0 += 16) {
+        const int64_t nr = n - r0 < 16 ? n - r0 : 16;
+        __m512 col[16];
+        ST_UNROLL
+        for (int c = 0; c < NC; c++)
+            key_cols16(col + 8 * c, k + r0 * ldk, ldk, nr, hd, c);
+        const __mmask16 mk = (__mmask16)((1u << nr) - 1);
+        for (int64_t j = 0; j < nq; j++) {
+            const float *qj = q[j];
+            __m512 acc[8];
+            ST_UNROLL
+            for (int l = 0; l < 8; l++)
+                acc[l] = l < hd ? _mm512_fmadd_ps(_mm512_set1_ps(qj[l]), col[l], zero) : zero;
+            ST_UNROLL
+            for (int i = 8; i < 8 * NC; i++)
+                acc[i & 7] = i < hd ? _mm512_fmadd_ps(_mm512_set1_ps(qj[i]), col[i], acc[i & 7])
+                                    : _mm512_add_ps(acc[i & 7], zero);
+            const __m512 s = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
+                _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])));
+            _mm512_mask_storeu_ps(sc[j] + r0, mk, _mm512_div_ps(s, vdiv));
+        }
+    }
+}
+
+static void attn_scores_avx512(float *const *sc, const float *const *q, int64_t nq, const float *k,
+                               int64_t ldk, int64_t n, int64_t hd, float div) {
+    if (hd == 8)
+        scores_cols16(sc, q, nq, k, ldk, n, 8, div, 1);
+    else if (hd == 16)
+        scores_cols16(sc, q, nq, k, ldk, n, 16, div, 2);
+    else if (hd < 8)
+        scores_cols16(sc, q, nq, k, ldk, n, hd, div, 1);
+    else if (hd < 16)
+        scores_cols16(sc, q, nq, k, ldk, n, hd, div, 2);
+    else
+        st_kernels_avx2_table_get()->attn_scores(sc, q, nq, k, ldk, n, hd, div);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* exp and softmax                                                                            */
 
 /* The canonical reduction of eight lanes (hsum8 in kernels_avx2.c, the same additions). */
@@ -477,6 +602,7 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_bf16 = matmul_bf16_avx512;
     st_kernels_avx512_table.matmul_q8_0 = matmul_q8_0_avx512;
     st_kernels_avx512_table.matmul_q4_0 = matmul_q4_0_avx512;
+    st_kernels_avx512_table.attn_scores = attn_scores_avx512;
     st_kernels_avx512_table.exp_sum = exp_sum_avx512;
     st_kernels_avx512_table.softmax = softmax_avx512;
 }
