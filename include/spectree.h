@@ -647,11 +647,18 @@ st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, i
  * prefix [0, L_b) of its sequence and to the tree nodes its mask row marks; its K/V are written
  * to row L_b + i. The sequence lengths do not change (st_session_commit does that). logits:
  * (bs*n, n_vocab). Each node's logits are bitwise those of decoding its path one token at a
- * time. Requires bs*n <= n_batch and L_b + n <= n_ctx; a backend given a layout it does not
- * read is ST_ERR_INVALID. */
+ * time. logits may be NULL: the output layer is then deferred, and st_session_logits computes
+ * the logits of just the nodes a caller needs (verification walks one path). Requires
+ * bs*n <= n_batch and L_b + n <= n_ctx; a backend given a layout it does not read is
+ * ST_ERR_INVALID. */
 st_status st_session_verify(st_session *s, st_attn_backend backend, int64_t bs, int64_t n,
                             const int32_t *seqs, const st_tree *tree, const st_tree_mask *mask,
                             float *logits);
+
+/* The logits (n_vocab floats) of node i (0 <= i < bs*n) of the last st_session_verify called
+ * with logits NULL, bitwise equal to what that call would have written in row i. Valid until
+ * the next forward pass of the session (ST_ERR_INVALID after it). */
+st_status st_session_logits(st_session *s, int64_t i, float *logits);
 
 /* Commits one request after verification: the accepted nodes (root first, node-in-request
  * indices, increasing; accept_index[b][i] - b*n) move from rows [L, L+n) to [L, L+n_accept) in

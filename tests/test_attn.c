@@ -183,6 +183,25 @@ static void test_tree_attention(void **state) {
         assert_int_equal(st_session_verify(sv, ST_ATTN_DENSE, 1, N, &seq, &bd.tree, &md, ld),
                          ST_OK);
         assert_memory_equal(lc, ld, (size_t)N * V * 4);
+        /* deferred logits: the same forward without the output layer, then node by node (in
+         * reverse order) on demand: bitwise the rows written above */
+        for (int be = 0; be < 2; be++) {
+            assert_int_equal(st_session_verify(sv, be ? ST_ATTN_DENSE : ST_ATTN_CASCADE, 1, N, &seq,
+                                               be ? &bd.tree : &bc.tree, be ? &md : &mc, NULL),
+                             ST_OK);
+            float *one = malloc((size_t)V * sizeof *one);
+            for (int64_t t = N - 1; t >= 0; t--) {
+                assert_int_equal(st_session_logits(sv, t, one), ST_OK);
+                assert_memory_equal(one, lc + t * V, (size_t)V * 4);
+            }
+            assert_int_equal(st_session_logits(sv, N, one), ST_ERR_INVALID);
+            assert_int_equal(st_session_logits(sv, -1, one), ST_ERR_INVALID);
+            /* another forward pass ends them */
+            assert_int_equal(st_session_verify(sv, ST_ATTN_CASCADE, 1, N, &seq, &bc.tree, &mc, lc),
+                             ST_OK);
+            assert_int_equal(st_session_logits(sv, 0, one), ST_ERR_INVALID);
+            free(one);
+        }
         /* every node equals sequential decoding of root .. node */
         for (int64_t t = 0; t < N; t++) {
             int32_t path[64], np = 0;

@@ -27,7 +27,8 @@ static const char *help =
     "  -n N               tokens per run (default 256)\n"
     "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
     "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
-    "      --ngram-min-match N  NGRAM's shortest suffix match (default: the engine's)\n"
+    "      --ngram-min-match N, --ngram-max-match N  NGRAM's suffix match lengths (default:\n"
+    "                     the engine's)\n"
     "      --no-self      skip STANDALONE with the model as its own draft\n"
     "  -t N               threads (default: the engine's choice)\n"
     "      --json         one JSON object per drafter on stdout\n";
@@ -45,7 +46,7 @@ static double median(double *v, int n) {
 int st_bench_e2e_main(int argc, char **argv) {
     const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
     const char *drafts[MAX_DRAFTS];
-    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, no_self = 0;
+    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0;
     long n_gen = 256;
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
@@ -53,6 +54,7 @@ int st_bench_e2e_main(int argc, char **argv) {
                                        {"draft", required_argument, 0, 'd'},
                                        {"json", no_argument, 0, 'j'},
                                        {"ngram-min-match", required_argument, 0, 'g'},
+                                       {"ngram-max-match", required_argument, 0, 'G'},
                                        {"no-self", no_argument, 0, 's'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -89,6 +91,13 @@ int st_bench_e2e_main(int argc, char **argv) {
             ng_min = atoi(optarg);
             if (ng_min < 1 || ng_min > 64) {
                 fprintf(stderr, "spectree-bench e2e: --ngram-min-match must be 1..64\n");
+                return 2;
+            }
+            break;
+        case 'G':
+            ng_max = atoi(optarg);
+            if (ng_max < 1 || ng_max > 64) {
+                fprintf(stderr, "spectree-bench e2e: --ngram-max-match must be 1..64\n");
                 return 2;
             }
             break;
@@ -134,11 +143,12 @@ int st_bench_e2e_main(int argc, char **argv) {
         if (cfg == 1 && no_self)
             continue;
         st_spec_params spec = st_spec_default_params();
-        if (ng_min) {
+        if (ng_min)
             spec.ngram_min_match = ng_min;
-            if (spec.ngram_max_match < ng_min)
-                spec.ngram_max_match = ng_min;
-        }
+        if (ng_max)
+            spec.ngram_max_match = ng_max;
+        if (spec.ngram_max_match < spec.ngram_min_match)
+            spec.ngram_max_match = spec.ngram_min_match;
         spec.algo = cfg == 0 ? ST_SPEC_NGRAM : ST_SPEC_STANDALONE;
         spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
         const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : drafts[cfg - 2];

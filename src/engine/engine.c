@@ -163,7 +163,8 @@ static st_status target_token(gen *g, const float *lg, const st_sampler_params *
 
 /* The target's tokens at the nodes greedy verification visits, and only there (it reads no
  * other entry of g->tp): from the root, the target's token selects the child to accept next.
- * Each visited node costs one argmax or one sampler draw; the rest of the tree costs none. */
+ * Each visited node costs its output layer (deferred by the verify forward), one argmax or
+ * sampler draw; the rest of the tree costs none of these. */
 static st_status path_targets(gen *g, int32_t na, int32_t n, int64_t S, const st_tree *tree,
                               const st_sampler_params *sp) {
     for (int32_t a = 0; a < na; a++) {
@@ -176,8 +177,10 @@ static st_status path_targets(gen *g, int32_t na, int32_t n, int64_t S, const st
             if (row < 0 || row >= (int64_t)na * n)
                 return st_fail(ST_ERR_INVALID, "verify: tree row %lld out of range",
                                (long long)row);
-            st_status rc = target_token(g, g->logits + (size_t)row * (size_t)g->V, sp,
-                                        (int64_t)g->positions[row] + 1, &g->tp[row]);
+            float *lg = g->logits + (size_t)row * (size_t)g->V;
+            st_status rc = st_session_logits(g->s, row, lg);
+            if (!rc)
+                rc = target_token(g, lg, sp, (int64_t)g->positions[row] + 1, &g->tp[row]);
             if (rc)
                 return rc;
             if (j == S)
@@ -404,11 +407,11 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
             if ((rc = st_tree_build(&shape, &in, &tree, &mk)))
                 goto done;
             double tv = st_time_now();
-            if ((rc = st_session_verify(g.s, sp.backend, na, nstep, g.seqs, &tree, &mk, g.logits)))
+            if ((rc = st_session_verify(g.s, sp.backend, na, nstep, g.seqs, &tree, &mk, NULL)))
                 goto done;
-            verify_s += st_time_now() - tv;
             if ((rc = path_targets(&g, na, nstep, S, &tree, sampler)))
                 goto done;
+            verify_s += st_time_now() - tv; /* the forward and the logits it deferred */
             if ((rc = st_verify_tree_greedy(na, nstep, S, &tree, g.tp, g.pred, g.acc, g.n_acc)))
                 goto done;
             for (int32_t a = 0; a < na; a++) {

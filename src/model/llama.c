@@ -787,14 +787,30 @@ st_status st_forward(st_session *s, const st_fwd *f) {
             s->x[i] += s->tmp[i];
     }
     int64_t n_out = T - f->logits_from;
-    if (f->hidden || (f->logits && n_out > 0)) {
+    s->n_deferred = 0;
+    if (f->hidden || (f->logits && n_out > 0) || f->defer_logits) {
         for (int64_t i = 0; i < T; i++)
             rmsnorm(k, s->xb + i * E, s->x + i * E, m->out_norm, E, hp->rms_eps);
         if (f->hidden)
             memcpy(f->hidden, s->xb, (size_t)(T * E) * sizeof(float));
         if (f->logits && n_out > 0)
             matmul1(s, &m->output, f->logits, s->xb + f->logits_from * E, n_out);
+        else if (f->defer_logits)
+            s->n_deferred = (int32_t)T;
     }
+    return ST_OK;
+}
+
+st_status st_session_logits(st_session *s, int64_t i, float *logits) {
+    if (!s || !logits)
+        return st_fail(ST_ERR_INVALID, "logits: NULL argument");
+    if (i < 0 || i >= s->n_deferred)
+        return st_fail(ST_ERR_INVALID,
+                       "logits: node %lld is not one of the %d nodes of the last deferred "
+                       "verify",
+                       (long long)i, s->n_deferred);
+    /* one row of the output layer: the same canonical reductions as a batch (invariant 1) */
+    matmul1(s, &s->m->output, logits, s->xb + i * s->m->hp.n_embd, 1);
     return ST_OK;
 }
 

@@ -58,6 +58,8 @@ typedef struct st_fwd {
     int32_t logits_from;               /* tokens i >= logits_from get logits ... */
     float *logits;                     /* ... in row i - logits_from, (n - logits_from, n_vocab) */
     float *hidden;                     /* optional (n, n_embd): final-normed hidden states */
+    int32_t defer_logits; /* keep the final-normed states of all n tokens in the session for
+                           * st_session_logits instead of computing logits */
 } st_fwd;
 
 /* Tokens per attention work item: their shared prefix is streamed once for all of them. */
@@ -74,16 +76,17 @@ struct st_session {
     float *rope_cos;  /* (n_ctx, n_rot/2) */
     float *rope_sin;  /* (n_ctx, n_rot/2) */
     /* scratch for n_batch tokens */
-    float *x;         /* (n_batch, n_embd) residual stream */
-    float *xb;        /* (n_batch, n_embd) normed input */
-    float *q;         /* (n_batch, n_head*head_dim) */
-    float *kt;        /* (n_batch, n_head_kv*head_dim) */
-    float *vt;        /* (n_batch, n_head_kv*head_dim) */
-    float *att;       /* (n_batch, n_head*head_dim) attention output */
-    float *hb;        /* (n_batch, n_ff) */
-    float *hb2;       /* (n_batch, n_ff) */
-    float *tmp;       /* (n_batch, n_embd) matmul output before the residual add */
-    st_block_q8x *xq; /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
+    float *x;           /* (n_batch, n_embd) residual stream */
+    float *xb;          /* (n_batch, n_embd) normed input */
+    int32_t n_deferred; /* rows of xb that hold final-normed states for st_session_logits */
+    float *q;           /* (n_batch, n_head*head_dim) */
+    float *kt;          /* (n_batch, n_head_kv*head_dim) */
+    float *vt;          /* (n_batch, n_head_kv*head_dim) */
+    float *att;         /* (n_batch, n_head*head_dim) attention output */
+    float *hb;          /* (n_batch, n_ff) */
+    float *hb2;         /* (n_batch, n_ff) */
+    float *tmp;         /* (n_batch, n_embd) matmul output before the residual add */
+    st_block_q8x *xq;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
     float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
     float *logits_tmp; /* (1, n_vocab) */
     /* per-token attention descriptions for st_session_eval */

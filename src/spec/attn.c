@@ -224,7 +224,8 @@ st_status st_session_verify(st_session *s, st_attn_backend backend, int64_t bs, 
                 .extra_off = off,
                 .extra_rows = s->b_extra,
                 .logits_from = 0,
-                .logits = logits};
+                .logits = logits,
+                .defer_logits = logits == NULL};
     return st_forward(s, &f);
 }
 
