@@ -688,8 +688,8 @@ typedef struct st_spec_params {
     int32_t topk;                /* K: branching; 0 = auto; K = 1 forces N = S + 1 */
     int32_t num_draft_tokens;    /* N: verified nodes incl. the root (<= 64); 0 = auto */
     st_attn_backend backend;     /* target-verify attention (default cascade) */
-    int32_t ngram_min_match;     /* NGRAM: shortest suffix matched (default 3) */
-    int32_t ngram_max_match;     /* NGRAM: longest suffix matched (default 4) */
+    int32_t ngram_min_match;     /* NGRAM: shortest suffix matched (default 1) */
+    int32_t ngram_max_match;     /* NGRAM: longest suffix matched (default 8) */
     int32_t ngram_breadth;       /* NGRAM: most matches merged (default 8) */
 } st_spec_params;
 

@@ -84,7 +84,8 @@ static const char *generate_help =
     "      --speculative-eagle-topk K|auto       branching per node (default auto; K=1: chain)\n"
     "      --speculative-num-draft-tokens N|auto verified tree nodes incl. the root (<= 64)\n"
     "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
-    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (3, 4, 8)\n"
+    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 8, 8);\n"
+    "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
     "  -h, --help           this help\n";
 
@@ -208,6 +209,8 @@ static int cmd_generate(int argc, char **argv) {
         {"attention-backend", required_argument, 0, O_BACKEND},
         {"ngram-min-match", required_argument, 0, O_NG_MIN},
         {"ngram-max-match", required_argument, 0, O_NG_MAX},
+        {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
+        {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
         {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};

@@ -23,7 +23,7 @@ struct st_drafter {
     void (*free)(st_drafter *d);
     double ms;     /* time spent drafting, accumulated by the drafter */
     int64_t evals; /* tokens the drafter's model evaluated (0 for model-free drafters) */
-    int32_t conf;  /* confidence class of the last proposal, 0..7 (the auto controller
+    int32_t conf;  /* confidence class of the last proposal, 0..15 (the auto controller
                     * calibrates acceptance per class; model drafters leave it 0) */
 };
 

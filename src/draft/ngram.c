@@ -184,9 +184,13 @@ static st_status ngram_propose(st_drafter *d, const int32_t *hist, int64_t n_his
         memcpy(g->level, g->next, (size_t)K * sizeof *g->level);
         lp += K;
     }
-    /* confidence class: the match length (1, 2, 3, 4+) and whether several occurrences agreed
-     * to be merged */
-    d->conf = best_len < 1 ? 0 : (best_len > 4 ? 3 : best_len - 1) + (found > 1 ? 4 : 0);
+    /* confidence class: the match length (1, 2, 3, 4-5, 6-7, 8+) and whether several
+     * occurrences were merged */
+    const int32_t ml_class = best_len <= 3   ? (best_len > 0 ? best_len - 1 : 0)
+                             : best_len <= 5 ? 3
+                             : best_len <= 7 ? 4
+                                             : 5;
+    d->conf = ml_class + (found > 1 ? 6 : 0);
     *n_real = real;
     d->ms += (st_time_now() - t0) * 1e3;
     return ST_OK;

@@ -10,7 +10,7 @@
 #include <string.h>
 
 enum {
-    CTL_CLASSES = 8,
+    CTL_CLASSES = 16,
     CTL_DEPTHS = 8,
     CTL_BINS = 5,
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,

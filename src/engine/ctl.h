@@ -29,7 +29,7 @@ void st_ctl_free(st_ctl *c);
 
 /* Ranks the candidates of active slot a (sequence b, whose history has n_hist tokens) as
  * st_tree_organize would select them, estimates each node's acceptance and records the
- * proposal as a shadow. conf: the drafter's confidence class (0 .. 7). */
+ * proposal as a shadow. conf: the drafter's confidence class (0 .. 15). */
 void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const float *scores,
                  const int32_t *tokens, const int64_t *level_parents, int64_t n_hist, int32_t conf);
 

@@ -44,8 +44,8 @@ const char *st_spec_algo_name(st_spec_algo a) {
 st_spec_params st_spec_default_params(void) {
     st_spec_params p = {.algo = ST_SPEC_NONE,
                         .backend = ST_ATTN_CASCADE,
-                        .ngram_min_match = 3,
-                        .ngram_max_match = 4,
+                        .ngram_min_match = 1,
+                        .ngram_max_match = 8,
                         .ngram_breadth = 8};
     return p;
 }
