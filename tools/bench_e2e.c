@@ -30,6 +30,7 @@ static const char *help =
     "      --ngram-min-match N, --ngram-max-match N  NGRAM's suffix match lengths (default:\n"
     "                     the engine's)\n"
     "      --no-self      skip STANDALONE with the model as its own draft\n"
+    "      --topk K, --steps S  the drafters' (K, S) pool (default: auto)\n"
     "  -t N               threads (default: the engine's choice)\n"
     "      --json         one JSON object per drafter on stdout\n";
 
@@ -46,7 +47,8 @@ static double median(double *v, int n) {
 int st_bench_e2e_main(int argc, char **argv) {
     const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
     const char *drafts[MAX_DRAFTS];
-    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0;
+    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0,
+        topk = 0, nsteps = 0;
     long n_gen = 256;
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
@@ -56,6 +58,8 @@ int st_bench_e2e_main(int argc, char **argv) {
                                        {"ngram-min-match", required_argument, 0, 'g'},
                                        {"ngram-max-match", required_argument, 0, 'G'},
                                        {"no-self", no_argument, 0, 's'},
+                                       {"topk", required_argument, 0, 'k'},
+                                       {"steps", required_argument, 0, 'S'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -104,6 +108,12 @@ int st_bench_e2e_main(int argc, char **argv) {
         case 's':
             no_self = 1;
             break;
+        case 'k':
+            topk = atoi(optarg);
+            break;
+        case 'S':
+            nsteps = atoi(optarg);
+            break;
         case 'h':
             fputs(help, stdout);
             return 0;
@@ -112,8 +122,12 @@ int st_bench_e2e_main(int argc, char **argv) {
             return 2;
         }
     }
-    if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0) {
-        fprintf(stderr, "spectree-bench e2e: -n must be 1..100000, --reps 1..%d\n", MAX_REPS);
+    if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0 || topk < 0 ||
+        topk > 8 || nsteps < 0 || nsteps > 16) {
+        fprintf(stderr,
+                "spectree-bench e2e: -n must be 1..100000, --reps 1..%d, --topk 0..8, --steps "
+                "0..16\n",
+                MAX_REPS);
         return 2;
     }
     st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
@@ -147,6 +161,8 @@ int st_bench_e2e_main(int argc, char **argv) {
             spec.ngram_min_match = ng_min;
         if (ng_max)
             spec.ngram_max_match = ng_max;
+        spec.topk = topk;
+        spec.num_steps = nsteps;
         if (spec.ngram_max_match < spec.ngram_min_match)
             spec.ngram_max_match = spec.ngram_min_match;
         spec.algo = cfg == 0 ? ST_SPEC_NGRAM : ST_SPEC_STANDALONE;
