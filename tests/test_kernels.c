@@ -186,52 +186,82 @@ static void test_attn_small(void **state) {
                 }
 }
 
-/* softmax against the reference: every length 0 .. 300 with scores of several scales, masked
- * (-inf) keys, all masked, NaN, +inf, huge and tiny scores, zeros of both signs. */
-static void test_softmax(void **state) {
-    (void)state;
-    const st_kernels *r = st_kernels_ref(), *fast[2];
-    const int nfast = fast_tables(fast);
+/* Scores of one head for the softmax tests; kind 0 .. 9 (see the comments), 0 .. 2 ordinary. */
+static void fill_scores(float *x, int64_t n, int kind) {
     const float special[] = {-INFINITY, 0.0f,   -0.0f,   1e-30f,  -1e-30f, 3.0e38f,
                              -3.0e38f,  -87.0f, 88.0f,   -100.0f, 100.0f,  NAN,
                              INFINITY,  1e-45f, -1e-45f, 1.0f};
     const int nsp = (int)(sizeof special / sizeof special[0]);
-    for (int ia = 0; ia < nfast; ia++)
+    fill(x, n, kind == 0 ? 1.0f : kind == 1 ? 30.0f : 200.0f);
+    for (int64_t i = 0; i < n; i++) {
+        if (kind == 3 && i % 3 != 1) /* masked keys */
+            x[i] = -INFINITY;
+        else if (kind == 4) /* all masked */
+            x[i] = -INFINITY;
+        else if (kind == 5) /* zeros of both signs, the max among them */
+            x[i] = i % 2 ? -0.0f : (i % 5 ? -fabsf(x[i]) : 0.0f);
+        else if (kind == 6) /* one special value, the rest ordinary */
+            x[i] = i == n / 2 ? special[n % nsp] : x[i];
+        else if (kind == 7) /* specials scattered */
+            x[i] = i % 3 == 0 ? special[(i / 3) % nsp] : x[i];
+        else if (kind == 8) /* NaN and -inf, ordinary scores in between */
+            x[i] = i % 2 ? NAN : (i % 4 ? -INFINITY : x[i]);
+        else if (kind == 9) /* NaN everywhere after the first score */
+            x[i] = i > 0 ? NAN : x[i];
+    }
+}
+
+/* One softmax call of `rows` heads (kinds[r]) of n scores, ld apart with a guard in between,
+ * against the reference. */
+static void check_softmax(const st_kernels *a, int64_t n, int64_t rows, int64_t ld,
+                          const int *kinds) {
+    const st_kernels *r = st_kernels_ref();
+    const int64_t len = rows > 0 ? (rows - 1) * ld + n : 0;
+    float *x1 = malloc((size_t)(len > 0 ? len : 1) * 4),
+          *x2 = malloc((size_t)(len > 0 ? len : 1) * 4);
+    float s1[8], s2[8];
+    fill(x1, len, 1.0f); /* the guards */
+    for (int64_t h = 0; h < rows; h++)
+        fill_scores(x1 + h * ld, n, kinds[h]);
+    memcpy(x2, x1, (size_t)len * 4);
+    r->softmax(x1, n, rows, ld, s1);
+    a->softmax(x2, n, rows, ld, s2);
+    assert_memory_equal(s1, s2, (size_t)rows * 4);
+    assert_memory_equal(x1, x2, (size_t)len * 4);
+    for (int64_t h = 0; h < rows; h++) {
+        if (kinds[h] == 4 || n == 0) {
+            assert_true(s1[h] == 0.0f);
+        } else if (kinds[h] <= 2) { /* a proper distribution */
+            double t = 0;
+            for (int64_t i = 0; i < n; i++)
+                t += x1[h * ld + i];
+            assert_true(s1[h] >= 1.0f && fabs(t - 1.0) < 1e-5);
+        }
+    }
+    free(x1), free(x2);
+}
+
+/* softmax against the reference: one head of every length 0 .. 300 with scores of several
+ * scales, masked (-inf) keys, all masked, NaN, +inf, huge and tiny scores, zeros of both signs;
+ * then 1 .. 7 heads per call (interleaved in groups of 4, 2, 1) of ordinary scores only and
+ * mixed with heads that have no maximum or no positive sum. */
+static void test_softmax(void **state) {
+    (void)state;
+    const st_kernels *fast[2];
+    const int nfast = fast_tables(fast);
+    for (int ia = 0; ia < nfast; ia++) {
         for (int64_t n = 0; n <= 300; n++)
-            for (int kind = 0; kind < 10; kind++) {
-                const st_kernels *a = fast[ia];
-                float *x1 = malloc((size_t)(n > 0 ? n : 1) * 4);
-                float *x2 = malloc((size_t)(n > 0 ? n : 1) * 4);
-                fill(x1, n, kind == 0 ? 1.0f : kind == 1 ? 30.0f : 200.0f);
-                for (int64_t i = 0; i < n; i++) {
-                    if (kind == 3 && i % 3 != 1) /* masked keys */
-                        x1[i] = -INFINITY;
-                    else if (kind == 4) /* all masked */
-                        x1[i] = -INFINITY;
-                    else if (kind == 5) /* zeros of both signs, the max among them */
-                        x1[i] = i % 2 ? -0.0f : (i % 5 ? -fabsf(x1[i]) : 0.0f);
-                    else if (kind == 6) /* one special value, the rest ordinary */
-                        x1[i] = i == n / 2 ? special[n % nsp] : x1[i];
-                    else if (kind == 7) /* specials scattered */
-                        x1[i] = i % 3 == 0 ? special[(i / 3) % nsp] : x1[i];
-                    else if (kind == 8) /* NaN and -inf, ordinary scores in between */
-                        x1[i] = i % 2 ? NAN : (i % 4 ? -INFINITY : x1[i]);
-                    else if (kind == 9) /* NaN everywhere after the first score */
-                        x1[i] = i > 0 ? NAN : x1[i];
+            for (int kind = 0; kind < 10; kind++)
+                check_softmax(fast[ia], n, 1, n, &kind);
+        for (int64_t n = 0; n <= 70; n += n < 40 ? 1 : 15)
+            for (int64_t rows = 1; rows <= 7; rows++)
+                for (int mix = 0; mix < 12; mix++) {
+                    int kinds[8];
+                    for (int h = 0; h < rows; h++)
+                        kinds[h] = mix < 2 ? (h + mix) % 3 : (mix + 3 * h) % 10;
+                    check_softmax(fast[ia], n, rows, n + 1 + mix % 3, kinds);
                 }
-                memcpy(x2, x1, (size_t)n * 4);
-                const float m1 = r->softmax(x1, n), m2 = a->softmax(x2, n);
-                assert_memory_equal(&m1, &m2, 4);
-                assert_memory_equal(x1, x2, (size_t)n * 4);
-                if (kind == 4 || n == 0)
-                    assert_true(m1 == 0.0f);
-                else if (kind <= 2) { /* a proper distribution */
-                    double t = 0;
-                    for (int64_t i = 0; i < n; i++)
-                        t += x1[i];
-                    assert_true(m1 >= 1.0f && fabs(t - 1.0) < 1e-5);
-                }
-            }
+    }
 }
 
 /* exp_sum and silu_mul of every table against the scalar twin, special values included, on

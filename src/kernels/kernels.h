@@ -76,11 +76,13 @@ typedef struct st_kernels {
      * sum with eight lanes (lane = i mod 8) and the canonical final reduction. exp is the
      * project's own polynomial (st_expf_ref), identical in every table. */
     float (*exp_sum)(float *x, int64_t n, float mx);
-    /* Softmax of one head's scores, in place: mx = max x[i] (NaNs never count; -inf if none;
-     * the sign of a zero max cannot change the results), sum = mx == -inf ? 0 :
-     * exp_sum(x, n, mx), then if sum > 0, x[i] = x[i] / sum (one IEEE division) for i < n.
-     * Returns sum; !(sum > 0) means the head has no usable key (all -inf, or NaN). */
-    float (*softmax)(float *x, int64_t n);
+    /* Softmax of the scores of `rows` heads, in place, n scores per head, head r at x + r*ld:
+     * per head, mx = max x[i] (NaNs never count; -inf if none; the sign of a zero max cannot
+     * change the results), sum = mx == -inf ? 0 : exp_sum(x, n, mx), then if sum > 0,
+     * x[i] = x[i] / sum (one IEEE division) for i < n; sum[r] = sum. !(sum[r] > 0) means head
+     * r has no usable key (all -inf, or NaN). The heads are independent (their chains are
+     * interleaved for speed). */
+    void (*softmax)(float *x, int64_t n, int64_t rows, int64_t ld, float *sum);
     /* SwiGLU: g[i] = (g[i] / (1 + exp(-g[i]))) * u[i] for i < n, exp = st_expf_ref. */
     void (*silu_mul)(float *g, const float *u, int64_t n);
     /* Quantizes K floats (K a multiple of 32) into K/32 blocks: d = max|x|/127, q = round(x/d). */

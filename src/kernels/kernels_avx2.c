@@ -409,32 +409,6 @@ ST_INLINE __m256 exp_lanes(float *x, int64_t n, float mx) {
 
 static float exp_sum_avx2(float *x, int64_t n, float mx) { return hsum8(exp_lanes(x, n, mx)); }
 
-/* The largest of x[0 .. n) (NaNs never count: max_ps returns its second operand, the running
- * maximum, when the first is NaN), -inf if none. */
-ST_INLINE float max_avx2(const float *x, int64_t n) {
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 m0 = ninf, m1 = ninf;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
-        m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
-    }
-    if (i + 8 <= n) {
-        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
-        i += 8;
-    }
-    if (i < n) {
-        const __m256i mk = tail_mask(n - i);
-        m1 = _mm256_max_ps(
-            _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, mk), _mm256_castsi256_ps(mk)), m1);
-    }
-    m0 = _mm256_max_ps(m0, m1);
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
 /* x[i] / sum for i < n. */
 ST_INLINE void div_avx2(float *x, int64_t n, float sum) {
     const __m256 vs = _mm256_set1_ps(sum);
@@ -447,14 +421,105 @@ ST_INLINE void div_avx2(float *x, int64_t n, float sum) {
     }
 }
 
-static float softmax_avx2(float *x, int64_t n) {
-    const float mx = max_avx2(x, n);
-    if (mx == -INFINITY)
-        return 0.0f;
-    const float sum = hsum8(exp_lanes(x, n, mx));
-    if (sum > 0.0f)
-        div_avx2(x, n, sum);
-    return sum;
+/* The largest lane of m (no NaN in m: any order gives the maximum). */
+static inline float hmax8(__m256 m) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+/* The softmax of R heads at once: each pass (max, exp and sum, division) runs over the R rows
+ * side by side, so their dependency chains overlap. The max: max_ps returns its second operand,
+ * the running maximum, when the first is NaN, so NaNs never count. A head without a maximum
+ * (or, after the sums, without a positive sum) is finished on its own. */
+ST_INLINE void softmax_rows_avx2(float *x, int64_t n, int64_t ld, float *sums, const int R) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m[4], acc[4], vm[4];
+    ST_UNROLL
+    for (int r = 0; r < R; r++)
+        m[r] = ninf;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        m[r] = _mm256_max_ps(_mm256_loadu_ps(x + r * ld + i), m[r]);
+    const __m256i mk = tail_mask(n - i);
+    if (i < n)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        m[r] = _mm256_max_ps(
+            _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + r * ld + i, mk), _mm256_castsi256_ps(mk)),
+            m[r]);
+    float mx[4];
+    int live = 1;
+    ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        mx[r] = hmax8(m[r]);
+        live &= mx[r] != -INFINITY;
+    }
+    if (!live) {
+        for (int r = 0; r < R; r++) {
+            sums[r] = mx[r] == -INFINITY ? 0.0f : hsum8(exp_lanes(x + r * ld, n, mx[r]));
+            if (sums[r] > 0.0f)
+                div_avx2(x + r * ld, n, sums[r]);
+        }
+        return;
+    }
+    ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_setzero_ps();
+        vm[r] = _mm256_set1_ps(mx[r]);
+    }
+    for (i = 0; i + 8 <= n; i += 8)
+        ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        const __m256 y = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + r * ld + i), vm[r]));
+        _mm256_storeu_ps(x + r * ld + i, y);
+        acc[r] = _mm256_add_ps(acc[r], y);
+    }
+    if (i < n)
+        ST_UNROLL
+    for (int r = 0; r < R; r++) { /* exp_lanes' tail: +0 in the missing lanes */
+        __m256 y = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + r * ld + i, mk), vm[r]));
+        y = _mm256_and_ps(y, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(x + r * ld + i, mk, y);
+        acc[r] = _mm256_add_ps(acc[r], y);
+    }
+    int pos = 1;
+    ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        sums[r] = hsum8(acc[r]);
+        pos &= sums[r] > 0.0f;
+        vm[r] = _mm256_set1_ps(sums[r]);
+    }
+    if (!pos) {
+        for (int r = 0; r < R; r++)
+            if (sums[r] > 0.0f)
+                div_avx2(x + r * ld, n, sums[r]);
+        return;
+    }
+    for (i = 0; i + 8 <= n; i += 8)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(x + r * ld + i, _mm256_div_ps(_mm256_loadu_ps(x + r * ld + i), vm[r]));
+    if (i < n)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        _mm256_maskstore_ps(x + r * ld + i, mk,
+                            _mm256_div_ps(_mm256_maskload_ps(x + r * ld + i, mk), vm[r]));
+}
+
+/* Heads four at a time, then two, then one. */
+static void softmax_avx2(float *x, int64_t n, int64_t rows, int64_t ld, float *sums) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        softmax_rows_avx2(x + r * ld, n, ld, sums + r, 4);
+    if (rows - r >= 2) {
+        softmax_rows_avx2(x + r * ld, n, ld, sums + r, 2);
+        r += 2;
+    }
+    if (r < rows)
+        softmax_rows_avx2(x + r * ld, n, ld, sums + r, 1);
 }
 
 static inline __m256 silu_mul8(__m256 g, __m256 u) {

@@ -566,30 +566,110 @@ ST_INLINE __m256 exp_lanes16(float *x, int64_t n, float mx) {
 
 static float exp_sum_avx512(float *x, int64_t n, float mx) { return hsum8(exp_lanes16(x, n, mx)); }
 
-/* The softmax of kernels_avx2.c with sixteen lanes: max_ps keeps the running maximum (its
- * second operand) when the input is NaN; the exp sums keep their canonical lanes. */
-static float softmax_avx512(float *x, int64_t n) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 m = ninf;
+/* x[i] / sum for i < n. */
+ST_INLINE void div16(float *x, int64_t n, float sum) {
+    const __m512 vs = _mm512_set1_ps(sum);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
-    if (i < n)
-        m = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, (__mmask16)((1u << (n - i)) - 1), x + i), m);
-    const float mx = _mm512_reduce_max_ps(m); /* no NaN left: any order gives the maximum */
-    if (mx == -INFINITY)
-        return 0.0f;
-    const float sum = hsum8(exp_lanes16(x, n, mx));
-    if (!(sum > 0.0f))
-        return sum;
-    const __m512 vs = _mm512_set1_ps(sum);
-    for (i = 0; i + 16 <= n; i += 16)
         _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), vs));
     if (i < n) {
         const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(x + i, mk, _mm512_div_ps(_mm512_maskz_loadu_ps(mk, x + i), vs));
     }
-    return sum;
+}
+
+/* softmax_rows_avx2 (kernels_avx2.c) with sixteen lanes: R heads side by side in every pass;
+ * max_ps keeps the running maximum (its second operand) when the input is NaN; the exp sums
+ * keep their canonical lanes. */
+ST_INLINE void softmax_rows16(float *x, int64_t n, int64_t ld, float *sums, const int R) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m[4], v[4];
+    __m256 acc[4];
+    ST_UNROLL
+    for (int r = 0; r < R; r++)
+        m[r] = ninf;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        m[r] = _mm512_max_ps(_mm512_loadu_ps(x + r * ld + i), m[r]);
+    const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+    if (i < n)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        m[r] = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, mk, x + r * ld + i), m[r]);
+    float mx[4];
+    int live = 1;
+    ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        mx[r] = _mm512_reduce_max_ps(m[r]); /* no NaN left: any order gives the maximum */
+        live &= mx[r] != -INFINITY;
+    }
+    if (!live) {
+        for (int r = 0; r < R; r++) {
+            sums[r] = mx[r] == -INFINITY ? 0.0f : hsum8(exp_lanes16(x + r * ld, n, mx[r]));
+            if (sums[r] > 0.0f)
+                div16(x + r * ld, n, sums[r]);
+        }
+        return;
+    }
+    ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_setzero_ps();
+        v[r] = _mm512_set1_ps(mx[r]);
+    }
+    for (i = 0; i + 16 <= n; i += 16)
+        ST_UNROLL
+    for (int r = 0; r < R; r++) { /* exp_lanes16, R rows side by side */
+        const __m512 y = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + r * ld + i), v[r]));
+        _mm512_storeu_ps(x + r * ld + i, y);
+        acc[r] = _mm256_add_ps(acc[r], _mm512_castps512_ps256(y));
+        acc[r] = _mm256_add_ps(acc[r], _mm512_extractf32x8_ps(y, 1));
+    }
+    if (i < n)
+        ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        const __m512 y = _mm512_maskz_mov_ps(
+            mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + r * ld + i), v[r])));
+        _mm512_mask_storeu_ps(x + r * ld + i, mk, y);
+        acc[r] = _mm256_add_ps(acc[r], _mm512_castps512_ps256(y));
+        if (n - i > 8)
+            acc[r] = _mm256_add_ps(acc[r], _mm512_extractf32x8_ps(y, 1));
+    }
+    int pos = 1;
+    ST_UNROLL
+    for (int r = 0; r < R; r++) {
+        sums[r] = hsum8(acc[r]);
+        pos &= sums[r] > 0.0f;
+        v[r] = _mm512_set1_ps(sums[r]);
+    }
+    if (!pos) {
+        for (int r = 0; r < R; r++)
+            if (sums[r] > 0.0f)
+                div16(x + r * ld, n, sums[r]);
+        return;
+    }
+    for (i = 0; i + 16 <= n; i += 16)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(x + r * ld + i, _mm512_div_ps(_mm512_loadu_ps(x + r * ld + i), v[r]));
+    if (i < n)
+        ST_UNROLL
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(x + r * ld + i, mk,
+                              _mm512_div_ps(_mm512_maskz_loadu_ps(mk, x + r * ld + i), v[r]));
+}
+
+static void softmax_avx512(float *x, int64_t n, int64_t rows, int64_t ld, float *sums) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        softmax_rows16(x + r * ld, n, ld, sums + r, 4);
+    if (rows - r >= 2) {
+        softmax_rows16(x + r * ld, n, ld, sums + r, 2);
+        r += 2;
+    }
+    if (r < rows)
+        softmax_rows16(x + r * ld, n, ld, sums + r, 1);
 }
 
 static st_kernels st_kernels_avx512_table;

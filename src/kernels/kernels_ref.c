@@ -57,15 +57,17 @@ static float exp_sum_ref(float *x, int64_t n, float mx) {
     return reduce8(acc);
 }
 
-static float softmax_ref(float *x, int64_t n) {
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    const float sum = mx == -INFINITY ? 0.0f : exp_sum_ref(x, n, mx);
-    if (sum > 0.0f)
+static void softmax_ref(float *xs, int64_t n, int64_t rows, int64_t ld, float *sums) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = xs + r * ld, mx = -INFINITY;
         for (int64_t i = 0; i < n; i++)
-            x[i] = x[i] / sum;
-    return sum;
+            mx = x[i] > mx ? x[i] : mx;
+        const float sum = mx == -INFINITY ? 0.0f : exp_sum_ref(x, n, mx);
+        if (sum > 0.0f)
+            for (int64_t i = 0; i < n; i++)
+                x[i] = x[i] / sum;
+        sums[r] = sum;
+    }
 }
 
 static void attn_scores_ref(float *const *sc, const float *const *q, int64_t nq, const float *k,

@@ -657,9 +657,12 @@ static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t
          * a zero output */
         const int32_t n = tok_n(f, i);
         float *st = tok_scores(s, f, i, i0, sc);
-        for (int32_t h = 0; h < g; h++) {
-            float *sh = st + (int64_t)h * (n + 1);
-            sh[n] = s->kern->softmax(sh, n) > 0.0f ? 0.0f : 1.0f;
+        for (int32_t h0 = 0; h0 < g; h0 += 16) {
+            const int32_t nh = g - h0 < 16 ? g - h0 : 16;
+            float *sh = st + (int64_t)h0 * (n + 1), sums[16];
+            s->kern->softmax(sh, n, nh, n + 1, sums);
+            for (int32_t h = 0; h < nh; h++)
+                sh[(int64_t)h * (n + 1) + n] = sums[h] > 0.0f ? 0.0f : 1.0f;
         }
         memset(s->att + (int64_t)i * Q + (int64_t)kvh * g * hd, 0,
                (size_t)g * (size_t)hd * sizeof(float));
