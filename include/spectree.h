@@ -706,7 +706,9 @@ typedef struct st_gen_stats {
     double draft_ms, verify_ms; /* drafting; target verify forward passes */
     double overhead_ms;         /* gen_ms - draft_ms - verify_ms: tree, mask, sampling, commit */
     double prompt_tok_s, gen_tok_s;
-    int32_t num_steps, topk, num_draft_tokens; /* the tree shape used last */
+    int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and the largest tree N */
+    int32_t auto_shape;  /* 1: `auto` chose each step's tree (at most N tokens) */
+    int64_t tree_tokens; /* tokens of all verified trees (mean tree: / spec_steps) */
 } st_gen_stats;
 
 /* Called for each generated token in order; return nonzero to stop generation there. */

@@ -141,7 +141,7 @@ static void test_choice(void **state) {
             assert_int_equal(st_ctl_choose(c, 1, &g), 1);
             st_ctl_time_plain(c, 1e-3);
             for (int32_t T = 2; T <= N; T++) /* verify cost: 0.2 or 1.0 plain tokens per token */
-                for (int r = 0; r < 4; r++)
+                for (int r = 0; r < 30; r++) /* (the prior's weight fades with measurements) */
                     st_ctl_time_verify(c, T, 1e-3 * (1.0 + (cheap ? 0.2 : 1.0) * (T - 1)));
             for (int step = 0; step < 60; step++)
                 feed_chain(c, S, hist, &n_hist, correct);
@@ -149,7 +149,7 @@ static void test_choice(void **state) {
             const int32_t n = st_ctl_choose(c, 1, &g);
             if (correct && cheap) {
                 assert_int_equal(n, N); /* every node pays */
-                assert_true(g > 3.0);
+                assert_true(g > 2.5);
             } else {
                 /* wrong drafts never pay; right ones do not when a verified token costs as
                  * much as a decoded one (expected gain <= 1) */

@@ -377,13 +377,14 @@ static int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.gen_tokens,
             gs.gen_ms, gs.gen_tok_s);
     if (o.spec.algo != ST_SPEC_NONE) {
+        const double mean_tree = gs.spec_steps ? (double)gs.tree_tokens / gs.spec_steps : 0.0;
         fprintf(stderr,
-                "speculative: %s, K=%d S=%d N=%d, %s attention: %" PRId64
+                "speculative: %s, %sK=%d S=%d N=%d (mean tree %.1f tokens), %s attention: %" PRId64
                 " speculative steps (+%" PRId64 " plain), tau %.2f tokens/step; draft %.1f ms, "
                 "verify %.1f ms, overhead %.1f ms\n",
-                st_spec_algo_name(o.spec.algo), gs.topk, gs.num_steps, gs.num_draft_tokens,
-                st_attn_backend_name(o.spec.backend), gs.spec_steps, gs.plain_steps, gs.tau,
-                gs.draft_ms, gs.verify_ms, gs.overhead_ms);
+                st_spec_algo_name(o.spec.algo), gs.auto_shape ? "auto, " : "", gs.topk,
+                gs.num_steps, gs.num_draft_tokens, mean_tree, st_attn_backend_name(o.spec.backend),
+                gs.spec_steps, gs.plain_steps, gs.tau, gs.draft_ms, gs.verify_ms, gs.overhead_ms);
         fprintf(stderr, "accepted drafts per step:");
         for (int k = 0; k <= gs.num_steps && k < 65; k++)
             fprintf(stderr, " %d:%" PRId64, k, gs.accept_hist[k]);
@@ -401,11 +402,13 @@ static int cmd_generate(int argc, char **argv) {
         int top = o.spec.algo != ST_SPEC_NONE ? gs.num_steps : 0;
         for (int k = 0; k <= top && k < 65; k++)
             fprintf(stderr, k ? ", %" PRId64 : "%" PRId64, gs.accept_hist[k]);
-        fprintf(stderr,
-                "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
-                "\"num_steps\": %d, \"num_draft_tokens\": %d, \"attention_backend\": \"%s\"}\n",
-                gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps,
-                gs.num_draft_tokens, st_attn_backend_name(o.spec.backend));
+        fprintf(
+            stderr,
+            "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
+            "\"num_steps\": %d, \"num_draft_tokens\": %d, \"auto\": %s, \"tree_tokens\": %" PRId64
+            ", \"attention_backend\": \"%s\"}\n",
+            gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
+            gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend));
     }
     rc = 0;
 done:

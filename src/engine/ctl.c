@@ -10,6 +10,7 @@
 #include <string.h>
 
 enum {
+    ST_CTL_MAX_N = 64, /* largest tree (the engine's limit) */
     CTL_CLASSES = 16,
     CTL_DEPTHS = 8,
     CTL_BINS = 5,
@@ -20,6 +21,10 @@ enum {
 /* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
 #define CTL_PRIOR_SCALE 0.6
 #define CTL_PRIOR_WEIGHT 2.0
+/* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
+ * measurements' average blended with this, worth one measurement). */
+#define CTL_PRIOR_SLOPE 0.6
+#define CTL_PRIOR_RATIO(T) (1.0 + CTL_PRIOR_SLOPE * (double)((T)-1))
 
 typedef struct shadow {
     int64_t n0; /* history length when proposed: a depth-d node predicts hist[n0 + d - 1] */
@@ -69,7 +74,7 @@ void st_ctl_free(st_ctl *c) {
 
 st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **out) {
     *out = NULL;
-    if (bs < 1 || N < 2 || K < 1 || S < 1)
+    if (bs < 1 || N < 2 || N > ST_CTL_MAX_N || K < 1 || S < 1)
         return st_fail(ST_ERR_INVALID, "controller: bad shape");
     st_ctl *c = st_calloc(1, sizeof *c);
     if (!c)
@@ -230,8 +235,8 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n) {
  * grow with the context, their ratio much less), interpolated between measured sizes and
  * extrapolated with the measured slope (0.6 per token before any measurement). */
 static double est_ratio(const st_ctl *c, int64_t T) {
-    if (T <= c->Tmax && c->tv_n[T] > 0)
-        return c->tv[T];
+    if (T <= c->Tmax && c->tv_n[T] > 0) /* a few measurements are blended with the prior */
+        return ((double)c->tv_n[T] * c->tv[T] + CTL_PRIOR_RATIO(T)) / (double)(c->tv_n[T] + 1);
     int64_t lo = 1, hi = 0;
     for (int64_t t = T - 1; t >= 2 && lo == 1; t--)
         if (t <= c->Tmax && c->tv_n[t] > 0)
@@ -242,7 +247,7 @@ static double est_ratio(const st_ctl *c, int64_t T) {
     const double vlo = lo == 1 ? 1.0 : c->tv[lo];
     if (hi)
         return vlo + (c->tv[hi] - vlo) * (double)(T - lo) / (double)(hi - lo);
-    double slope = 0.6;
+    double slope = CTL_PRIOR_SLOPE;
     if (lo > 1) {
         slope = (vlo - 1.0) / (double)(lo - 1);
         slope = slope < 0.25 ? 0.25 : slope > 1.5 ? 1.5 : slope;
@@ -259,26 +264,31 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, double *exp_gain) {
         mmax = c->avail[a] + 1 > mmax ? c->avail[a] + 1 : mmax;
     if (mmax > c->N)
         mmax = c->N;
-    int32_t best = 1, alt = 1;
-    double bg = 1.03, ag = 0.0; /* a speculative step must promise a clear gain */
+    int32_t best = 1;
+    double bg = 1.03; /* a speculative step must promise a clear gain */
+    double g[ST_CTL_MAX_N + 1];
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        const double g = tok / est_ratio(c, (int64_t)na * m);
-        if (g > bg) {
-            bg = g;
+        g[m] = tok / est_ratio(c, (int64_t)na * m);
+        if (g[m] > bg) {
+            bg = g[m];
             best = m;
         }
-        if (g > ag) {
-            ag = g;
+    }
+    /* Exploration: now and then (one step in 16 of those where it applies) the size next to
+     * the best, if its estimate comes close, is verified instead, so that one slow measurement
+     * (a cold cache, a preempted step) cannot rule a size out for good. */
+    int32_t alt = 0;
+    double ag = 0.0;
+    for (int32_t m = 2; m <= mmax; m++)
+        if (m != best && (m == best + 1 || m == best - 1 || best == 1) && g[m] > ag) {
+            ag = g[m];
             alt = m;
         }
-    }
-    /* Exploration: a size that nearly pays is verified now and then (one step in 16 of those),
-     * so that one slow measurement (a cold cache, a preempted step) cannot rule it out for
-     * good. It costs at most a few percent of those rare steps. */
-    if (best == 1 && ag > 0.85 && ++c->explore % 16 == 0) {
+    const double near = alt && c->tv_n[(int64_t)na * alt] < 3 ? 0.7 : 0.85;
+    if (alt && ag > near * bg && ++c->explore % 16 == 0) {
         best = alt;
         bg = ag;
     }
@@ -297,7 +307,8 @@ static void track(double *v, int64_t n, double x) {
     }
     if (x > 1.5 * *v)
         x = 1.5 * *v;
-    *v += 0.15 * (x - *v);
+    /* the mean of the first few, then a moving average */
+    *v += (n < 6 ? 1.0 / (double)(n + 1) : 0.15) * (x - *v);
 }
 
 void st_ctl_time_plain(st_ctl *c, double per_token) {
@@ -316,7 +327,12 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
         c->tv_seen[T] = 1;
         return;
     }
-    track(&c->tv[T], c->tv_n[T], seconds / c->t1);
+    double r = seconds / c->t1;
+    if (c->tv_n[T] == 0) { /* a first measurement counts at most 1.5 times the estimate */
+        const double e = est_ratio(c, T);
+        r = r > 1.5 * e ? 1.5 * e : r;
+    }
+    track(&c->tv[T], c->tv_n[T], r);
     if (c->tv_n[T] < 1000000)
         c->tv_n[T]++;
 }

@@ -340,6 +340,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     int64_t spec_emitted = 0;
     if (autotune && (rc = st_ctl_create(bs, K, S, N, &ctl)))
         goto done;
+    S_->auto_shape = autotune;
     double win_benefit = 0.0;
     int32_t win_steps = 0;
     int64_t backoff = 16, off_until = 0, step = 0, last_plain = 0;
@@ -422,6 +423,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                 if ((rc = st_session_commit(g.s, b, nstep, acc, k + 1)))
                     goto done;
                 S_->spec_steps++;
+                S_->tree_tokens += nstep;
                 S_->accept_hist[k]++;
                 int64_t before = g.n_gen[b];
                 for (int64_t i = 1; i <= k + 1; i++) {
