@@ -354,6 +354,13 @@ st_status st_session_seq_reset(st_session *s, int32_t seq);
 st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
                           float *logits, int32_t n_logits);
 
+/* One decoding step for n distinct sequences in one forward pass: token tokens[i] of sequence
+ * seqs[i] at position L_i (its length), causal over its own KV; each length grows by one.
+ * logits: (n, n_vocab), row i bitwise what st_session_eval of that token alone gives.
+ * Requires 1 <= n <= n_batch; ST_ERR_RANGE when a sequence's context is full. */
+st_status st_session_decode_batch(st_session *s, int32_t n, const int32_t *seqs,
+                                  const int32_t *tokens, float *logits);
+
 /* ---------------------------------------------------------------------------------------------
  * Sampling
  * ------------------------------------------------------------------------------------------- */

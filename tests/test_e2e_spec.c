@@ -161,7 +161,9 @@ static void test_batch(void **state) {
                   p2[] = {1, 265, 282}, p3[] = {1, 7, 90, 450, 511, 3};
     const int32_t *prompts[4] = {p0, p1, p2, p3};
     const int64_t np[4] = {5, 7, 3, 6};
-    for (int cfg = 0; cfg < 12; cfg++) { /* cfg 8..11: auto shapes (the controller) */
+    /* cfg 8..11: auto shapes (the controller); 12, 13: plain decoding of the batch (one
+     * forward pass per step for all sequences) */
+    for (int cfg = 0; cfg < 14; cfg++) {
         st_sampler_params sp = {
             .temp = cfg & 1 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 77};
         st_spec_params spec = st_spec_default_params();
@@ -174,6 +176,8 @@ static void test_batch(void **state) {
         spec.num_draft_tokens = 6;
         if (cfg >= 8)
             spec.topk = spec.num_steps = spec.num_draft_tokens = 0;
+        if (cfg >= 12)
+            spec.algo = ST_SPEC_NONE;
         brec got;
         memset(&got, 0, sizeof got);
         st_gen_stats gs;
@@ -182,6 +186,8 @@ static void test_batch(void **state) {
                          ST_OK);
         if (cfg < 8) /* fixed shapes always verify a found draft; auto may find none worth it */
             assert_true(gs.spec_steps > 0);
+        if (cfg >= 12)
+            assert_int_equal(gs.spec_steps, 0);
         for (int b = 0; b < 4; b++) {
             rec one;
             st_spec_params none = st_spec_default_params();

@@ -436,14 +436,20 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                 emitted += g.n_gen[b] - before;
             }
         } else {
+            /* one decoding step for all active sequences in one forward pass */
+            for (int32_t a = 0; a < na; a++) {
+                int32_t b = g.seqs[a];
+                g.roots[a] = g.hist[b][g.n_hist[b] - 1];
+                g.seq_lens[a] = st_session_seq_len(g.s, b);
+            }
+            double tv = st_time_now();
+            if ((rc = st_session_decode_batch(g.s, na, g.seqs, g.roots, g.logits)))
+                goto done;
+            verify_s += st_time_now() - tv;
             for (int32_t a = 0; a < na; a++) {
                 int32_t b = g.seqs[a], next;
-                int32_t L = st_session_seq_len(g.s, b);
-                double tv = st_time_now();
-                if ((rc = st_session_eval(g.s, b, &g.hist[b][g.n_hist[b] - 1], 1, g.logits, 1)))
-                    goto done;
-                verify_s += st_time_now() - tv;
-                if ((rc = target_token(&g, g.logits, sampler, L + 1, &next)))
+                if ((rc = target_token(&g, g.logits + (size_t)a * (size_t)g.V, sampler,
+                                       g.seq_lens[a] + 1, &next)))
                     goto done;
                 push_token(&g, m, b, next, n_predict, &ec);
                 S_->plain_steps++;

@@ -254,3 +254,41 @@ st_status st_session_commit(st_session *s, int32_t seq, int64_t n, const int64_t
     s->seq_len[seq] = (int32_t)(L + n_accept);
     return ST_OK;
 }
+
+st_status st_session_decode_batch(st_session *s, int32_t n, const int32_t *seqs,
+                                  const int32_t *tokens, float *logits) {
+    if (!s || !seqs || !tokens || !logits)
+        return st_fail(ST_ERR_INVALID, "decode batch: NULL argument");
+    if (n < 1 || n > s->p.n_batch)
+        return st_fail(ST_ERR_INVALID, "decode batch: %d sequences (must be 1..%d)", n,
+                       s->p.n_batch);
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= s->p.n_seq)
+            return st_fail(ST_ERR_INVALID, "decode batch: sequence %d out of range", seqs[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return st_fail(ST_ERR_INVALID, "decode batch: sequence %d appears twice", seqs[i]);
+        const int32_t L = s->seq_len[seqs[i]];
+        if (L + 1 > s->p.n_ctx)
+            return st_fail(ST_ERR_RANGE, "decode batch: sequence %d: context full (%d)", seqs[i],
+                           L);
+        s->b_seq[i] = seqs[i];
+        s->b_pos[i] = L;
+        s->b_row[i] = L;
+        s->b_prefix[i] = L + 1;
+    }
+    st_fwd f = {.n = n,
+                .tokens = tokens,
+                .pos = s->b_pos,
+                .seq = s->b_seq,
+                .kv_row = s->b_row,
+                .n_prefix = s->b_prefix,
+                .logits_from = 0,
+                .logits = logits};
+    st_status st = st_forward(s, &f);
+    if (st)
+        return st;
+    for (int32_t i = 0; i < n; i++)
+        s->seq_len[seqs[i]]++;
+    return ST_OK;
+}
