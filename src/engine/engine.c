@@ -344,6 +344,12 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     double win_benefit = 0.0;
     int32_t win_steps = 0;
     int64_t backoff = 16, off_until = 0, step = 0, last_plain = 0;
+    /* A draft model reading more than half the target's weight bytes per token cannot pay for
+     * its drafts (its tokens cost more than half a target token; the self-draft costs one):
+     * `auto` does not draft with it at all. Fixed shapes still do as told. */
+    if (autotune && model_drafter &&
+        (double)st_model_weight_bytes(sp.draft_model) > 0.5 * (double)st_model_weight_bytes(m))
+        off_until = INT64_MAX;
     int failed_probes = 0;
     for (;;) {
         /* active sequences with room for one more token */
