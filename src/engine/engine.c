@@ -486,7 +486,8 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                 for (int32_t b = 0; b < bs; b++)
                     dms += g.dr[b]->ms, ev += g.dr[b]->evals;
                 const int hopeless = ev > 0 && dms / 1e3 / (double)ev > 0.5 * st_ctl_t1(ctl);
-                /* a window ends after 4 drafted steps, or at once on a clear loss */
+                /* a window ends after 4 drafted steps, or at once on a clear loss (each
+                 * probe's proposals still calibrate the acceptance as shadows) */
                 ++win_steps;
                 if (hopeless || win_steps == 4 || win_benefit < -0.5 * st_ctl_t1(ctl)) {
                     if (win_benefit >= 0.0 && !hopeless) {
