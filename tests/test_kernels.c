@@ -449,6 +449,66 @@ static void test_matmul_quant(void **state) {
                              ks[s] > 100 ? 13 : 1 + (int64_t)im * 3, ms[im]);
 }
 
+/* One packed matmul case: W rows x K (rows rb apart, NaN in the gaps), tokens ldx apart with
+ * NaN between them, outputs ldy apart with guards; the row-major reference against the packed
+ * kernel of the reference and of every fast table, bitwise, whole buffers (rows outside
+ * [r0, r1) and the guards must stay). mode: 0 random with zeros of both signs, 1 every product
+ * a negative underflow (each lane -0, so only a tail's 0*0 makes a sum +0), 2 zeros only,
+ * 3 random. */
+static void check_packed(int64_t K, int64_t rows, int64_t M, int64_t r0, int64_t r1, int mode) {
+    const st_kernels *r = st_kernels_ref(), *fast[2];
+    const int nfast = fast_tables(fast);
+    const int64_t rbf = K + (K % 3 == 0), ldx = K + 1 + K % 2, ldy = rows + 3;
+    float *w = malloc((size_t)(rows * rbf) * 4), *x = malloc((size_t)(M * ldx) * 4);
+    float *wp = malloc(st_pack_f32_floats(rows, K) * 4);
+    float *y1 = malloc((size_t)(M * ldy) * 4), *y2 = malloc((size_t)(M * ldy) * 4);
+    for (int64_t i = 0; i < rows * rbf; i++)
+        w[i] = NAN;
+    for (int64_t i = 0; i < M * ldx; i++)
+        x[i] = NAN;
+    for (int64_t j = 0; j < rows; j++)
+        mode == 3 ? fill(w + j * rbf, K, 1.0f) : fill_signed_zeros(w + j * rbf, K, mode, 1.0f);
+    for (int64_t m = 0; m < M; m++)
+        mode == 3 ? fill(x + m * ldx, K, 2.0f) : fill_signed_zeros(x + m * ldx, K, mode, -1.0f);
+    fill(y1, M * ldy, 1.0f);
+    memcpy(y2, y1, (size_t)(M * ldy) * 4);
+    r->matmul_f32(y1, ldy, w, (size_t)rbf * 4, x, ldx, K, M, r0, r1);
+    st_pack_f32(wp, w, (size_t)rbf * 4, rows, K);
+    float *guard = malloc((size_t)(M * ldy) * 4);
+    memcpy(guard, y2, (size_t)(M * ldy) * 4);
+    for (int ia = -1; ia < nfast; ia++) {
+        const st_kernels *a = ia < 0 ? r : fast[ia];
+        if (!a->matmul_f32_packed)
+            continue;
+        memcpy(y2, guard, (size_t)(M * ldy) * 4);
+        a->matmul_f32_packed(y2, ldy, wp, x, ldx, K, M, r0, r1);
+        assert_memory_equal(y1, y2, (size_t)(M * ldy) * 4);
+    }
+    free(w), free(x), free(wp), free(y1), free(y2), free(guard);
+}
+
+/* The packed float matmul against the row-major reference: every K up to 48 and steps to 600
+ * (64, 172, 256, 512 and every remainder mod 8 among them), M 1 .. 20, 1 .. 45 rows (blocks of
+ * 16 and their tails), whole and partial row ranges that cut blocks, four kinds of data. */
+static void test_matmul_packed(void **state) {
+    (void)state;
+    const int64_t extra[] = {63, 64, 65, 127, 128, 129, 172, 255, 256, 257, 511, 512, 513, 600};
+    const int nextra = (int)(sizeof extra / sizeof extra[0]);
+    for (int64_t s = 1; s <= 48 + 42 + nextra; s++) {
+        const int64_t K = s <= 48 ? s : s <= 90 ? 48 + 13 * (s - 48) : extra[s - 91];
+        const int all_m = K <= 20 || s > 90;
+        for (int64_t M = 1; M <= 20; M++) {
+            if (!all_m && M != 1 && M != 2 && M != 3 && M != 4 && M != 5 + K % 16)
+                continue;
+            const int64_t rows = 1 + (K * 13 + M * 7) % 45;
+            const int mode = (int)((K + M) % 4);
+            check_packed(K, rows, M, 0, rows, mode);
+            if (rows > 2)
+                check_packed(K, rows, M, 1 + (K + M) % (rows / 2), rows - (K % 3), 3 - mode);
+        }
+    }
+}
+
 static void test_fp16_roundtrip(void **state) {
     (void)state;
     /* every half value converts to float and back exactly (NaNs stay NaN) */
@@ -468,10 +528,15 @@ static void test_fp16_roundtrip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dot),          cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_attn_small),   cmocka_unit_test(test_softmax),
-        cmocka_unit_test(test_exp_silu),     cmocka_unit_test(test_matmul_float),
-        cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_fp16_roundtrip),
+        cmocka_unit_test(test_dot),
+        cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_attn_small),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_exp_silu),
+        cmocka_unit_test(test_matmul_float),
+        cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_matmul_packed),
+        cmocka_unit_test(test_fp16_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

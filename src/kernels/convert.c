@@ -1,6 +1,7 @@
 /*
- * convert.c: scalar conversions between float and the 16-bit float formats, and row
- * dequantization for every supported weight type (embedding lookups, tools and tests).
+ * convert.c: scalar conversions between float and the 16-bit float formats, row
+ * dequantization for every supported weight type (embedding lookups, tools and tests), and the
+ * packing of float matrices for matmul_f32_packed (kernels.h).
  */
 #include "kernels/kernels.h"
 
@@ -126,4 +127,23 @@ void st_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
         memset(out, 0, (size_t)n * 4);
         break;
     }
+}
+
+size_t st_pack_f32_floats(int64_t rows, int64_t K) {
+    return (size_t)((rows + ST_PACK_ROWS - 1) / ST_PACK_ROWS) * ST_PACK_ROWS *
+           (size_t)((K + 7) & ~7);
+}
+
+void st_pack_f32(float *wp, const float *w, size_t row_bytes, int64_t rows, int64_t K) {
+    const int64_t K8 = (K + 7) & ~7;
+    for (int64_t b = 0; b * ST_PACK_ROWS < rows; b++)
+        for (int j = 0; j < ST_PACK_ROWS; j++) {
+            const int64_t r = b * ST_PACK_ROWS + j;
+            const float *wr =
+                r < rows ? (const float *)((const char *)w + (size_t)r * row_bytes) : NULL;
+            /* row 4c + g: vector g, chunk c of every step */
+            float *dst = wp + (size_t)(b * K8) * ST_PACK_ROWS + (j % 4) * 16 + (j / 4) * 4;
+            for (int64_t i = 0; i < K8; i++)
+                dst[(size_t)(i / 4) * 64 + i % 4] = wr && i < K ? wr[i] : 0.0f;
+        }
 }

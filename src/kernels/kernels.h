@@ -53,6 +53,19 @@ _Static_assert(sizeof(st_block_q8x) == 36, "q8x block is 36 bytes");
 typedef void (*st_matmul_fn)(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
 
+/* Float weights packed for small models (st_pack_f32): blocks of ST_PACK_ROWS = 16 rows, each
+ * block K8 = K rounded up to 8 columns long, in steps of four columns q; step q of block b holds
+ * four 16-float vectors g = 0..3, vector g the columns 4q .. 4q+3 of rows 4c + g for c = 0..3:
+ * wp[(((b*K8/4 + q)*4 + g)*4 + c)*4 + e] = W[16b + 4c + g][4q + e], zero past the last row or
+ * column. For rows r in [r0, r1) (any range) and tokens m in [0, M):
+ * y[m*ldy + r] = dot(W_r, x_m) with x_m = x + m*ldx, the canonical float dot product, bitwise
+ * what matmul_f32 gives on the unpacked rows. A vector times the four values x_m[4q .. 4q+3]
+ * (one 128-bit broadcast) advances lanes 4(q mod 2) .. 4(q mod 2)+3 of four rows x four groups;
+ * reduce8 needs one vertical addition and a few in-lane shuffles per 16 outputs. */
+enum { ST_PACK_ROWS = 16 };
+typedef void (*st_matmul_packed_fn)(float *y, int64_t ldy, const float *wp, const float *x,
+                                    int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
+
 typedef struct st_kernels {
     const char *name;
     st_matmul_fn matmul_f32;
@@ -60,6 +73,9 @@ typedef struct st_kernels {
     st_matmul_fn matmul_bf16;
     st_matmul_fn matmul_q8_0;
     st_matmul_fn matmul_q4_0;
+    /* NULL where packing does not pay (the AVX2 table: measured slower than its row-major
+     * kernel with 16 registers); then weights stay unpacked. */
+    st_matmul_packed_fn matmul_f32_packed;
     /* Canonical dot product (see above). */
     float (*dot)(const float *a, const float *b, int64_t n);
     /* Attention scores of nq queries against n key rows:
@@ -92,8 +108,8 @@ typedef struct st_kernels {
 /* The table in use (chosen once, thread-safe). */
 const st_kernels *st_kernels_get(void);
 /* The scalar reference table and, if this CPU supports them, the AVX2 and AVX-512 tables (else
- * NULL). The AVX-512 table differs from the AVX2 one in its batch matmuls, exp_sum, softmax
- * and small-head attn_scores. */
+ * NULL). The AVX-512 table differs from the AVX2 one in its batch matmuls, packed float matmul
+ * (which the AVX2 table lacks), exp_sum, softmax and small-head attn_scores. */
 const st_kernels *st_kernels_ref(void);
 const st_kernels *st_kernels_avx2(void);
 const st_kernels *st_kernels_avx512(void);
@@ -113,6 +129,11 @@ static inline float st_bf16_to_f32(uint16_t h) {
     return v.f;
 }
 uint16_t st_f32_to_bf16(float f);
+
+/* Floats of the packed copy of a rows x K float matrix (rows rounded up to ST_PACK_ROWS), and
+ * the packing itself (rows row_bytes apart); wp should be 64-byte aligned. */
+size_t st_pack_f32_floats(int64_t rows, int64_t K);
+void st_pack_f32(float *wp, const float *w, size_t row_bytes, int64_t rows, int64_t K);
 
 /* Dequantizes one row of n elements of any supported type into float. */
 void st_dequant_row(uint32_t type, const void *row, float *out, int64_t n);

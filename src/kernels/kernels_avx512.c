@@ -6,6 +6,8 @@
  * canonical integer lanes (lane l = bytes 4l .. 4l+3 of a block), with the signed side made
  * unsigned by an offset that is subtracted exactly: Q8_0 takes x + 128 and starts the lanes at
  * -128 * sum(w); Q4_0 takes the nibbles as they are and starts at -8 * sum(x).
+ * Packed float weights (kernels.h) take one 128-bit broadcast of four inputs per vector of four
+ * rows x four columns, and reduce 16 rows with one vertical add and a few in-lane shuffles.
  * exp_sum and softmax run 16 lanes per step, each element still added to its canonical lane
  * (i mod 8) in increasing i; attention scores of heads up to 16 take 16 key rows per step.
  * F32 with a single token (memory-bound, measured no better here) and all the other kernels
@@ -240,6 +242,98 @@ static void matmul_bf16_avx512(float *y, int64_t ldy, const void *w, size_t row_
                                int64_t r1) {
     matmul_float(st_kernels_avx2_table_get()->matmul_bf16, y, ldy, w, row_bytes, x, ldx, K, M, r0,
                  r1, KIND_BF16);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Packed float matmuls                                                                       */
+
+/* Four values x[0 .. 3] in each 128-bit lane; the first n only (the rest +0) when n < 4. */
+ST_INLINE __m512 load_x4(const float *x, int n) {
+    if (n >= 4)
+        return _mm512_broadcast_f32x4(_mm_loadu_ps(x));
+    if (n <= 0)
+        return _mm512_setzero_ps();
+    return _mm512_broadcast_f32x4(_mm_maskz_loadu_ps((__mmask8)((1u << n) - 1), x));
+}
+
+/* One step of eight columns i .. i+7 (n of them present) of a tile_packed tile. */
+ST_INLINE void packed_step(__m512 acc[3][4][2], const float *wb, const float *x, int64_t ldx,
+                           int64_t i, int n, const int T) {
+    ST_UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m512 xv[3];
+        ST_UNROLL
+        for (int t = 0; t < T; t++)
+            xv[t] = load_x4(x + t * ldx + i + 4 * h, n - 4 * h);
+        ST_UNROLL
+        for (int g = 0; g < 4; g++) {
+            __m512 w = _mm512_loadu_ps(wb + (size_t)(i + 4 * h) * 16 + g * 16);
+            /* one load of w for all the tokens (two loads per cycle are the limit) */
+            __asm__("" : "+v"(w));
+            ST_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[t][g][h] = _mm512_fmadd_ps(w, xv[t], acc[t][g][h]);
+        }
+    }
+}
+
+/* One 16-row block wb of the packed layout (kernels.h) x T tokens: acc[t][g][h] holds lanes
+ * 4h .. 4h+3 of rows 4c + g (c in the 128-bit lane c); columns past K have zero weights and
+ * x = +0, so they add 0*0 as the canonical tail does. reduce8: (l0+l4, .., l3+l7) vertically,
+ * then the rest within 128-bit lanes, which leaves rows 0 .. 15 in order; writes the rows of mk
+ * (bit j = row j of the block). */
+ST_INLINE void tile_packed(float *y, int64_t ldy, const float *wb, const float *x, int64_t ldx,
+                           int64_t K, const int T, __mmask16 mk) {
+    __m512 acc[3][4][2];
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        ST_UNROLL
+    for (int g = 0; g < 4; g++)
+        acc[t][g][0] = acc[t][g][1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8)
+        packed_step(acc, wb, x, ldx, i, 8, T);
+    if (i < K)
+        packed_step(acc, wb, x, ldx, i, (int)(K - i), T);
+    ST_UNROLL
+    for (int t = 0; t < T; t++) {
+        __m512 u[4];
+        ST_UNROLL
+        for (int g = 0; g < 4; g++) /* lanes k + (k+4) of rows 4c + g */
+            u[g] = _mm512_add_ps(acc[t][g][0], acc[t][g][1]);
+        /* (s0+s2), (s1+s3) of groups 0, 1 and of groups 2, 3 */
+        const __m512 w01 =
+            _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x44), _mm512_shuffle_ps(u[0], u[1], 0xee));
+        const __m512 w23 =
+            _mm512_add_ps(_mm512_shuffle_ps(u[2], u[3], 0x44), _mm512_shuffle_ps(u[2], u[3], 0xee));
+        /* lane c: rows 4c + 0 .. 4c + 3 */
+        const __m512 sum =
+            _mm512_add_ps(_mm512_shuffle_ps(w01, w23, 0x88), _mm512_shuffle_ps(w01, w23, 0xdd));
+        if (mk == 0xffff)
+            _mm512_storeu_ps(y + t * ldy, sum);
+        else
+            _mm512_mask_storeu_ps(y + t * ldy, mk, sum);
+    }
+}
+
+/* Block by block, all the tokens three at a time while the block stays in L1 (a single token
+ * measured no faster with two blocks per tile: its weights come from L2). */
+static void matmul_f32_packed_avx512(float *y, int64_t ldy, const float *wp, const float *x,
+                                     int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    const size_t bs = (size_t)((K + 7) & ~7) * 16;
+    for (int64_t b = r0 / 16; 16 * b < r1; b++) {
+        const float *wb = wp + (size_t)b * bs;
+        float *yb = y + 16 * b;
+        const int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
+        const __mmask16 mk = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        int64_t m = 0;
+        for (; m + 3 <= M; m += 3)
+            tile_packed(yb + m * ldy, ldy, wb, x + m * ldx, ldx, K, 3, mk);
+        if (M - m == 2)
+            tile_packed(yb + m * ldy, ldy, wb, x + m * ldx, ldx, K, 2, mk);
+        else if (M - m == 1)
+            tile_packed(yb + m * ldy, ldy, wb, x + m * ldx, ldx, K, 1, mk);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -682,6 +776,7 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_bf16 = matmul_bf16_avx512;
     st_kernels_avx512_table.matmul_q8_0 = matmul_q8_0_avx512;
     st_kernels_avx512_table.matmul_q4_0 = matmul_q4_0_avx512;
+    st_kernels_avx512_table.matmul_f32_packed = matmul_f32_packed_avx512;
     st_kernels_avx512_table.attn_scores = attn_scores_avx512;
     st_kernels_avx512_table.exp_sum = exp_sum_avx512;
     st_kernels_avx512_table.softmax = softmax_avx512;

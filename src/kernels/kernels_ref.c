@@ -100,6 +100,28 @@ static void matmul_f32_ref(float *y, int64_t ldy, const void *w, size_t row_byte
     }
 }
 
+/* Packed rows (kernels.h): the canonical dot product reading row r's elements where the
+ * packing put them. */
+static void matmul_f32_packed_ref(float *y, int64_t ldy, const float *wp, const float *x,
+                                  int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    const int64_t K8 = (K + 7) & ~7;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t j = r % ST_PACK_ROWS;
+        const float *wr =
+            wp + (size_t)(r / ST_PACK_ROWS * K8) * ST_PACK_ROWS + (j % 4) * 16 + (j / 4) * 4;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xm = x + m * ldx;
+            float acc[8] = {0};
+            for (int64_t i = 0; i < K; i += 8)
+                for (int l = 0; l < 8; l++)
+                    acc[l] = i + l < K ? fmaf(wr[(size_t)(i + l) / 4 * 64 + (size_t)(i + l) % 4],
+                                              xm[i + l], acc[l])
+                                       : fmaf(0.0f, 0.0f, acc[l]);
+            y[m * ldy + r] = reduce8(acc);
+        }
+    }
+}
+
 /* 16-bit float weights: widen a row once into a stack buffer chunk by chunk, keeping the lane
  * order of the canonical dot product. */
 static float dot_h16(const uint8_t *wr, const float *x, int64_t K, int bf16) {
@@ -206,6 +228,7 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_bf16 = matmul_bf16_ref,
     .matmul_q8_0 = matmul_q8_0_ref,
     .matmul_q4_0 = matmul_q4_0_ref,
+    .matmul_f32_packed = matmul_f32_packed_ref,
     .dot = dot_ref,
     .attn_scores = attn_scores_ref,
     .attn_wsum = attn_wsum_ref,
