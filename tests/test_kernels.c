@@ -489,7 +489,8 @@ static void check_packed(int64_t K, int64_t rows, int64_t M, int64_t r0, int64_t
 
 /* The packed float matmul against the row-major reference: every K up to 48 and steps to 600
  * (64, 172, 256, 512 and every remainder mod 8 among them), M 1 .. 20, 1 .. 45 rows (blocks of
- * 16 and their tails), whole and partial row ranges that cut blocks, four kinds of data. */
+ * 16 and their tails), whole and partial row ranges that cut blocks, four kinds of data; then
+ * 600 rows x 600 (the prefetching path). */
 static void test_matmul_packed(void **state) {
     (void)state;
     const int64_t extra[] = {63, 64, 65, 127, 128, 129, 172, 255, 256, 257, 511, 512, 513, 600};
@@ -506,6 +507,11 @@ static void test_matmul_packed(void **state) {
             if (rows > 2)
                 check_packed(K, rows, M, 1 + (K + M) % (rows / 2), rows - (K % 3), 3 - mode);
         }
+    }
+    /* over a megabyte of rows: four tokens or more prefetch the next block */
+    for (int64_t M = 3; M <= 7; M += 2) {
+        check_packed(600, 600, M, 0, 600, 3);
+        check_packed(597, 601, M, 5, 590, (int)M % 3);
     }
 }
 
