@@ -5,8 +5,11 @@
  *   greedy continuations of other prompts.
  * - Batch invariance (DESIGN.md invariant 1): the logits of a token are bitwise identical
  *   whether it is evaluated alone or inside a batch of up to 64 tokens, with 1 or 2 threads.
+ * - Packed weights: the packed copy of a small F32 model's matrices (ST_PACK=0 turns it off)
+ *   gives bitwise the logits of the row-major kernels.
  * - Bad input: token ids, sequences and context overflow give errors, not crashes.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "model/model.h"
 #include "spectree.h"
 #include "testutil.h"
 
@@ -155,6 +159,54 @@ static void test_batch_invariance(void **state) {
     free(got);
 }
 
+/* Logits of toks[0 .. n) from a fresh session, c tokens per pass for c = 1, 2, 3, ... */
+static void logits_in_chunks(st_model *m, int threads, const int32_t *toks, int n, float *out) {
+    const int32_t V = st_model_get_hparams(m)->n_vocab;
+    st_session_params p = st_session_default_params();
+    p.n_threads = threads;
+    p.n_batch = 16;
+    p.n_ctx = 256;
+    st_session *s = NULL;
+    assert_int_equal(st_session_create(m, &p, &s), ST_OK);
+    for (int i = 0, c = 1; i < n; i += c, c = c % 16 + 1) {
+        const int k = c < n - i ? c : n - i;
+        assert_int_equal(st_session_eval(s, 0, toks + i, k, out + (size_t)i * V, k), ST_OK);
+    }
+    st_session_free(s);
+}
+
+static void test_packed_weights(void **state) {
+    (void)state;
+    /* stories260K (1 MB of F32 matrices) is packed where the kernel table has the packed
+     * kernel (not ST_KERNELS=avx2); ST_PACK=0 loads it without the copy */
+    const bool packs = st_kernels_get()->matmul_f32_packed != NULL;
+    assert_true((model->layers[0].wq.packed != NULL) == packs);
+    assert_true((model->output.packed != NULL) == packs);
+    assert_int_equal(setenv("ST_PACK", "0", 1), 0);
+    st_model *plain = NULL;
+    assert_int_equal(st_model_load(tu_shared("models/stories260K.gguf"), &plain), ST_OK);
+    assert_int_equal(unsetenv("ST_PACK"), 0);
+    assert_null(plain->layers[0].wq.packed);
+    assert_null(plain->output.packed);
+    enum { T = 150 };
+    const int32_t V = st_model_get_hparams(model)->n_vocab;
+    int32_t toks[T];
+    uint32_t x = 777;
+    for (int i = 0; i < T; i++) {
+        x = x * 1103515245u + 12345u;
+        toks[i] = (int32_t)((x >> 8) % (uint32_t)V);
+    }
+    float *a = malloc((size_t)T * V * 4), *b = malloc((size_t)T * V * 4);
+    for (int threads = 1; threads <= 2; threads++) {
+        logits_in_chunks(model, threads, toks, T, a);
+        logits_in_chunks(plain, threads, toks, T, b);
+        assert_memory_equal(a, b, (size_t)T * V * 4);
+    }
+    free(a);
+    free(b);
+    st_model_free(plain);
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     st_session *s = new_session(1, 8);
@@ -204,8 +256,8 @@ static void test_no_alloc_in_eval(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_greedy),    cmocka_unit_test(test_oracle_prompts),
-        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_no_alloc_in_eval),
+        cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_packed_weights),
+        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_no_alloc_in_eval),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------------ */
@@ -171,19 +172,57 @@ static st_status load_hparams(const st_gguf *g, st_model_hparams *hp) {
     return ST_OK;
 }
 
+/* The matrices the forward pass multiplies by (8 per layer and the output), in order. */
+static int64_t n_mats(const st_model *m) { return 7 * (int64_t)m->hp.n_layer + 1; }
+static st_wt *mat_at(st_model *m, int64_t i) {
+    if (i == 7 * (int64_t)m->hp.n_layer)
+        return &m->output;
+    st_layer *L = &m->layers[i / 7];
+    st_wt *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return w[i % 7];
+}
+
 void st_model_free(st_model *m) {
     if (!m)
         return;
-    if (m->layers)
+    if (m->layers) {
+        for (int64_t i = 0; i < n_mats(m); i++)
+            st_free_aligned(mat_at(m, i)->packed);
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             st_free(m->layers[l].attn_norm);
             st_free(m->layers[l].ffn_norm);
         }
+    }
     st_free(m->layers);
     st_free(m->out_norm);
     st_tokenizer_free(m->tok);
     st_gguf_free(m->gguf);
     st_free(m);
+}
+
+/* Packs the F32 matrices of a small model (ST_PACK_MAX_BYTES, model.h); a failed allocation
+ * leaves the rest unpacked (the row-major kernels give the same results). */
+static void pack_matrices(st_model *m) {
+    const char *env = getenv("ST_PACK");
+    if ((env && strcmp(env, "0") == 0) || !st_kernels_get()->matmul_f32_packed)
+        return;
+    size_t total = 0;
+    for (int64_t i = 0; i < n_mats(m); i++) {
+        const st_wt *w = mat_at(m, i);
+        if (w->type == ST_DTYPE_F32)
+            total += st_pack_f32_floats(w->n_out, w->n_in) * sizeof(float);
+    }
+    if (total > ST_PACK_MAX_BYTES)
+        return;
+    for (int64_t i = 0; i < n_mats(m); i++) {
+        st_wt *w = mat_at(m, i);
+        if (w->type != ST_DTYPE_F32)
+            continue;
+        w->packed = st_malloc_aligned(st_pack_f32_floats(w->n_out, w->n_in) * sizeof(float), 64);
+        if (!w->packed)
+            return;
+        st_pack_f32(w->packed, w->data, w->row_bytes, w->n_out, w->n_in);
+    }
 }
 
 /* Everything after opening the file: hyper-parameters, tensors, tokenizer. m->gguf is set; on
@@ -234,6 +273,7 @@ static st_status model_from_gguf(st_model *m) {
 #undef ST_NAME
     }
     hp->wtype = m->layers[0].wq.type;
+    pack_matrices(m);
     if ((s = st_tokenizer_load(g, &m->tok))) {
         st_error_prefix("%s: tokenizer", path);
         return s;
@@ -504,6 +544,11 @@ static void mm_task(void *ctx, int ith, int nth) {
         const st_wt *w = j->w[i];
         const int64_t r0 = c * j->chunk;
         const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
+        if (w->packed && j->k->matmul_f32_packed) {
+            j->k->matmul_f32_packed(j->y[i], w->n_out, w->packed, j->x, j->ldx, w->n_in, j->M, r0,
+                                    r1);
+            continue;
+        }
         matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x, j->ldx, w->n_in,
                                   j->M, r0, r1);
     }
@@ -519,11 +564,13 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
         j.y[i] = y[i];
         rows += w[i]->n_out;
     }
-    /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles. */
+    /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles (16-row blocks of
+     * packed weights). */
     const int nth = st_pool_size(s->pool);
-    j.chunk = nth == 1 ? rows : (rows / (8 * nth) + 7) & ~(int64_t)7;
-    if (j.chunk < 8)
-        j.chunk = 8;
+    const int64_t tile = w[0]->packed ? ST_PACK_ROWS : 8;
+    j.chunk = nth == 1 ? rows : (rows / (8 * nth) + tile - 1) & ~(tile - 1);
+    if (j.chunk < tile)
+        j.chunk = tile;
     for (int i = 0; i < n_mat; i++)
         j.n_chunks[i] = (w[i]->n_out + j.chunk - 1) / j.chunk;
     atomic_init(&j.next, 0);

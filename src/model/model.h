@@ -16,7 +16,19 @@ typedef struct st_wt {
     int64_t n_in;
     int64_t n_out;
     size_t row_bytes;
+    float *packed; /* F32 only: the copy packed for matmul_f32_packed (kernels.h), owned by the
+                    * model, or NULL (see ST_PACK_MAX_BYTES) */
 } st_wt;
+
+/* Small F32 models (matrices up to ST_PACK_MAX_BYTES in all) get a packed copy of every matrix
+ * at load when the kernel table has matmul_f32_packed, which needs no horizontal reductions
+ * (1.3-1.9x the row-major kernel on stories260K's shapes, in cache); the copy costs as much
+ * memory again. The bound is where sessions default to one thread: with several, each call
+ * gets a small share of rows and streams it without the prefetch that lets the packed kernel
+ * keep up with the row-major one on weights from DRAM (it measured 20-28% slower there for 4
+ * and 8 tokens). ST_PACK=0 in the environment turns packing off; results are bitwise the same
+ * either way. */
+#define ST_PACK_MAX_BYTES ((size_t)16 << 20)
 
 typedef struct st_layer {
     float *attn_norm; /* (n_embd) owned float copy */
