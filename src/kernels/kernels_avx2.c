@@ -8,66 +8,16 @@
  */
 #include "kernels/kernels.h"
 
+#include "kernels/kernels_x86.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#define ST_INLINE static inline __attribute__((always_inline))
-/* Tile loops have constant trip counts once inlined; unrolled, their accumulators live in
- * registers. */
-#define ST_UNROLL _Pragma("GCC unroll 16")
 
 /* The most accumulators a tile keeps (R*T). */
 enum { ST_TILE_MAX = 12 };
 /* Software prefetch distance of single-token quantized weight streams, in bytes (see st_pf). */
 enum { ST_PF_BYTES = 8192 };
-
-/* A stretch of weights a tile prefetches while it computes, `per` cache lines per step: the
- * rows of tiles to come. The hardware prefetchers stop at page boundaries and see only a few
- * of the interleaved row streams, and a batch tile computes long enough to hide the whole
- * transfer of the next block of rows. */
-typedef struct st_pf {
-    const char *p, *end;
-    int64_t per;
-} st_pf;
-
-static inline st_pf pf_region(const char *p, int64_t bytes, int64_t steps) {
-    st_pf r = {p, p + (bytes > 0 ? bytes : 0), 0};
-    if (bytes > 0)
-        r.per = ((bytes + 63) / 64 + steps - 1) / (steps > 0 ? steps : 1);
-    return r;
-}
-
-ST_INLINE void pf_step(st_pf *pf) {
-    for (int64_t j = 0; j < pf->per && pf->p < pf->end; j++, pf->p += 64)
-        _mm_prefetch(pf->p, _MM_HINT_T0);
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v);
-    __m128 hi = _mm256_extractf128_ps(v, 1);
-    __m128 s4 = _mm_add_ps(lo, hi);                    /* l0+l4, l1+l5, l2+l6, l3+l7 */
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); /* (l0+l4)+(l2+l6), (l1+l5)+(l3+l7) */
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
-}
-
-/* Eight canonical reductions at once: element j of the result is hsum8(a[j]), with the same
- * additions on the same operands. */
-ST_INLINE __m256 hsum8x8(const __m256 a[8]) {
-    __m256 u[4];
-    ST_UNROLL
-    for (int i = 0; i < 4; i++) /* [a(2i): l0+l4, l1+l5, l2+l6, l3+l7 | a(2i+1): same] */
-        u[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
-    /* [a0: (l0+l4)+(l2+l6), (l1+l5)+(l3+l7), a2: same | a1, a3], then a4, a6 | a5, a7 */
-    __m256 s0 =
-        _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44), _mm256_shuffle_ps(u[0], u[1], 0xee));
-    __m256 s1 =
-        _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44), _mm256_shuffle_ps(u[2], u[3], 0xee));
-    __m256 h = _mm256_hadd_ps(s0, s1); /* a0 a2 a4 a6 | a1 a3 a5 a7 */
-    return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
 
 static inline __m256i tail_mask(int64_t rem) {
     static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -103,29 +53,6 @@ static float dot_avx2(const float *a, const float *b, int64_t n) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Attention                                                                                  */
-
-/* Transposes the 8x8 block r (row j in r[j]) in place: afterwards r[i] holds element i of every
- * row. */
-ST_INLINE void transpose8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    ST_UNROLL
-    for (int j = 0; j < 8; j += 2) {
-        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);     /* r_j0 r_j+1,0 r_j1 r_j+1,1 | 4 5 */
-        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]); /* elements 2, 3 | 6, 7 */
-    }
-    ST_UNROLL
-    for (int h = 0; h < 8; h += 4) { /* rows h .. h+3: elements e | e+4 for e = 0 .. 3 */
-        u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
-        u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee);
-        u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
-        u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
-    }
-    ST_UNROLL
-    for (int e = 0; e < 4; e++) {
-        r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
-        r[e + 4] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
-    }
-}
 
 /* Elements 8c .. 8c+7 of the key rows k + j*ldk, j < nr <= 8, as columns: col[i] holds element
  * 8c+i of rows 0 .. 7, zero for rows j >= nr and elements at or past hd. A full block loads

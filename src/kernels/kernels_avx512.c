@@ -24,13 +24,11 @@
 #endif
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_x86.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#define ST_INLINE static inline __attribute__((always_inline))
-#define ST_UNROLL _Pragma("GCC unroll 16")
 
 const st_kernels *st_kernels_avx2_table_get(void);
 const st_kernels *st_kernels_avx512_table_get(void);
@@ -38,21 +36,6 @@ const st_kernels *st_kernels_avx512_table_get(void);
 /* Rows per tile (in pairs), tokens per tile; prefetch distance of single-token quantized
  * streams (float tiles prefetch the next block of rows). */
 enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4, ST_PF_BYTES = 8192 };
-
-/* The same additions as hsum8 in kernels_avx2.c, for eight accumulators at once. */
-ST_INLINE __m256 hsum8x8(const __m256 a[8]) {
-    __m256 u[4];
-    ST_UNROLL
-    for (int i = 0; i < 4; i++)
-        u[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
-    __m256 s0 =
-        _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44), _mm256_shuffle_ps(u[0], u[1], 0xee));
-    __m256 s1 =
-        _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44), _mm256_shuffle_ps(u[2], u[3], 0xee));
-    __m256 h = _mm256_hadd_ps(s0, s1);
-    return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
 
 /* acc[p*T + t] holds rows 2p (low half) and 2p+1 (high half) of token t; writes
  * y[t*ldy + r] for r < 2P, t < T. */
@@ -80,24 +63,6 @@ ST_INLINE void store_tile(float *y, int64_t ldy, const __m512 *acc, const int P,
         ST_UNROLL
     for (int r = 0; r < 2 * P; r++)
         y[t * ldy + r] = out[t * 2 * P + r];
-}
-
-/* Prefetch of the next block of rows, spread over the steps of a tile (see kernels_avx2.c). */
-typedef struct st_pf {
-    const char *p, *end;
-    int64_t per;
-} st_pf;
-
-static inline st_pf pf_region(const char *p, int64_t bytes, int64_t steps) {
-    st_pf r = {p, p + (bytes > 0 ? bytes : 0), 0};
-    if (bytes > 0)
-        r.per = ((bytes + 63) / 64 + steps - 1) / (steps > 0 ? steps : 1);
-    return r;
-}
-
-ST_INLINE void pf_step(st_pf *pf) {
-    for (int64_t j = 0; j < pf->per && pf->p < pf->end; j++, pf->p += 64)
-        _mm_prefetch(pf->p, _MM_HINT_T0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -485,28 +450,6 @@ static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t row_
 /* ------------------------------------------------------------------------------------------ */
 /* Attention scores                                                                           */
 
-/* Transposes the 8x8 block r (row j in r[j]) in place (transpose8 in kernels_avx2.c). */
-ST_INLINE void transpose8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    ST_UNROLL
-    for (int j = 0; j < 8; j += 2) {
-        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-    }
-    ST_UNROLL
-    for (int h = 0; h < 8; h += 4) {
-        u[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
-        u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee);
-        u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
-        u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
-    }
-    ST_UNROLL
-    for (int e = 0; e < 4; e++) {
-        r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
-        r[e + 4] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
-    }
-}
-
 /* Elements 8c .. 8c+7 of the key rows k + j*ldk, j < nr <= 16, as columns: col[i] holds element
  * 8c+i of rows 0 .. 15, zero for rows j >= nr and elements at or past hd. A full block puts
  * rows j, j+4, j+8, j+12 in the four 128-bit lanes of one register and transposes 4x4 within
@@ -608,16 +551,6 @@ static void attn_scores_avx512(float *const *sc, const float *const *q, int64_t 
 
 /* ------------------------------------------------------------------------------------------ */
 /* exp and softmax                                                                            */
-
-/* The canonical reduction of eight lanes (hsum8 in kernels_avx2.c, the same additions). */
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v);
-    __m128 hi = _mm256_extractf128_ps(v, 1);
-    __m128 s4 = _mm_add_ps(lo, hi);
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
-}
 
 /* Sixteen lanes of st_expf_ref, operation for operation (exp8 in kernels_avx2.c). */
 ST_INLINE __m512 exp16(__m512 x) {
