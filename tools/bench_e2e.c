@@ -34,16 +34,6 @@ static const char *help =
     "  -t N               threads (default: the engine's choice)\n"
     "      --json         one JSON object per drafter on stdout\n";
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int st_bench_e2e_main(int argc, char **argv) {
     const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
     const char *drafts[MAX_DRAFTS];
@@ -194,7 +184,8 @@ int st_bench_e2e_main(int argc, char **argv) {
                 plain_steps = b.plain_steps;
             }
         }
-        double p = median(plain, reps), s = median(specr, reps), q = median(ratio, reps);
+        double p = st_bench_median(plain, reps), s = st_bench_median(specr, reps),
+               q = st_bench_median(ratio, reps);
         if (json)
             printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"gen_tokens\": %ld, \"plain_tok_s\": "
                    "%.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, \"spec_steps\": "

@@ -38,16 +38,15 @@ struct st_ctl {
     /* this step's ranking, per active slot: candidate of each ranked node, its bucket, depth,
      * parent (ranked index, -1 the root, -2 none), estimated path acceptance; E[m]: expected
      * accepted nodes among the first m-1; avail: ranked nodes */
-    int64_t *order;   /* (bs, N-1) */
-    int32_t *bucket;  /* (bs, N-1) */
-    int32_t *depth;   /* (bs, N-1) */
-    int32_t *par;     /* (bs, N-1) */
-    int32_t *tok;     /* (bs, N-1) */
-    double *E;        /* (bs, N+1) */
-    int32_t *avail;   /* (bs) */
-    int32_t *slot_of; /* (bs) sequence of each slot */
-    int32_t *map;     /* (Mmax) candidate -> ranked index, -1 */
-    int64_t *fin;     /* (Mmax) finite candidates */
+    int64_t *order;  /* (bs, N-1) */
+    int32_t *bucket; /* (bs, N-1) */
+    int32_t *depth;  /* (bs, N-1) */
+    int32_t *par;    /* (bs, N-1) */
+    int32_t *tok;    /* (bs, N-1) */
+    double *E;       /* (bs, N+1) */
+    int32_t *avail;  /* (bs) */
+    int32_t *map;    /* (Mmax) candidate -> ranked index, -1 */
+    int64_t *fin;    /* (Mmax) finite candidates */
     /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
     shadow *sh;
     int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth;
@@ -64,9 +63,9 @@ struct st_ctl {
 void st_ctl_free(st_ctl *c) {
     if (!c)
         return;
-    void *p[] = {c->order,  c->bucket,    c->depth,    c->par, c->tok,  c->E,
-                 c->avail,  c->slot_of,   c->map,      c->fin, c->sh,   c->sh_par,
-                 c->sh_tok, c->sh_bucket, c->sh_depth, c->tv,  c->tv_n, c->tv_seen};
+    void *p[] = {c->order,     c->bucket,   c->depth, c->par,  c->tok,    c->E,
+                 c->avail,     c->map,      c->fin,   c->sh,   c->sh_par, c->sh_tok,
+                 c->sh_bucket, c->sh_depth, c->tv,    c->tv_n, c->tv_seen};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         st_free(p[i]);
     st_free(c);
@@ -91,7 +90,6 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **ou
     c->tok = st_malloc(R * sizeof *c->tok);
     c->E = st_calloc((size_t)bs * (size_t)(N + 1), sizeof *c->E);
     c->avail = st_calloc((size_t)bs, sizeof *c->avail);
-    c->slot_of = st_calloc((size_t)bs, sizeof *c->slot_of);
     c->map = st_malloc((size_t)c->Mmax * sizeof *c->map);
     c->fin = st_malloc((size_t)c->Mmax * sizeof *c->fin);
     c->sh = st_calloc((size_t)bs * CTL_RING, sizeof *c->sh);
@@ -103,8 +101,8 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **ou
     c->tv_n = st_calloc((size_t)c->Tmax + 1, sizeof *c->tv_n);
     c->tv_seen = st_calloc((size_t)c->Tmax + 1, 1);
     if (!c->order || !c->bucket || !c->depth || !c->par || !c->tok || !c->E || !c->avail ||
-        !c->slot_of || !c->map || !c->fin || !c->sh || !c->sh_par || !c->sh_tok || !c->sh_bucket ||
-        !c->sh_depth || !c->tv || !c->tv_n || !c->tv_seen) {
+        !c->map || !c->fin || !c->sh || !c->sh_par || !c->sh_tok || !c->sh_bucket || !c->sh_depth ||
+        !c->tv || !c->tv_n || !c->tv_seen) {
         st_ctl_free(c);
         return st_fail(ST_ERR_NOMEM, "controller: out of memory");
     }
@@ -213,7 +211,6 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
     for (int32_t m = cnt + 2; m <= c->N; m++)
         E[m] = E[cnt + 1];
     c->avail[a] = cnt;
-    c->slot_of[a] = b;
     add_shadow(c, a, b, n_hist);
 }
 

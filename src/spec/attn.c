@@ -133,6 +133,16 @@ static int tree_cell(const st_tree_mask *mk, int64_t b, int64_t n, int64_t t, in
     }
 }
 
+/* seqs[i] names a sequence of the session that seqs[0 .. i) does not. */
+static st_status check_seq(const st_session *s, const char *fn, const int32_t *seqs, int64_t i) {
+    if (seqs[i] < 0 || seqs[i] >= s->p.n_seq)
+        return st_fail(ST_ERR_INVALID, "%s: sequence %d out of range", fn, seqs[i]);
+    for (int64_t j = 0; j < i; j++)
+        if (seqs[j] == seqs[i])
+            return st_fail(ST_ERR_INVALID, "%s: sequence %d appears twice", fn, seqs[i]);
+    return ST_OK;
+}
+
 st_status st_session_verify(st_session *s, st_attn_backend backend, int64_t bs, int64_t n,
                             const int32_t *seqs, const st_tree *tree, const st_tree_mask *mask,
                             float *logits) {
@@ -160,11 +170,9 @@ st_status st_session_verify(st_session *s, st_attn_backend backend, int64_t bs, 
     /* Mask extent check, and each request's committed length and FULL_MASK base. */
     int64_t sum = 0;
     for (int64_t b = 0; b < bs; b++) {
-        if (seqs[b] < 0 || seqs[b] >= s->p.n_seq)
-            return st_fail(ST_ERR_INVALID, "verify: sequence %d out of range", seqs[b]);
-        for (int64_t c = 0; c < b; c++)
-            if (seqs[c] == seqs[b])
-                return st_fail(ST_ERR_INVALID, "verify: sequence %d appears twice", seqs[b]);
+        st_status sq = check_seq(s, "verify", seqs, b);
+        if (sq)
+            return sq;
         int64_t L = s->seq_len[seqs[b]];
         if (L + n > s->p.n_ctx)
             return st_fail(ST_ERR_RANGE, "verify: context full (%lld + %lld nodes > %d)",
@@ -263,11 +271,9 @@ st_status st_session_decode_batch(st_session *s, int32_t n, const int32_t *seqs,
         return st_fail(ST_ERR_INVALID, "decode batch: %d sequences (must be 1..%d)", n,
                        s->p.n_batch);
     for (int32_t i = 0; i < n; i++) {
-        if (seqs[i] < 0 || seqs[i] >= s->p.n_seq)
-            return st_fail(ST_ERR_INVALID, "decode batch: sequence %d out of range", seqs[i]);
-        for (int32_t j = 0; j < i; j++)
-            if (seqs[j] == seqs[i])
-                return st_fail(ST_ERR_INVALID, "decode batch: sequence %d appears twice", seqs[i]);
+        st_status sq = check_seq(s, "decode batch", seqs, i);
+        if (sq)
+            return sq;
         const int32_t L = s->seq_len[seqs[i]];
         if (L + 1 > s->p.n_ctx)
             return st_fail(ST_ERR_RANGE, "decode batch: sequence %d: context full (%d)", seqs[i],
