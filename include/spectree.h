@@ -345,6 +345,9 @@ const st_session_params *st_session_get_params(const st_session *s);
 int32_t st_session_seq_len(const st_session *s, int32_t seq);
 /* Forgets sequence seq (length 0). */
 st_status st_session_seq_reset(st_session *s, int32_t seq);
+/* Shortens sequence seq to its first len positions (0 <= len <= its length): the rows after them
+ * are forgotten and the next token is evaluated at position len. ST_ERR_RANGE otherwise. */
+st_status st_session_seq_truncate(st_session *s, int32_t seq, int32_t len);
 
 /* Evaluates n tokens of sequence seq with causal attention at positions L..L+n-1 (L = the
  * sequence's length), appends their K/V, and advances the length by n. Any n >= 1 is accepted
@@ -642,25 +645,23 @@ typedef struct st_verify_mask st_verify_mask;
 st_status st_verify_mask_create(st_attn_backend backend, int64_t max_bs, int64_t max_n,
                                 int64_t max_ctx_sum, st_verify_mask **out);
 void st_verify_mask_free(st_verify_mask *vm);
-/* Bytes of the buffer allocated at creation. */
-size_t st_verify_mask_capacity(const st_verify_mask *vm);
 /* Fills *out (layout, fill_prefix, buffer) for one step's st_tree_build from what the backend
- * reads for this topk. ST_ERR_RANGE when the step exceeds the sizes given at creation. */
+ * reads for this topk, and remembers the step (bs, n) for st_session_verify. ST_ERR_RANGE when
+ * the step exceeds the sizes given at creation. */
 st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, int64_t n,
                                  int64_t seq_lens_sum, st_tree_mask *out);
 
 /* Target-verify forward: scores the bs trees of n nodes (tree->tokens at tree->positions) of
- * sequences seqs[0..bs) in one forward pass. Node i of request b attends to the committed
- * prefix [0, L_b) of its sequence and to the tree nodes its mask row marks; its K/V are written
- * to row L_b + i. The sequence lengths do not change (st_session_commit does that). logits:
- * (bs*n, n_vocab). Each node's logits are bitwise those of decoding its path one token at a
- * time. logits may be NULL: the output layer is then deferred, and st_session_logits computes
- * the logits of just the nodes a caller needs (verification walks one path). Requires
- * bs*n <= n_batch and L_b + n <= n_ctx; a backend given a layout it does not read is
- * ST_ERR_INVALID. */
-st_status st_session_verify(st_session *s, st_attn_backend backend, int64_t bs, int64_t n,
-                            const int32_t *seqs, const st_tree *tree, const st_tree_mask *mask,
-                            float *logits);
+ * sequences seqs[0..bs) in one forward pass, with the attention of vm's backend over the mask
+ * that vm's last st_verify_mask_prepare laid out and st_tree_build filled (bs and n must be that
+ * step's). Node i of request b attends to the committed prefix [0, L_b) of its sequence and to
+ * the tree nodes its mask row marks; its K/V are written to row L_b + i. The sequence lengths do
+ * not change (st_session_commit does that). logits: (bs*n, n_vocab). Each node's logits are
+ * bitwise those of decoding its path one token at a time. logits may be NULL: the output layer
+ * is then deferred, and st_session_logits computes the logits of just the nodes a caller needs
+ * (verification walks one path). Requires bs*n <= n_batch and L_b + n <= n_ctx. */
+st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
+                            const int32_t *seqs, const st_tree *tree, float *logits);
 
 /* The logits (n_vocab floats) of node i (0 <= i < bs*n) of the last st_session_verify called
  * with logits NULL, bitwise equal to what that call would have written in row i. Valid until

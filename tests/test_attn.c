@@ -178,17 +178,15 @@ static void test_tree_attention(void **state) {
         int32_t seq = 0;
         assert_int_equal(st_session_seq_reset(sv, 0), ST_OK);
         assert_int_equal(st_session_eval(sv, 0, prefix, L, NULL, 0), ST_OK);
-        assert_int_equal(st_session_verify(sv, ST_ATTN_CASCADE, 1, N, &seq, &bc.tree, &mc, lc),
-                         ST_OK);
-        assert_int_equal(st_session_verify(sv, ST_ATTN_DENSE, 1, N, &seq, &bd.tree, &md, ld),
-                         ST_OK);
+        assert_int_equal(st_session_verify(sv, vc, 1, N, &seq, &bc.tree, lc), ST_OK);
+        assert_int_equal(st_session_verify(sv, vd, 1, N, &seq, &bd.tree, ld), ST_OK);
         assert_memory_equal(lc, ld, (size_t)N * V * 4);
         /* deferred logits: the same forward without the output layer, then node by node (in
          * reverse order) on demand: bitwise the rows written above */
         for (int be = 0; be < 2; be++) {
-            assert_int_equal(st_session_verify(sv, be ? ST_ATTN_DENSE : ST_ATTN_CASCADE, 1, N, &seq,
-                                               be ? &bd.tree : &bc.tree, be ? &md : &mc, NULL),
-                             ST_OK);
+            assert_int_equal(
+                st_session_verify(sv, be ? vd : vc, 1, N, &seq, be ? &bd.tree : &bc.tree, NULL),
+                ST_OK);
             float *one = malloc((size_t)V * sizeof *one);
             for (int64_t t = N - 1; t >= 0; t--) {
                 assert_int_equal(st_session_logits(sv, t, one), ST_OK);
@@ -197,8 +195,7 @@ static void test_tree_attention(void **state) {
             assert_int_equal(st_session_logits(sv, N, one), ST_ERR_INVALID);
             assert_int_equal(st_session_logits(sv, -1, one), ST_ERR_INVALID);
             /* another forward pass ends them */
-            assert_int_equal(st_session_verify(sv, ST_ATTN_CASCADE, 1, N, &seq, &bc.tree, &mc, lc),
-                             ST_OK);
+            assert_int_equal(st_session_verify(sv, vc, 1, N, &seq, &bc.tree, lc), ST_OK);
             assert_int_equal(st_session_logits(sv, 0, one), ST_ERR_INVALID);
             free(one);
         }
@@ -233,10 +230,8 @@ static void test_tree_attention(void **state) {
             for (size_t i = 0; i < md.bytes; i++)
                 ((uint8_t *)md.data)[i] = (uint8_t)(rnd() & 1 ? rnd() : 0);
             build(&d, root, L, &mp, &bd);
-            assert_int_equal(st_session_verify(sv, ST_ATTN_DENSE, 1, N, &seq, &bd.tree, &mp, ld),
-                             ST_OK);
-            assert_int_equal(st_session_verify(sv, ST_ATTN_CASCADE, 1, N, &seq, &bc.tree, &mc, lc),
-                             ST_OK);
+            assert_int_equal(st_session_verify(sv, vd, 1, N, &seq, &bd.tree, ld), ST_OK);
+            assert_int_equal(st_session_verify(sv, vc, 1, N, &seq, &bc.tree, lc), ST_OK);
             assert_memory_not_equal(lc, ld, (size_t)N * V * 4);
             sequential(sq, prefix, L, &root, 1, ref);
             assert_memory_equal(ref, lc, (size_t)V * 4);
@@ -293,7 +288,7 @@ static void test_commit(void **state) {
     int64_t before = st_alloc_count();
     build(&d, greedy_toks[1], 6, &mk, &b);
     int32_t seq = 0;
-    assert_int_equal(st_session_verify(sv, ST_ATTN_CASCADE, 1, 7, &seq, &b.tree, &mk, lg), ST_OK);
+    assert_int_equal(st_session_verify(sv, vm, 1, 7, &seq, &b.tree, lg), ST_OK);
     for (int t = 0; t < 7; t++) {
         int32_t bi = 0;
         for (int32_t j = 1; j < V; j++)

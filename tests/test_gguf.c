@@ -20,7 +20,6 @@
 #include "io/gguf_internal.h"
 #include "io/gguf_write.h"
 #include "kernels/kernels.h"
-#include "model/load_memory_api.h"
 #include "spectree.h"
 #include "testutil.h"
 

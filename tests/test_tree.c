@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "spec/tree_api.h"
+#include "spectree.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------------------------ helpers */

@@ -11,7 +11,7 @@
 
 #include "spectree.h"
 /* The tree API is a fragment of spectree.h that is not pasted in yet. */
-#include "../src/spec/tree_api.h"
+#include "spectree.h"
 
 #include <math.h>
 #include <stdio.h>

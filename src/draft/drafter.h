@@ -8,7 +8,7 @@
 #define ST_DRAFTER_H
 
 #include "model/model.h"
-#include "spec/spec.h"
+#include "tree/tree.h"
 
 typedef struct st_drafter st_drafter;
 

@@ -58,7 +58,9 @@ static st_status catch_up(mdraft *g, const int32_t *hist, int32_t upto) {
     st_session *s = g->s;
     if (g->valid > upto)
         g->valid = upto;
-    s->seq_len[0] = g->valid;
+    st_status tr = st_session_seq_truncate(s, 0, g->valid);
+    if (tr)
+        return tr;
     if (upto > g->valid) {
         st_status st = st_session_eval(s, 0, hist + g->valid, upto - g->valid, NULL, 0);
         if (st)

@@ -8,7 +8,7 @@
  */
 #include "draft/drafter.h"
 #include "engine/ctl.h"
-#include "engine/engine_api.h"
+#include "spectree.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -414,7 +414,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
             if ((rc = st_tree_build(&shape, &in, &tree, &mk)))
                 goto done;
             double tv = st_time_now();
-            if ((rc = st_session_verify(g.s, sp.backend, na, nstep, g.seqs, &tree, &mk, NULL)))
+            if ((rc = st_session_verify(g.s, g.vm, na, nstep, g.seqs, &tree, NULL)))
                 goto done;
             if ((rc = path_targets(&g, na, nstep, S, &tree, sampler)))
                 goto done;

@@ -3,8 +3,8 @@
  * buffer with st_gguf_open_memory and hands it to the loader shared with st_model_load, so a
  * buffer is validated exactly like a file (the fuzz target and the GGUF tests rely on this).
  */
-#include "model/load_memory_api.h"
 #include "model/model.h"
+#include "spectree.h"
 
 /* Defined in llama.c (takes ownership of g). */
 st_status st_model_from_gguf(st_gguf *g, st_model **out);

@@ -1,7 +1,9 @@
 /*
  * model.h: the Llama model as plain structs of pointers into the mapped GGUF (llama2.c style),
  * the session (KV cache, scratch, thread pool) and the batched forward pass with an explicit
- * attention description, shared by plain decoding and tree verification.
+ * attention description, shared by plain decoding and tree verification. Files: llama.c
+ * (loading), session.c (session, prompt evaluation), forward.c (the pass), attn.c (attention),
+ * kv.c (verify forward, KV commit, batched decode).
  */
 #ifndef ST_MODEL_H
 #define ST_MODEL_H
@@ -69,7 +71,6 @@ typedef struct st_fwd {
     const int32_t *extra_rows;         /* CSR values */
     int32_t logits_from;               /* tokens i >= logits_from get logits ... */
     float *logits;                     /* ... in row i - logits_from, (n - logits_from, n_vocab) */
-    float *hidden;                     /* optional (n, n_embd): final-normed hidden states */
     int32_t defer_logits; /* keep the final-normed states of all n tokens in the session for
                            * st_session_logits instead of computing logits */
 } st_fwd;
@@ -100,7 +101,6 @@ struct st_session {
     float *tmp;         /* (n_batch, n_embd) matmul output before the residual add */
     st_block_q8x *xq;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
     float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
-    float *logits_tmp; /* (1, n_vocab) */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
     int32_t *b_extra_off;                      /* (n_batch + 1) */
@@ -112,6 +112,10 @@ struct st_session {
 
 /* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */
 st_status st_forward(st_session *s, const st_fwd *f);
+
+/* Attention of layer `layer` for the f->n tokens of a forward pass: reads s->q and the KV cache,
+ * writes s->att (attn.c). */
+void st_attn_layer(st_session *s, const st_fwd *f, int32_t layer);
 
 /* K/V row pointers of sequence seq, layer l. */
 static inline float *st_kv_k(const st_session *s, int32_t seq, int32_t l) {

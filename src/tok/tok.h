@@ -7,7 +7,7 @@
 #define ST_TOK_H
 
 #include "core/core.h"
-#include "tok/tok_api.h"
+#include "spectree.h"
 
 /* Token types of tokenizer.ggml.token_type (FORMATS.md b.4); other values read as UNDEFINED. */
 enum {

@@ -7,7 +7,7 @@
  */
 #include "spectree.h"
 
-#include "../../src/model/load_memory_api.h"
+#include "spectree.h"
 
 #include <stdio.h>
 #include <stdlib.h>

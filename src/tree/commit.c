@@ -5,7 +5,6 @@
  * At most S+1 rows move per plane: the cost does not depend on the context length.
  */
 #include "core/core.h"
-#include "tree_api.h"
 
 #include <string.h>
 

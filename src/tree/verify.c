@@ -7,7 +7,6 @@
  * not come from st_tree_build can at worst produce an error, never an out-of-bounds access.
  */
 #include "core/core.h"
-#include "tree_api.h"
 
 #include <stdbool.h>
 

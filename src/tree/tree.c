@@ -6,7 +6,6 @@
  * caller-owned arrays, no allocation, O(bs*N*N) per step whatever the context length.
  */
 #include "core/core.h"
-#include "tree_api.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -1,5 +1,0 @@
-/* engine_api.h: now part of include/spectree.h (kept so internal includes keep working). */
-#ifndef ST_ENGINE_API_H
-#define ST_ENGINE_API_H
-#include "spectree.h"
-#endif

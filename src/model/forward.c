@@ -1,0 +1,235 @@
+/*
+ * forward.c: the batched forward pass over an explicit attention description (st_fwd): RMSNorm,
+ * RoPE in GGUF's adjacent-pair layout, the projections through the kernel table split over the
+ * thread pool by rows, attention (attn.c), SwiGLU, and the output layer, now or deferred. Every
+ * output element is reduced in one fixed order whatever the batch size, tree shape or thread
+ * count, which is what makes tree verification bitwise equal to sequential decoding (DESIGN.md
+ * invariant 1).
+ */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* y = x / sqrt(mean(x^2) + eps) * w, with the canonical dot product for the sum of squares. */
+static void rmsnorm(const st_kernels *k, float *y, const float *x, const float *w, int64_t n,
+                    float eps) {
+    float ss = k->dot(x, x, n) / (float)n;
+    float scale = 1.0f / sqrtf(ss + eps);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (x[i] * scale) * w[i];
+}
+
+/* Rotates adjacent pairs (2j, 2j+1) of each head (GGUF/llama.cpp NORMAL mode). */
+static void rope(float *v, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs,
+                 const float *sn) {
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *vh = v + (int64_t)h * head_dim;
+        for (int32_t j = 0; j < n_rot / 2; j++) {
+            float a = vh[2 * j], b = vh[2 * j + 1];
+            vh[2 * j] = a * cs[j] - b * sn[j];
+            vh[2 * j + 1] = a * sn[j] + b * cs[j];
+        }
+    }
+}
+
+typedef struct mm_job {
+    const st_kernels *k;
+    int n_mat;
+    const st_wt *w[3];
+    float *y[3];
+    const void *x; /* float (M, ldx) or st_block_q8x (M, ldx) */
+    int64_t ldx;
+    int64_t M;
+    int64_t chunk;       /* rows per work item */
+    int64_t n_chunks[3]; /* work items of each matrix */
+    atomic_llong next;   /* next work item, over the matrices in order */
+} mm_job;
+
+static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
+    switch (type) {
+    case ST_DTYPE_F32:
+        return k->matmul_f32;
+    case ST_DTYPE_F16:
+        return k->matmul_f16;
+    case ST_DTYPE_BF16:
+        return k->matmul_bf16;
+    case ST_DTYPE_Q8_0:
+        return k->matmul_q8_0;
+    default:
+        return k->matmul_q4_0;
+    }
+}
+
+static bool is_quant(uint32_t type) { return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0; }
+
+/* Threads take chunks of rows of the matrices in turn from a shared counter (memory bandwidth
+ * is shared unevenly, so a static split leaves one thread waiting at the barrier). Which thread
+ * computes a row changes nothing in its value. Outputs are row-major (M, n_out). */
+static void mm_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    mm_job *j = ctx;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        int i = 0;
+        while (i < j->n_mat && c >= j->n_chunks[i])
+            c -= j->n_chunks[i++];
+        if (i == j->n_mat)
+            return;
+        const st_wt *w = j->w[i];
+        const int64_t r0 = c * j->chunk;
+        const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
+        if (w->packed && j->k->matmul_f32_packed) {
+            j->k->matmul_f32_packed(j->y[i], w->n_out, w->packed, j->x, j->ldx, w->n_in, j->M, r0,
+                                    r1);
+            continue;
+        }
+        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x, j->ldx, w->n_in,
+                                  j->M, r0, r1);
+    }
+}
+
+/* y_i = W_i x for up to three matrices with the same input (M tokens of n_in floats). */
+static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *const *y,
+                    const float *x, int64_t M) {
+    mm_job j = {.k = s->kern, .n_mat = n_mat, .M = M};
+    int64_t rows = 0;
+    for (int i = 0; i < n_mat; i++) {
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+        rows += w[i]->n_out;
+    }
+    /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles (16-row blocks of
+     * packed weights). */
+    const int nth = st_pool_size(s->pool);
+    const int64_t tile = w[0]->packed ? ST_PACK_ROWS : 8;
+    j.chunk = nth == 1 ? rows : (rows / (8 * nth) + tile - 1) & ~(tile - 1);
+    if (j.chunk < tile)
+        j.chunk = tile;
+    for (int i = 0; i < n_mat; i++)
+        j.n_chunks[i] = (w[i]->n_out + j.chunk - 1) / j.chunk;
+    atomic_init(&j.next, 0);
+    int64_t K = w[0]->n_in;
+    if (is_quant(w[0]->type)) {
+        int64_t nb = K / ST_QK;
+        for (int64_t m = 0; m < M; m++)
+            s->kern->quantize_q8x(s->xq + m * nb, x + m * K, K);
+        j.x = s->xq;
+        j.ldx = nb;
+    } else {
+        j.x = x;
+        j.ldx = K;
+    }
+    st_pool_run(s->pool, mm_task, &j);
+}
+
+static void matmul1(st_session *s, const st_wt *w, float *y, const float *x, int64_t M) {
+    matmuls(s, 1, &w, &y, x, M);
+}
+
+static st_status check_fwd(const st_session *s, const st_fwd *f) {
+    const st_model_hparams *hp = &s->m->hp;
+    if (f->n < 1 || f->n > s->p.n_batch)
+        return st_fail(ST_ERR_INVALID, "forward: %d tokens (must be 1..%d)", f->n, s->p.n_batch);
+    if (f->logits_from < 0 || f->logits_from > f->n)
+        return st_fail(ST_ERR_INVALID, "forward: logits_from %d out of range", f->logits_from);
+    for (int32_t i = 0; i < f->n; i++) {
+        if (f->tokens[i] < 0 || f->tokens[i] >= hp->n_vocab)
+            return st_fail(ST_ERR_INVALID, "token id %d out of range [0, %d)", f->tokens[i],
+                           hp->n_vocab);
+        if (f->seq[i] < 0 || f->seq[i] >= s->p.n_seq)
+            return st_fail(ST_ERR_INVALID, "sequence %d out of range [0, %d)", f->seq[i],
+                           s->p.n_seq);
+        if (f->pos[i] < 0 || f->pos[i] >= s->p.n_ctx || f->kv_row[i] < 0 ||
+            f->kv_row[i] >= s->p.n_ctx)
+            return st_fail(ST_ERR_RANGE, "position %d / KV row %d outside the context of %d",
+                           f->pos[i], f->kv_row[i], s->p.n_ctx);
+        int32_t ne = f->extra_off ? f->extra_off[i + 1] - f->extra_off[i] : 0;
+        if (f->n_prefix[i] < 0 || f->n_prefix[i] > s->p.n_ctx || ne < 0 ||
+            ne > s->p.n_ctx - f->n_prefix[i])
+            return st_fail(ST_ERR_RANGE,
+                           "token %d: %d prefix keys + %d extra keys exceed the "
+                           "context of %d",
+                           i, f->n_prefix[i], ne, s->p.n_ctx);
+        for (int32_t e = 0; e < ne; e++) {
+            int32_t r = f->extra_rows[f->extra_off[i] + e];
+            if (r < 0 || r >= s->p.n_ctx)
+                return st_fail(ST_ERR_RANGE, "token %d: key row %d outside the context", i, r);
+        }
+    }
+    return ST_OK;
+}
+
+st_status st_forward(st_session *s, const st_fwd *f) {
+    st_status st = check_fwd(s, f);
+    if (st)
+        return st;
+    const st_model *m = s->m;
+    const st_model_hparams *hp = &m->hp;
+    const st_kernels *k = s->kern;
+    const int64_t E = hp->n_embd, hd = hp->head_dim, Q = (int64_t)hp->n_head * hd,
+                  KV = (int64_t)hp->n_head_kv * hd, F = hp->n_ff, T = f->n;
+    const int32_t nrot2 = hp->n_rot / 2;
+    for (int64_t i = 0; i < T; i++)
+        st_dequant_row(m->tok_embd.type,
+                       (const char *)m->tok_embd.data +
+                           (size_t)f->tokens[i] * m->tok_embd.row_bytes,
+                       s->x + i * E, E);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const st_layer *L = &m->layers[l];
+        for (int64_t i = 0; i < T; i++)
+            rmsnorm(k, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
+        const st_wt *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *yqkv[3] = {s->q, s->kt, s->vt};
+        matmuls(s, 3, wqkv, yqkv, s->xb, T);
+        for (int64_t i = 0; i < T; i++) {
+            const float *cs = s->rope_cos + (int64_t)f->pos[i] * nrot2;
+            const float *sn = s->rope_sin + (int64_t)f->pos[i] * nrot2;
+            rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn);
+            rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn);
+            memcpy(st_kv_k(s, f->seq[i], l) + (int64_t)f->kv_row[i] * KV, s->kt + i * KV,
+                   (size_t)KV * sizeof(float));
+            memcpy(st_kv_v(s, f->seq[i], l) + (int64_t)f->kv_row[i] * KV, s->vt + i * KV,
+                   (size_t)KV * sizeof(float));
+        }
+        st_attn_layer(s, f, l);
+        matmul1(s, &L->wo, s->tmp, s->att, T);
+        for (int64_t i = 0; i < T * E; i++)
+            s->x[i] += s->tmp[i];
+        for (int64_t i = 0; i < T; i++)
+            rmsnorm(k, s->xb + i * E, s->x + i * E, L->ffn_norm, E, hp->rms_eps);
+        const st_wt *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {s->hb, s->hb2};
+        matmuls(s, 2, wgu, ygu, s->xb, T);
+        k->silu_mul(s->hb, s->hb2, T * F);
+        matmul1(s, &L->w_down, s->tmp, s->hb, T);
+        for (int64_t i = 0; i < T * E; i++)
+            s->x[i] += s->tmp[i];
+    }
+    int64_t n_out = T - f->logits_from;
+    s->n_deferred = 0;
+    if ((f->logits && n_out > 0) || f->defer_logits) {
+        for (int64_t i = 0; i < T; i++)
+            rmsnorm(k, s->xb + i * E, s->x + i * E, m->out_norm, E, hp->rms_eps);
+        if (f->logits && n_out > 0)
+            matmul1(s, &m->output, f->logits, s->xb + f->logits_from * E, n_out);
+        else if (f->defer_logits)
+            s->n_deferred = (int32_t)T;
+    }
+    return ST_OK;
+}
+
+st_status st_session_logits(st_session *s, int64_t i, float *logits) {
+    if (!s || !logits)
+        return st_fail(ST_ERR_INVALID, "logits: NULL argument");
+    if (i < 0 || i >= s->n_deferred)
+        return st_fail(ST_ERR_INVALID,
+                       "logits: node %lld is not one of the %d nodes of the last deferred "
+                       "verify",
+                       (long long)i, s->n_deferred);
+    /* one row of the output layer: the same canonical reductions as a batch (invariant 1) */
+    matmul1(s, &s->m->output, logits, s->xb + i * s->m->hp.n_embd, 1);
+    return ST_OK;
+}

@@ -1,0 +1,167 @@
+/*
+ * kv.c: the session's speculative entry points. st_session_verify lays out every tree node's key
+ * list from the verify-mask owner's mask (the prefix, unmasked or through FULL_MASK rows, then
+ * the node's ancestors) and runs one forward pass over all the trees of a batch;
+ * st_session_commit moves the accepted nodes' KV rows into place; st_session_decode_batch runs
+ * one plain step of several sequences in one pass; st_session_seq_truncate drops rows.
+ */
+#include "model/model.h"
+#include "tree/tree.h"
+
+#include <string.h>
+
+/* seqs[i] names a sequence of the session that seqs[0 .. i) does not. */
+static st_status check_seq(const st_session *s, const char *fn, const int32_t *seqs, int64_t i) {
+    if (seqs[i] < 0 || seqs[i] >= s->p.n_seq)
+        return st_fail(ST_ERR_INVALID, "%s: sequence %d out of range", fn, seqs[i]);
+    for (int64_t j = 0; j < i; j++)
+        if (seqs[j] == seqs[i])
+            return st_fail(ST_ERR_INVALID, "%s: sequence %d appears twice", fn, seqs[i]);
+    return ST_OK;
+}
+
+st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
+                            const int32_t *seqs, const st_tree *tree, float *logits) {
+    if (!s || !vm || !seqs || !tree || !tree->tokens || !tree->positions)
+        return st_fail(ST_ERR_INVALID, "verify: NULL argument");
+    int64_t mbs = 0, mn = 0;
+    const st_tree_mask *mask = st_verify_mask_view(vm, &mbs, &mn);
+    if (!mask || mbs != bs || mn != n)
+        return st_fail(ST_ERR_INVALID,
+                       "verify: the mask was prepared for %lld requests x %lld nodes, not %lld x "
+                       "%lld (call st_verify_mask_prepare and st_tree_build for this step)",
+                       (long long)mbs, (long long)mn, (long long)bs, (long long)n);
+    if (bs < 1 || n < 1 || bs * n > s->p.n_batch)
+        return st_fail(ST_ERR_INVALID, "verify: %lld requests x %lld nodes exceed the batch of %d",
+                       (long long)bs, (long long)n, s->p.n_batch);
+    /* Mask extent check, and each request's committed length and FULL_MASK base. */
+    int64_t sum = 0;
+    for (int64_t b = 0; b < bs; b++) {
+        st_status sq = check_seq(s, "verify", seqs, b);
+        if (sq)
+            return sq;
+        int64_t L = s->seq_len[seqs[b]];
+        if (L + n > s->p.n_ctx)
+            return st_fail(ST_ERR_RANGE, "verify: context full (%lld + %lld nodes > %d)",
+                           (long long)L, (long long)n, s->p.n_ctx);
+        sum += L;
+    }
+    size_t need = 0;
+    st_status st = st_tree_mask_bytes(mask->layout, bs, n, sum, &need);
+    if (st)
+        return st;
+    if (mask->bytes < need)
+        return st_fail(ST_ERR_RANGE, "verify: mask buffer of %zu bytes, %zu needed", mask->bytes,
+                       need);
+    int32_t *off = s->b_extra_off;
+    off[0] = 0;
+    int64_t base = 0; /* FULL_MASK: start of request b */
+    for (int64_t b = 0; b < bs; b++) {
+        int32_t L = s->seq_len[seqs[b]];
+        for (int64_t t = 0; t < n; t++) {
+            int64_t i = b * n + t;
+            s->b_seq[i] = seqs[b];
+            s->b_row[i] = L + (int32_t)t;
+            const uint8_t *row_tree = NULL; /* FULL_MASK: the tree part of the row */
+            s->b_pmask[i] = NULL;
+            if (mask->layout == ST_MASK_FULL) {
+                const uint8_t *row = (const uint8_t *)mask->data + base + t * (L + n);
+                s->b_pmask[i] = row;
+                row_tree = row + L;
+            }
+            int32_t k = off[i];
+            if (mask->layout == ST_MASK_NONE) {
+                s->b_prefix[i] = L + (int32_t)t + 1; /* a chain: causal over prefix + nodes */
+            } else {
+                s->b_prefix[i] = L;
+                for (int64_t j = 0; j < n; j++)
+                    if (st_tree_mask_cell(mask, b, n, t, j, row_tree))
+                        s->b_extra[k++] = L + (int32_t)j;
+            }
+            off[i + 1] = k;
+        }
+        base += n * (L + n);
+    }
+    int64_t T = bs * n;
+    for (int64_t i = 0; i < T; i++) {
+        int32_t p = tree->positions[i];
+        if (p < 0 || p >= s->p.n_ctx)
+            return st_fail(ST_ERR_RANGE, "verify: node %lld position %d outside the context",
+                           (long long)i, p);
+    }
+    st_fwd f = {.n = (int32_t)T,
+                .tokens = tree->tokens,
+                .pos = tree->positions,
+                .seq = s->b_seq,
+                .kv_row = s->b_row,
+                .n_prefix = s->b_prefix,
+                .prefix_mask = mask->layout == ST_MASK_FULL ? s->b_pmask : NULL,
+                .extra_off = off,
+                .extra_rows = s->b_extra,
+                .logits_from = 0,
+                .logits = logits,
+                .defer_logits = logits == NULL};
+    return st_forward(s, &f);
+}
+
+st_status st_session_commit(st_session *s, int32_t seq, int64_t n, const int64_t *accept_nodes,
+                            int64_t n_accept) {
+    if (!s || !accept_nodes)
+        return st_fail(ST_ERR_INVALID, "commit: NULL argument");
+    if (seq < 0 || seq >= s->p.n_seq)
+        return st_fail(ST_ERR_INVALID, "commit: sequence %d out of range", seq);
+    const st_model_hparams *hp = &s->m->hp;
+    int64_t L = s->seq_len[seq];
+    if (L + n > s->p.n_ctx)
+        return st_fail(ST_ERR_RANGE, "commit: %lld + %lld rows exceed the context", (long long)L,
+                       (long long)n);
+    size_t row = (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
+    size_t stride = (size_t)s->kv_layer_stride * sizeof(float);
+    size_t bytes = (size_t)(hp->n_layer - 1) * stride + (size_t)(L + n) * row;
+    st_status st = st_tree_commit_rows(st_kv_k(s, seq, 0), bytes, row, hp->n_layer, stride, L, n,
+                                       accept_nodes, n_accept);
+    if (st)
+        return st;
+    st = st_tree_commit_rows(st_kv_v(s, seq, 0), bytes, row, hp->n_layer, stride, L, n,
+                             accept_nodes, n_accept);
+    if (st)
+        return st;
+    s->seq_len[seq] = (int32_t)(L + n_accept);
+    return ST_OK;
+}
+
+st_status st_session_decode_batch(st_session *s, int32_t n, const int32_t *seqs,
+                                  const int32_t *tokens, float *logits) {
+    if (!s || !seqs || !tokens || !logits)
+        return st_fail(ST_ERR_INVALID, "decode batch: NULL argument");
+    if (n < 1 || n > s->p.n_batch)
+        return st_fail(ST_ERR_INVALID, "decode batch: %d sequences (must be 1..%d)", n,
+                       s->p.n_batch);
+    for (int32_t i = 0; i < n; i++) {
+        st_status sq = check_seq(s, "decode batch", seqs, i);
+        if (sq)
+            return sq;
+        const int32_t L = s->seq_len[seqs[i]];
+        if (L + 1 > s->p.n_ctx)
+            return st_fail(ST_ERR_RANGE, "decode batch: sequence %d: context full (%d)", seqs[i],
+                           L);
+        s->b_seq[i] = seqs[i];
+        s->b_pos[i] = L;
+        s->b_row[i] = L;
+        s->b_prefix[i] = L + 1;
+    }
+    st_fwd f = {.n = n,
+                .tokens = tokens,
+                .pos = s->b_pos,
+                .seq = s->b_seq,
+                .kv_row = s->b_row,
+                .n_prefix = s->b_prefix,
+                .logits_from = 0,
+                .logits = logits};
+    st_status st = st_forward(s, &f);
+    if (st)
+        return st;
+    for (int32_t i = 0; i < n; i++)
+        s->seq_len[seqs[i]]++;
+    return ST_OK;
+}

@@ -1,5 +1,0 @@
-/* attn_api.h: now part of include/spectree.h (kept so internal includes keep working). */
-#ifndef ST_ATTN_API_H
-#define ST_ATTN_API_H
-#include "spectree.h"
-#endif
