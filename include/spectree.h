@@ -2,7 +2,15 @@
  * spectree.h: the one public header of spectree, a C11 inference engine for Llama-family models
  * built around lossless tree speculative decoding. This header is the manual.
  *
- * Usage (greedy generation, errors abbreviated):
+ * Usage (greedy generation; tests/test_example.c compiles and runs exactly this):
+ *
+ *     static int on_token(void *user, int32_t token) {
+ *         const st_tokenizer *tok = user;
+ *         size_t len;
+ *         const char *piece = st_tokenizer_piece(tok, token, &len);
+ *         fwrite(piece, 1, len, stdout);
+ *         return 0; // nonzero stops generation
+ *     }
  *
  *     st_model *model;
  *     if (st_model_load("stories260K.gguf", &model) != ST_OK) {
@@ -15,8 +23,12 @@
  *     st_tokenize(tok, "Once upon a time", 16, 1, ids, 256, &n_ids);
  *     st_gen_params gp = st_gen_default_params();
  *     gp.n_predict = 64;
- *     st_generate(model, ids, n_ids, &gp, on_token, user_data, &stats);
+ *     gp.sampler.temp = 0.0f;                      // greedy
+ *     gp.spec.algo = ST_SPEC_NGRAM;                // tree speculation: same text, faster
+ *     st_gen_stats stats;
+ *     st_status rc = st_generate(model, ids, n_ids, &gp, on_token, (void *)tok, &stats);
  *     st_model_free(model);
+ *     return rc == ST_OK ? 0 : 1;
  *
  * Conventions:
  * - Fallible functions return st_status (ST_OK = 0, negative on error). The human-readable detail
@@ -65,6 +77,17 @@ int64_t st_alloc_count(void);
 
 /* Monotonic clock in seconds (for timing in tools and benchmarks). */
 double st_time_seconds(void);
+
+/* Environment. The library reads two variables; neither changes a result (every kernel table is
+ * bitwise equal to the scalar reference):
+ *   ST_KERNELS=ref   the scalar reference kernels; ST_KERNELS=avx2: the AVX2 table even on an
+ *                    AVX-512 machine; unset (or anything else): the best the CPU supports.
+ *                    Read once, when the first kernel is needed.
+ *   ST_PACK=0        no packed copy of small F32 models' matrices (read by each st_model_load;
+ *                    the copy, 1.3-1.9x faster on stories260K, is made for models with at most
+ *                    16 MB of F32 matrices).
+ * The name of the kernel table in use: "ref", "avx2" or "avx512". */
+const char *st_kernels_name(void);
 
 /* ---------------------------------------------------------------------------------------------
  * GGUF files (read-only, memory-mapped). See docs/FORMATS.md in the shared folder, section (b).
@@ -376,6 +399,11 @@ typedef struct st_sampler_params {
     uint64_t seed;
 } st_sampler_params;
 
+/* Greedy choice: the first index of the largest of x[0..n), NaN never winning unless all are NaN
+ * (then 0). st_sample at temp 0 returns exactly this; top-k and tree selection rank the same way
+ * (higher first, ties by lower index, NaN last). n >= 1. */
+int32_t st_argmax(const float *x, int32_t n);
+
 st_sampler_params st_sampler_default_params(void);
 
 /* Bytes of scratch st_sample needs for a vocabulary of n_vocab. */
@@ -438,6 +466,13 @@ typedef struct st_tree_shape {
     int64_t depth; /* S: draft levels, 1..ST_TREE_MAX_DEPTH */
     int64_t n;     /* N: tree nodes per request including the root, 1..ST_TREE_MAX_N */
 } st_tree_shape;
+
+/* Draft results (TREE_SPEC §1) hold K candidates at level 0, then K*K per level (K children of
+ * each of the K nodes expanded at the level above). st_tree_level_base: index of level `level`'s
+ * first candidate (0, K, K + K*K, ...); st_tree_candidate_level: the level of candidate cand
+ * (its K*K block's parent slot is (cand - base) / K). -1 for arguments out of range. */
+int64_t st_tree_level_base(int64_t topk, int64_t level);
+int64_t st_tree_candidate_level(int64_t topk, int64_t cand);
 
 /* M = K + (S-1)*K*K, the candidates per request the drafter scores (TREE_SPEC §1.3); -1 when K
  * or S is out of range. Candidate g of level 0 is g in [0, K); of level i >= 1 it is
@@ -563,6 +598,19 @@ st_status st_verify_tree_greedy(int64_t bs, int64_t n, int64_t steps, const st_t
                                 const int32_t *target_predict, int32_t *predicts,
                                 int64_t *accept_index, int64_t *accept_token_num);
 
+/* The target's token after global node x (the logits of node x, argmax or sampled): computed on
+ * demand, so that a verify forward can defer its output layer to the nodes that matter. */
+typedef st_status (*st_target_fn)(void *user, int64_t x, int32_t *token);
+
+/* st_verify_tree_greedy with the target's tokens computed on demand: target(user, x, &tok) is
+ * called once for each node x the walk visits (the root, then each accepted node, in path
+ * order) and for no other node. Outputs and errors are exactly those of st_verify_tree_greedy
+ * given target_predict[x] = that token (which is how st_verify_tree_greedy is implemented); an
+ * error returned by target is returned as is. */
+st_status st_verify_tree_walk(int64_t bs, int64_t n, int64_t steps, const st_tree *tree,
+                              st_target_fn target, void *user, int32_t *predicts,
+                              int64_t *accept_index, int64_t *accept_token_num);
+
 /* tree_speculative_sampling_target_only, legacy AOT form (TREE_SPEC §3.2): one coin per sibling
  * group, child accepted iff coin <= prob_acc / max(threshold_acc, 1e-9) or its target probability
  * >= threshold_single; the final token is sampled from the residual at the last accepted node.
@@ -678,6 +726,14 @@ st_status st_session_commit(st_session *s, int32_t seq, int64_t n, const int64_t
  * Speculative generation
  * ------------------------------------------------------------------------------------------- */
 
+/* Limits of speculative generation, checked by the engine, the drafters and the tools alike. */
+#define ST_SPEC_MAX_N 64          /* verified tree nodes per sequence, root included */
+#define ST_SPEC_MAX_K 10          /* candidates per node (EAGLE-2's default top-K is 10) */
+#define ST_SPEC_MAX_S 16          /* draft levels */
+#define ST_GEN_MAX_BATCH 64       /* sequences of one st_generate_batch */
+#define ST_NGRAM_MAX_MATCH 64     /* NGRAM: longest suffix matched */
+#define ST_NGRAM_MAX_BREADTH 4096 /* NGRAM: most occurrences merged */
+
 /* Drafting algorithms (SGLang's --speculative-algorithm names). */
 typedef enum st_spec_algo {
     ST_SPEC_NONE = 0,       /* plain decoding */
@@ -694,7 +750,7 @@ typedef struct st_spec_params {
     const st_model *draft_model; /* STANDALONE: borrowed, must outlive the call */
     int32_t num_steps;           /* S: draft depth; 0 = auto */
     int32_t topk;                /* K: branching; 0 = auto; K = 1 forces N = S + 1 */
-    int32_t num_draft_tokens;    /* N: verified nodes incl. the root (<= 64); 0 = auto */
+    int32_t num_draft_tokens;    /* N: verified nodes incl. the root (<= ST_SPEC_MAX_N); 0 = auto */
     st_attn_backend backend;     /* target-verify attention (default cascade) */
     int32_t ngram_min_match;     /* NGRAM: shortest suffix matched (default 1) */
     int32_t ngram_max_match;     /* NGRAM: longest suffix matched (default 8) */
@@ -706,46 +762,56 @@ st_spec_params st_spec_default_params(void);
 /* Statistics of one st_generate call. Times in milliseconds. */
 typedef struct st_gen_stats {
     int64_t prompt_tokens, gen_tokens;
-    int64_t spec_steps;         /* steps that verified a drafted tree */
-    int64_t plain_steps;        /* steps decoded without drafts (speculation off or no draft) */
-    double tau;                 /* mean tokens per speculative step (accepted + bonus) */
-    int64_t accept_hist[65];    /* accept_hist[k]: speculative steps accepting k drafts */
-    double prompt_ms, gen_ms;   /* prefill; everything after it */
-    double draft_ms, verify_ms; /* drafting; target verify forward passes */
-    double overhead_ms;         /* gen_ms - draft_ms - verify_ms: tree, mask, sampling, commit */
+    int64_t spec_steps;  /* steps that verified a drafted tree */
+    int64_t plain_steps; /* steps decoded without drafts (speculation off or no draft) */
+    double tau;          /* mean tokens per speculative step (accepted + bonus) */
+    int64_t accept_hist[ST_SPEC_MAX_S + 1]; /* [k]: speculative steps accepting k drafts */
+    double prompt_ms, gen_ms;               /* prefill; everything after it */
+    double draft_ms, verify_ms;             /* drafting; target verify forward passes */
+    double overhead_ms; /* gen_ms - draft_ms - verify_ms: tree, mask, sampling, commit */
     double prompt_tok_s, gen_tok_s;
     int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and the largest tree N */
     int32_t auto_shape;  /* 1: `auto` chose each step's tree (at most N tokens) */
     int64_t tree_tokens; /* tokens of all verified trees (mean tree: / spec_steps) */
 } st_gen_stats;
 
+/* Everything st_generate needs besides the model and the prompt. Start from
+ * st_gen_default_params() and change what you need. */
+typedef struct st_gen_params {
+    int64_t n_predict;         /* most tokens to generate (default 256) */
+    st_sampler_params sampler; /* default st_sampler_default_params(); temp 0 = greedy */
+    st_spec_params spec;       /* default st_spec_default_params(): plain decoding */
+    int32_t n_threads;         /* 0: all cores (1 below 16 MB of weights), as st_session_params */
+    int32_t n_ctx;             /* positions per sequence; 0 = the model's training context */
+} st_gen_params;
+
+st_gen_params st_gen_default_params(void);
+
 /* Called for each generated token in order; return nonzero to stop generation there. */
 typedef int (*st_emit_fn)(void *user, int32_t token);
 
-/* Generates up to n_predict tokens after the prompt (n_prompt >= 1 tokens) with the target
- * model m, drafting with `spec` and verifying trees, and calls emit for each token. Stops at an
- * end-of-generation token (not emitted), after n_predict tokens, when emit returns nonzero, or
- * when the context (n_ctx; 0 = the model's) is full. Whatever the drafter and tree shape, the
+/* Generates up to p->n_predict tokens after the prompt (n_prompt >= 1 tokens) with the target
+ * model m, drafting with p->spec and verifying trees, and calls emit (may be NULL) for each
+ * token. Stops at an end-of-generation token (not emitted), after n_predict tokens, when emit
+ * returns nonzero, or when the context is full. Whatever the drafter and tree shape, the
  * emitted tokens equal plain decoding with the same sampler parameters (greedy, or seeded
- * sampling with the position-coupled draw of st_sample). stats may be NULL. */
-st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_predict,
-                      const st_sampler_params *sampler, const st_spec_params *spec,
-                      int32_t n_threads, int32_t n_ctx, st_emit_fn emit, void *user,
-                      st_gen_stats *stats);
+ * sampling with the position-coupled draw of st_sample). p NULL: the defaults; stats may be
+ * NULL. Errors: ST_ERR_INVALID for bad parameters (a message names the field), ST_ERR_RANGE for
+ * a prompt that does not fit the context, ST_ERR_NOMEM. */
+st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt,
+                      const st_gen_params *p, st_emit_fn emit, void *user, st_gen_stats *stats);
 
 /* Called for each generated token of sequence seq (the prompt's index) in order; return nonzero
  * to stop that sequence there. */
 typedef int (*st_emit_seq_fn)(void *user, int32_t seq, int32_t token);
 
-/* Generates for bs prompts (1..64) at once: every step drafts a tree per sequence and verifies
- * all of them in one target forward pass (FULL_MASK rows with per-request prefix lengths for
- * dense, the tree block for cascade). Each sequence's tokens equal its own st_generate output.
- * Sequences finish independently; stats sum over them. */
+/* Generates for bs prompts (1..ST_GEN_MAX_BATCH) at once: every step drafts a tree per sequence
+ * and verifies all of them in one target forward pass (FULL_MASK rows with per-request prefix
+ * lengths for dense, the tree block for cascade). Each sequence's tokens equal its own
+ * st_generate output. Sequences finish independently; stats sum over them. */
 st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const *prompts,
-                            const int64_t *n_prompts, int64_t n_predict,
-                            const st_sampler_params *sampler, const st_spec_params *spec,
-                            int32_t n_threads, int32_t n_ctx, st_emit_seq_fn emit, void *user,
-                            st_gen_stats *stats);
+                            const int64_t *n_prompts, const st_gen_params *p, st_emit_seq_fn emit,
+                            void *user, st_gen_stats *stats);
 
 #ifdef __cplusplus
 }

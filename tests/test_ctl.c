@@ -70,7 +70,7 @@ static void test_rank_matches_organize(void **state) {
         for (int64_t i = 0; i < M; i++)
             nf += isfinite(scores[i]);
         st_ctl *c;
-        assert_int_equal(st_ctl_create(1, K, S, N, &c), ST_OK);
+        assert_int_equal(st_ctl_create(1, K, S, N, 1, 0.0, &c), ST_OK);
         st_ctl_rank(c, 0, 0, K, S, scores, tokens, lp, 10, 0);
         /* for every tree size n, organize selects n-1 candidates (by score, ties by lower
          * index): the finite ones first, and the deepest of them is as deep as the deepest of
@@ -134,11 +134,11 @@ static void test_choice(void **state) {
     for (int correct = 0; correct < 2; correct++)
         for (int cheap = 0; cheap < 2; cheap++) {
             st_ctl *c;
-            assert_int_equal(st_ctl_create(1, 1, S, N, &c), ST_OK);
+            assert_int_equal(st_ctl_create(1, 1, S, N, 1, 0.0, &c), ST_OK);
             int64_t n_hist = 1;
             /* no plain timing yet: always plain first */
             feed_chain(c, S, hist, &n_hist, correct);
-            assert_int_equal(st_ctl_choose(c, 1, &g), 1);
+            assert_int_equal(st_ctl_choose(c, 1, 0, &g), 1);
             st_ctl_time_plain(c, 1e-3);
             for (int32_t T = 2; T <= N; T++) /* verify cost: 0.2 or 1.0 plain tokens per token */
                 for (int r = 0; r < 30; r++) /* (the prior's weight fades with measurements) */
@@ -146,7 +146,7 @@ static void test_choice(void **state) {
             for (int step = 0; step < 60; step++)
                 feed_chain(c, S, hist, &n_hist, correct);
             feed_chain(c, S, hist, &n_hist, correct); /* ranks a fresh proposal */
-            const int32_t n = st_ctl_choose(c, 1, &g);
+            const int32_t n = st_ctl_choose(c, 1, 0, &g);
             if (correct && cheap) {
                 assert_int_equal(n, N); /* every node pays */
                 assert_true(g > 2.5);
@@ -167,7 +167,7 @@ static void test_classes(void **state) {
     (void)state;
     st_ctl *c;
     const int64_t S = 2;
-    assert_int_equal(st_ctl_create(1, 1, S, 3, &c), ST_OK);
+    assert_int_equal(st_ctl_create(1, 1, S, 3, 1, 0.0, &c), ST_OK);
     st_ctl_time_plain(c, 1e-3);
     for (int32_t T = 2; T <= 3; T++)
         for (int r = 0; r < 4; r++)
@@ -187,9 +187,9 @@ static void test_classes(void **state) {
     }
     double g;
     st_ctl_rank(c, 0, 0, 1, S, scores, tokens, lp, n_hist, 0);
-    assert_int_equal(st_ctl_choose(c, 1, &g), 3);
+    assert_int_equal(st_ctl_choose(c, 1, 0, &g), 3);
     st_ctl_rank(c, 0, 0, 1, S, scores, tokens, lp, n_hist, 1);
-    assert_int_equal(st_ctl_choose(c, 1, &g), 1);
+    assert_int_equal(st_ctl_choose(c, 1, 0, &g), 1);
     st_ctl_observe(c, 0, hist, n_hist, 1); /* a finished sequence drops its shadows */
     st_ctl_free(c);
 }

@@ -46,10 +46,19 @@ static int record(void *user, int32_t t) {
 
 enum { N_GEN = 32, CTX = 256 };
 
+/* The generation parameters of one call (sampler and spec copied from the pointers). */
+#define GEN_PARAMS(n_, sampler_, spec_, threads_, ctx_)                                            \
+    (&(st_gen_params){.n_predict = (n_),                                                           \
+                      .sampler = *(sampler_),                                                      \
+                      .spec = *(spec_),                                                            \
+                      .n_threads = (threads_),                                                     \
+                      .n_ctx = (ctx_)})
+
 static void run(const int32_t *prompt, int np, const st_sampler_params *sp,
                 const st_spec_params *spec, int threads, rec *out, st_gen_stats *gs) {
     memset(out, 0, sizeof *out);
-    st_status s = st_generate(model, prompt, np, N_GEN, sp, spec, threads, CTX, record, out, gs);
+    st_status s =
+        st_generate(model, prompt, np, GEN_PARAMS(N_GEN, sp, spec, threads, CTX), record, out, gs);
     if (s != ST_OK)
         fail_msg("generate: %s", st_last_error());
 }
@@ -132,12 +141,14 @@ static void test_auto_and_stop(void **state) {
     spec.topk = 2;
     spec.num_steps = 2;
     spec.num_draft_tokens = 64; /* more than 1 + K + (S-1)K^2 = 7 */
-    assert_int_equal(st_generate(model, prompt, 5, 8, &sp, &spec, 1, CTX, record, &got, &gs),
-                     ST_ERR_INVALID);
+    assert_int_equal(
+        st_generate(model, prompt, 5, GEN_PARAMS(8, &sp, &spec, 1, CTX), record, &got, &gs),
+        ST_ERR_INVALID);
     spec = st_spec_default_params();
     spec.algo = ST_SPEC_STANDALONE;
-    assert_int_equal(st_generate(model, prompt, 5, 8, &sp, &spec, 1, CTX, record, &got, &gs),
-                     ST_ERR_INVALID);
+    assert_int_equal(
+        st_generate(model, prompt, 5, GEN_PARAMS(8, &sp, &spec, 1, CTX), record, &got, &gs),
+        ST_ERR_INVALID);
     st_spec_algo a;
     assert_int_equal(st_spec_algo_parse("ngram", &a), ST_OK);
     assert_int_equal(a, ST_SPEC_NGRAM);
@@ -181,8 +192,9 @@ static void test_batch(void **state) {
         brec got;
         memset(&got, 0, sizeof got);
         st_gen_stats gs;
-        assert_int_equal(st_generate_batch(model, 4, prompts, np, N_GEN, &sp, &spec, 2, CTX,
-                                           record_seq, &got, &gs),
+        assert_int_equal(st_generate_batch(model, 4, prompts, np,
+                                           GEN_PARAMS(N_GEN, &sp, &spec, 2, CTX), record_seq, &got,
+                                           &gs),
                          ST_OK);
         if (cfg < 8) /* fixed shapes always verify a found draft; auto may find none worth it */
             assert_true(gs.spec_steps > 0);
@@ -245,8 +257,9 @@ static void test_synthetic_draft(void **state) {
     st_sampler_params sp = {.temp = 0.0f};
     rec got;
     st_gen_stats gs;
-    assert_int_equal(st_generate(model, prompt, 5, 8, &sp, &spec, 1, CTX, record, &got, &gs),
-                     ST_ERR_INVALID);
+    assert_int_equal(
+        st_generate(model, prompt, 5, GEN_PARAMS(8, &sp, &spec, 1, CTX), record, &got, &gs),
+        ST_ERR_INVALID);
     assert_non_null(strstr(st_last_error(), "vocabulary"));
     st_model_free(other);
     st_model_free(draft);
@@ -286,20 +299,21 @@ static void test_auto_draft_model(void **state) {
         brec got;
         memset(&got, 0, sizeof got);
         st_gen_stats gs;
-        assert_int_equal(st_generate_batch(target, 3, prompts, np, 200, &sp, &spec, 1, CTX,
-                                           record_seq, &got, &gs),
+        assert_int_equal(st_generate_batch(target, 3, prompts, np,
+                                           GEN_PARAMS(200, &sp, &spec, 1, CTX), record_seq, &got,
+                                           &gs),
                          ST_OK);
         spec_steps += gs.spec_steps;
         for (int b = 0; b < 3; b++) {
             rec one, alone;
             one.n = alone.n = 0;
-            assert_int_equal(
-                st_generate(target, prompts[b], np[b], 200, &sp, &none, 1, CTX, record, &one, &gs),
-                ST_OK);
+            assert_int_equal(st_generate(target, prompts[b], np[b],
+                                         GEN_PARAMS(200, &sp, &none, 1, CTX), record, &one, &gs),
+                             ST_OK);
             assert_int_equal(got.r[b].n, one.n);
             assert_memory_equal(got.r[b].toks, one.toks, sizeof(int32_t) * (size_t)one.n);
-            assert_int_equal(st_generate(target, prompts[b], np[b], 200, &sp, &spec, 1, CTX, record,
-                                         &alone, &gs),
+            assert_int_equal(st_generate(target, prompts[b], np[b],
+                                         GEN_PARAMS(200, &sp, &spec, 1, CTX), record, &alone, &gs),
                              ST_OK);
             spec_steps += gs.spec_steps;
             assert_int_equal(alone.n, one.n);
@@ -348,8 +362,9 @@ static void test_no_alloc_in_loop(void **state) {
             spec.topk = spec.num_steps = spec.num_draft_tokens = 0;
         alloc_rec a = {0, 0, 0};
         st_gen_stats gs;
-        assert_int_equal(
-            st_generate(model, prompt, 5, 64, &sp, &spec, 2, CTX, count_allocs, &a, &gs), ST_OK);
+        assert_int_equal(st_generate(model, prompt, 5, GEN_PARAMS(64, &sp, &spec, 2, CTX),
+                                     count_allocs, &a, &gs),
+                         ST_OK);
         assert_true(a.n > 10);
         if (algo < 3)
             assert_true(gs.spec_steps > 0);

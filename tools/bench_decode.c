@@ -153,8 +153,7 @@ int st_bench_decode_main(int argc, char **argv) {
     const double wbytes = (double)st_model_weight_bytes(m);
     const double gbps = wbytes * tok_s / 1e9;
     const double copy = 0.5 * (copy0 + copy1);
-    const char *kern =
-        getenv("ST_KERNELS") && !strcmp(getenv("ST_KERNELS"), "ref") ? "ref" : "auto";
+    const char *kern = st_kernels_name();
     if (o.json)
         printf("{\"bench\":\"decode\",\"model\":\"%s\",\"wtype\":\"%s\",\"n_embd\":%d,"
                "\"n_layer\":%d,\"threads\":%d,\"kernels\":\"%s\",\"tokens\":%d,\"reps\":%d,"

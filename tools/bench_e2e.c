@@ -83,15 +83,17 @@ int st_bench_e2e_main(int argc, char **argv) {
             break;
         case 'g':
             ng_min = atoi(optarg);
-            if (ng_min < 1 || ng_min > 64) {
-                fprintf(stderr, "spectree-bench e2e: --ngram-min-match must be 1..64\n");
+            if (ng_min < 1 || ng_min > ST_NGRAM_MAX_MATCH) {
+                fprintf(stderr, "spectree-bench e2e: --ngram-min-match must be 1..%d\n",
+                        ST_NGRAM_MAX_MATCH);
                 return 2;
             }
             break;
         case 'G':
             ng_max = atoi(optarg);
-            if (ng_max < 1 || ng_max > 64) {
-                fprintf(stderr, "spectree-bench e2e: --ngram-max-match must be 1..64\n");
+            if (ng_max < 1 || ng_max > ST_NGRAM_MAX_MATCH) {
+                fprintf(stderr, "spectree-bench e2e: --ngram-max-match must be 1..%d\n",
+                        ST_NGRAM_MAX_MATCH);
                 return 2;
             }
             break;
@@ -113,11 +115,11 @@ int st_bench_e2e_main(int argc, char **argv) {
         }
     }
     if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0 || topk < 0 ||
-        topk > 8 || nsteps < 0 || nsteps > 16) {
+        topk > ST_SPEC_MAX_K || nsteps < 0 || nsteps > ST_SPEC_MAX_S) {
         fprintf(stderr,
-                "spectree-bench e2e: -n must be 1..100000, --reps 1..%d, --topk 0..8, --steps "
-                "0..16\n",
-                MAX_REPS);
+                "spectree-bench e2e: -n must be 1..100000, --reps 1..%d, --topk 0..%d, --steps "
+                "0..%d\n",
+                MAX_REPS, ST_SPEC_MAX_K, ST_SPEC_MAX_S);
         return 2;
     }
     st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
@@ -158,15 +160,18 @@ int st_bench_e2e_main(int argc, char **argv) {
         spec.algo = cfg == 0 ? ST_SPEC_NGRAM : ST_SPEC_STANDALONE;
         spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
         const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : drafts[cfg - 2];
-        st_spec_params none = st_spec_default_params();
+        st_gen_params gp_plain = st_gen_default_params(), gp_spec;
+        gp_plain.n_predict = n_gen;
+        gp_plain.sampler = sp;
+        gp_plain.n_threads = threads;
+        gp_spec = gp_plain;
+        gp_spec.spec = spec;
         double plain[MAX_REPS], specr[MAX_REPS], ratio[MAX_REPS], tau = 0;
         int64_t steps = 0, plain_steps = 0;
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
             st_gen_stats a, b;
-            if (st_generate(m, ids, n_ids, n_gen, &sp, &none, threads, 0, NULL, NULL, &a) !=
-                    ST_OK ||
-                st_generate(m, ids, n_ids, n_gen, &sp, &spec, threads, 0, NULL, NULL, &b) !=
-                    ST_OK) {
+            if (st_generate(m, ids, n_ids, &gp_plain, NULL, NULL, &a) != ST_OK ||
+                st_generate(m, ids, n_ids, &gp_spec, NULL, NULL, &b) != ST_OK) {
                 fprintf(stderr, "spectree-bench: %s\n", st_last_error());
                 goto done;
             }

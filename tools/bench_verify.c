@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { VERIFY_MAX_N = 64, VERIFY_NS = 7 };
+enum { VERIFY_MAX_N = ST_SPEC_MAX_N, VERIFY_NS = 7 };
 
 static const char *usage =
     "usage: spectree-bench verify -m MODEL [--json] [--threads N] [--reps R] [--ctx L]\n"

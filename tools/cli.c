@@ -80,8 +80,9 @@ static const char *generate_help =
     "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
     "      --speculative-algorithm {NONE,STANDALONE,NGRAM}   drafter (default NONE)\n"
     "      --speculative-draft-model-path PATH   draft model for STANDALONE (same vocabulary)\n"
-    "      --speculative-num-steps S|auto        draft depth (default auto)\n"
-    "      --speculative-eagle-topk K|auto       branching per node (default auto; K=1: chain)\n"
+    "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
+    "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
+    "chain)\n"
     "      --speculative-num-draft-tokens N|auto verified tree nodes incl. the root (<= 64)\n"
     "                       auto: each step verifies as many of the best drafted nodes as\n"
     "                       maximizes the expected tokens/s (measured costs, calibrated\n"
@@ -278,13 +279,14 @@ static int cmd_generate(int argc, char **argv) {
             o.draft_path = optarg;
             break;
         case O_STEPS:
-            o.spec.num_steps = parse_auto("--speculative-num-steps", optarg, 1, 16);
+            o.spec.num_steps = parse_auto("--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
             break;
         case O_EAGLE_TOPK:
-            o.spec.topk = parse_auto("--speculative-eagle-topk", optarg, 1, 8);
+            o.spec.topk = parse_auto("--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
             break;
         case O_NDRAFT:
-            o.spec.num_draft_tokens = parse_auto("--speculative-num-draft-tokens", optarg, 2, 64);
+            o.spec.num_draft_tokens =
+                parse_auto("--speculative-num-draft-tokens", optarg, 2, ST_SPEC_MAX_N);
             break;
         case O_BACKEND:
             if (st_attn_backend_parse(optarg, &o.spec.backend) != ST_OK) {
@@ -293,15 +295,15 @@ static int cmd_generate(int argc, char **argv) {
             }
             break;
         case O_NG_MIN:
-            parse_int("generate", "--ngram-min-match", optarg, 1, 64, &v);
+            parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_min_match = (int32_t)v;
             break;
         case O_NG_MAX:
-            parse_int("generate", "--ngram-max-match", optarg, 1, 64, &v);
+            parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_max_match = (int32_t)v;
             break;
         case O_NG_BREADTH:
-            parse_int("generate", "--ngram-breadth", optarg, 1, 4096, &v);
+            parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
             o.spec.ngram_breadth = (int32_t)v;
             break;
         case 'h':
@@ -358,8 +360,13 @@ static int cmd_generate(int argc, char **argv) {
     st_detok_init(&pr.dt, tok);
     st_detok_set_prev(&pr.dt, toks[n_prompt - 1]);
     st_gen_stats gs;
-    if (st_generate(m, toks, n_prompt, o.n_predict, &o.sp, &o.spec, (int32_t)o.threads,
-                    (int32_t)o.ctx, on_token, &pr, &gs) != ST_OK) {
+    st_gen_params gp = st_gen_default_params();
+    gp.n_predict = o.n_predict;
+    gp.sampler = o.sp;
+    gp.spec = o.spec;
+    gp.n_threads = (int32_t)o.threads;
+    gp.n_ctx = (int32_t)o.ctx;
+    if (st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs) != ST_OK) {
         if (pr.any)
             fputc('\n', stdout);
         fprintf(stderr, "spectree: %s\n", st_last_error());

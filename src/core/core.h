@@ -77,6 +77,40 @@ void st_pool_run(st_pool *p, st_task_fn fn, void *ctx);
 /* Number of online cores. */
 int st_n_cores(void);
 
+/* One allocation for all the buffers of an object (carve.c): each item names a pointer and its
+ * size in bytes (compute sizes with st_mul_size first). Returns the zeroed, 64-byte aligned block
+ * (release it with st_free_aligned) and sets every *ptr inside it, each 64-byte aligned, or
+ * returns NULL (nothing set) on overflow or failed allocation. *total: the block's size. */
+typedef struct st_carve {
+    void **ptr;
+    size_t bytes;
+} st_carve;
+void *st_carve_alloc(const st_carve *items, size_t n, size_t *total);
+
+/* The one ranking rule of scores, logits and candidates everywhere (tree selection, the
+ * controller, top-k sampling, greedy argmax): a higher value first, equal values by lower index,
+ * NaN after every number. True when (x at index ix) ranks before (y at index iy). */
+static inline bool st_ranks_before(float x, int64_t ix, float y, int64_t iy) {
+    const bool xn = x != x, yn = y != y;
+    if (xn || yn)
+        return xn == yn ? ix < iy : yn;
+    if (x != y)
+        return x > y;
+    return ix < iy;
+}
+
+/* The environment variables the library reads (env.c, the only reader; see spectree.h). */
+typedef enum st_env_kernels {
+    ST_ENV_KERNELS_AUTO = 0, /* the best table the CPU supports */
+    ST_ENV_KERNELS_REF = 1,  /* ST_KERNELS=ref: the scalar reference table */
+    ST_ENV_KERNELS_AVX2 = 2, /* ST_KERNELS=avx2: AVX2 even on AVX-512 machines */
+} st_env_kernels;
+typedef struct st_env {
+    st_env_kernels kernels;
+    int pack; /* 0 when ST_PACK=0 */
+} st_env;
+st_env st_env_get(void);
+
 /* Splits [0, n) into nth near-equal contiguous parts; part ith is [*b, *e). */
 static inline void st_split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
     int64_t q = n / nth, r = n % nth;

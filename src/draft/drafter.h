@@ -27,6 +27,14 @@ struct st_drafter {
                     * calibrates acceptance per class; model drafters leave it 0) */
 };
 
+/* EAGLE-2 expansion of draft level `level` >= 1 (its K*K candidates start at
+ * st_tree_level_base(K, level)): pick[k] (k < K) = the in-level index of the k-th best candidate
+ * by st_ranks_before, skipping nonexistent ones (score -INFINITY); -1 when fewer than k+1 exist.
+ * parents[k] = its candidate index (the level's part of level_parents), written only for
+ * k < n_parents. */
+void st_draft_expand_level(const float *scores, int64_t K, int64_t level, int64_t *parents,
+                           int64_t n_parents, int64_t *pick);
+
 /* n-gram (prompt lookup) drafter: continuations of the longest matching suffix, merged into a
  * trie, scored by the fraction of matches through each node. No model. An index of the
  * min_match-grams of the history (which must only grow between calls; a shorter one resets the

@@ -25,7 +25,11 @@ typedef struct mdraft {
     float *score;   /* (max_k) cumulative score of each expanded node */
     int32_t *tok;   /* (max_k) */
     int32_t *toks;  /* (max_k) batch tokens */
-    int32_t *pos, *seq, *row, *npre, *eoff, *erow;
+    int32_t *pos, *seq, *row, *npre; /* (max_k) each */
+    int32_t *eoff;                   /* (max_k + 1) */
+    int32_t *erow;                   /* (max_k, max_s + 1) */
+    int64_t *pick;                   /* (max_k) expanded candidates of a level */
+    void *mem;                       /* the one allocation all the arrays above live in */
 } mdraft;
 
 /* Top-k of softmax(logits): ids and probabilities, descending, ties by lower id. */
@@ -133,31 +137,22 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
                     .logits = g->logits};
         if ((st = st_forward(g->s, &f)))
             return st;
-        int64_t base = K + (i - 1) * K * K;
+        const int64_t base = st_tree_level_base(K, i);
         for (int64_t p = 0; p < K; p++) {
             topk_probs(g->logits + p * V, V, K, g->probs, tokens + base + p * K,
                        scores + base + p * K);
             for (int64_t c = 0; c < K; c++)
-                scores[base + p * K + c] *= g->score[p];
+                scores[base + p * K + c] =
+                    g->score[p] == -INFINITY ? -INFINITY : scores[base + p * K + c] * g->score[p];
         }
-        /* expand the K best of the level (ties: lower index) */
+        st_draft_expand_level(scores, K, i, level_parents + lp, lpw - lp, g->pick);
         for (int64_t k = 0; k < K; k++) {
-            int64_t best = -1;
-            for (int64_t q = 0; q < K * K; q++) {
-                int taken = 0;
-                for (int64_t r = 0; r < k; r++)
-                    taken |= level_parents[lp + r] == base + q;
-                if (!taken && (best < 0 || scores[base + q] > scores[base + best]))
-                    best = q;
-            }
-            if (lp + k < lpw)
-                level_parents[lp + k] = base + best;
-            int64_t p = best / K;
+            const int64_t best = g->pick[k] >= 0 ? g->pick[k] : 0, p = best / K;
             memcpy(g->anc2 + k * g->max_s, g->anc + p * g->max_s,
                    (size_t)g->nanc[p] * sizeof *g->anc);
             g->anc2[k * g->max_s + g->nanc[p]] = g->row[p];
             g->nanc2[k] = g->nanc[p] + 1;
-            g->score[k] = scores[base + best];
+            g->score[k] = g->pick[k] >= 0 ? scores[base + best] : -INFINITY;
             g->tok[k] = tokens[base + best];
         }
         /* level_parents slots past the last needed level are never read */
@@ -176,10 +171,7 @@ static void mdraft_free(st_drafter *d) {
     if (!g)
         return;
     st_session_free(g->s);
-    void *p[] = {g->logits, g->probs, g->anc, g->nanc, g->anc2, g->nanc2, g->score, g->tok,
-                 g->toks,   g->pos,   g->seq, g->row,  g->npre, g->eoff,  g->erow};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        st_free(p[i]);
+    st_free_aligned(g->mem);
     st_free(g);
 }
 
@@ -187,8 +179,9 @@ st_status st_drafter_model_create(const st_model *draft, const st_model *target,
                                   int32_t n_threads, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
     *out = NULL;
-    if (max_k < 1 || max_k > 64 || max_s < 1 || max_s > 64)
-        return st_fail(ST_ERR_INVALID, "draft model: K and S must be in 1..64");
+    if (max_k < 1 || max_k > ST_SPEC_MAX_K || max_s < 1 || max_s > ST_SPEC_MAX_S)
+        return st_fail(ST_ERR_INVALID, "draft model: K must be in 1..%d and S in 1..%d",
+                       ST_SPEC_MAX_K, ST_SPEC_MAX_S);
     const st_tokenizer *td = st_model_tokenizer(draft), *tt = st_model_tokenizer(target);
     int32_t nd = st_tokenizer_n_vocab(td), nt = st_tokenizer_n_vocab(tt);
     if (nd != nt || draft->hp.n_vocab != target->hp.n_vocab)
@@ -213,30 +206,33 @@ st_status st_drafter_model_create(const st_model *draft, const st_model *target,
     st_session_params sp = st_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_threads = n_threads;
-    sp.n_batch = max_k > 64 ? (int32_t)max_k : 64;
+    /* n_batch: the session's default (64) covers a level of K <= ST_SPEC_MAX_K nodes */
     st_status st = st_session_create(draft, &sp, &g->s);
     if (st) {
         st_free(g);
         return st;
     }
-    size_t K = (size_t)max_k, S = (size_t)max_s;
-    g->logits = st_malloc(K * (size_t)g->n_vocab * sizeof(float));
-    g->probs = st_malloc((size_t)g->n_vocab * sizeof(float));
-    g->anc = st_malloc(K * S * sizeof(int32_t));
-    g->anc2 = st_malloc(K * S * sizeof(int32_t));
-    g->nanc = st_malloc(K * sizeof(int32_t));
-    g->nanc2 = st_malloc(K * sizeof(int32_t));
-    g->score = st_malloc(K * sizeof(float));
-    g->tok = st_malloc(K * sizeof(int32_t));
-    g->toks = st_malloc(K * sizeof(int32_t));
-    g->pos = st_malloc(K * sizeof(int32_t));
-    g->seq = st_malloc(K * sizeof(int32_t));
-    g->row = st_malloc(K * sizeof(int32_t));
-    g->npre = st_malloc(K * sizeof(int32_t));
-    g->eoff = st_malloc((K + 1) * sizeof(int32_t));
-    g->erow = st_malloc(K * (S + 1) * sizeof(int32_t));
-    if (!g->logits || !g->probs || !g->anc || !g->anc2 || !g->nanc || !g->nanc2 || !g->score ||
-        !g->tok || !g->toks || !g->pos || !g->seq || !g->row || !g->npre || !g->eoff || !g->erow) {
+    const size_t K = (size_t)max_k, S = (size_t)max_s, V = (size_t)g->n_vocab, i4 = sizeof(int32_t);
+    const st_carve plan[] = {
+        {(void **)&g->logits, K * V * sizeof(float)},
+        {(void **)&g->probs, V * sizeof(float)},
+        {(void **)&g->anc, K * S * i4},
+        {(void **)&g->anc2, K * S * i4},
+        {(void **)&g->nanc, K * i4},
+        {(void **)&g->nanc2, K * i4},
+        {(void **)&g->score, K * sizeof(float)},
+        {(void **)&g->tok, K * i4},
+        {(void **)&g->toks, K * i4},
+        {(void **)&g->pos, K * i4},
+        {(void **)&g->seq, K * i4},
+        {(void **)&g->row, K * i4},
+        {(void **)&g->npre, K * i4},
+        {(void **)&g->eoff, (K + 1) * i4},
+        {(void **)&g->erow, K * (S + 1) * i4},
+        {(void **)&g->pick, K * sizeof(int64_t)},
+    };
+    g->mem = st_carve_alloc(plan, sizeof plan / sizeof plan[0], NULL);
+    if (!g->mem) {
         mdraft_free(&g->base);
         return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
     }

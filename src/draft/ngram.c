@@ -36,6 +36,8 @@ typedef struct ngram {
     int32_t *level; /* (max_k) trie nodes expanded at the current level */
     int32_t *next;  /* (max_k) */
     int32_t *cand;  /* (max_k*max_k) trie node of each candidate of a level, or -1 */
+    int64_t *pick;  /* (max_k) expanded candidates of a level */
+    void *mem;      /* the one allocation all the arrays above live in */
 } ngram;
 
 static uint32_t gram_hash(const int32_t *p, int32_t m) {
@@ -155,7 +157,7 @@ static st_status ngram_propose(st_drafter *d, const int32_t *hist, int64_t n_his
     }
     int64_t lp = K + 1, lpw = st_tree_level_parents_width(K, S);
     for (int64_t i = 1; i < S; i++) {
-        int64_t base = K + (i - 1) * K * K;
+        const int64_t base = st_tree_level_base(K, i);
         for (int64_t p = 0; p < K; p++)
             for (int64_t c = 0; c < K; c++) {
                 int32_t t = g->level[p] >= 0 ? kth_child(g, g->level[p], c) : -1;
@@ -166,21 +168,9 @@ static st_status ngram_propose(st_drafter *d, const int32_t *hist, int64_t n_his
                     real++;
                 }
             }
-        /* expand the K best candidates of this level (ties: lower index) */
-        for (int64_t k = 0; k < K; k++) {
-            int64_t best = -1;
-            for (int64_t q = 0; q < K * K; q++) {
-                if (g->cand[q] < 0)
-                    continue;
-                if (best < 0 || scores[base + q] > scores[base + best])
-                    best = q;
-            }
-            g->next[k] = best >= 0 ? g->cand[best] : -1;
-            if (lp + k < lpw)
-                level_parents[lp + k] = best >= 0 ? base + best : base; /* unused slot */
-            if (best >= 0)
-                g->cand[best] = -1;
-        }
+        st_draft_expand_level(scores, K, i, level_parents + lp, lpw - lp, g->pick);
+        for (int64_t k = 0; k < K; k++)
+            g->next[k] = g->pick[k] >= 0 ? g->cand[g->pick[k]] : -1;
         memcpy(g->level, g->next, (size_t)K * sizeof *g->level);
         lp += K;
     }
@@ -200,14 +190,7 @@ static void ngram_free(st_drafter *d) {
     ngram *g = (ngram *)d;
     if (!g)
         return;
-    st_free(g->nodes);
-    st_free(g->level);
-    st_free(g->next);
-    st_free(g->cand);
-    st_free(g->head);
-    st_free(g->prev);
-    st_free(g->walk_e);
-    st_free(g->walk_m);
+    st_free_aligned(g->mem);
     st_free(g);
 }
 
@@ -215,12 +198,14 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
                                   int64_t max_k, int64_t max_s, int64_t max_hist,
                                   st_drafter **out) {
     *out = NULL;
-    if (min_match < 1 || max_match < min_match || max_match > 64 || breadth < 1 || breadth > 4096 ||
-        max_k < 1 || max_k > 64 || max_s < 1 || max_s > 64)
+    if (min_match < 1 || max_match < min_match || max_match > ST_NGRAM_MAX_MATCH || breadth < 1 ||
+        breadth > ST_NGRAM_MAX_BREADTH || max_k < 1 || max_k > ST_SPEC_MAX_K || max_s < 1 ||
+        max_s > ST_SPEC_MAX_S)
         return st_fail(ST_ERR_INVALID,
-                       "ngram drafter: need 1 <= min_match (%d) <= max_match (%d) <= 64, "
-                       "1 <= breadth (%d) <= 4096, K and S in 1..64",
-                       min_match, max_match, breadth);
+                       "ngram drafter: need 1 <= min_match (%d) <= max_match (%d) <= %d, "
+                       "1 <= breadth (%d) <= %d, K in 1..%d, S in 1..%d",
+                       min_match, max_match, ST_NGRAM_MAX_MATCH, breadth, ST_NGRAM_MAX_BREADTH,
+                       ST_SPEC_MAX_K, ST_SPEC_MAX_S);
     ngram *g = st_calloc(1, sizeof *g);
     if (!g)
         return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory");
@@ -231,18 +216,22 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
     g->breadth = breadth;
     g->max_k = max_k;
     g->max_s = max_s;
-    g->nodes = st_malloc((size_t)(1 + (int64_t)breadth * max_s) * sizeof *g->nodes);
-    g->level = st_malloc((size_t)max_k * sizeof *g->level);
-    g->next = st_malloc((size_t)max_k * sizeof *g->next);
-    g->cand = st_malloc((size_t)(max_k * max_k) * sizeof *g->cand);
     g->cap = max_hist > 0 ? max_hist : 1;
     g->indexed = INT64_MAX; /* forces a reset on first use */
-    g->head = st_malloc(sizeof(int32_t) << NG_HASH_BITS);
-    g->prev = st_malloc((size_t)g->cap * sizeof *g->prev);
-    g->walk_e = st_malloc(NG_WALK * sizeof *g->walk_e);
-    g->walk_m = st_malloc(NG_WALK * sizeof *g->walk_m);
-    if (!g->nodes || !g->level || !g->next || !g->cand || !g->head || !g->prev || !g->walk_e ||
-        !g->walk_m) {
+    const size_t K = (size_t)max_k, i4 = sizeof(int32_t);
+    const st_carve plan[] = {
+        {(void **)&g->nodes, (size_t)(1 + (int64_t)breadth * max_s) * sizeof *g->nodes},
+        {(void **)&g->level, K * i4},
+        {(void **)&g->next, K * i4},
+        {(void **)&g->cand, K * K * i4},
+        {(void **)&g->pick, K * sizeof(int64_t)},
+        {(void **)&g->head, i4 << NG_HASH_BITS},
+        {(void **)&g->prev, (size_t)g->cap * i4},
+        {(void **)&g->walk_e, NG_WALK * i4},
+        {(void **)&g->walk_m, NG_WALK * i4},
+    };
+    g->mem = st_carve_alloc(plan, sizeof plan / sizeof plan[0], NULL);
+    if (!g->mem) {
         ngram_free(&g->base);
         return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory");
     }

@@ -10,7 +10,6 @@
 #include <string.h>
 
 enum {
-    ST_CTL_MAX_N = 64, /* largest tree (the engine's limit) */
     CTL_CLASSES = 16,
     CTL_DEPTHS = 8,
     CTL_BINS = 5,
@@ -33,7 +32,15 @@ typedef struct shadow {
 
 struct st_ctl {
     int32_t bs, N;
-    int64_t Mmax;
+    int64_t K, Mmax;
+    int autotune; /* 0: a fixed shape, verified as drafted (no ranking, timing or back-off) */
+    /* drafting policy of a drafter that costs time before the choice (a draft model) */
+    int model_drafter;
+    int64_t step, last_plain;         /* steps so far; the last plain step */
+    int64_t off_until, backoff;       /* no drafting before step off_until; next pause */
+    int32_t failed_probes, win_steps; /* losing windows in a row; drafted steps this window */
+    double win_benefit;               /* seconds gained by this window's drafted steps */
+    void *mem;                        /* the one allocation of the arrays below */
     double seen[CTL_NB], acc[CTL_NB];
     /* this step's ranking, per active slot: candidate of each ranked node, its bucket, depth,
      * parent (ranked index, -1 the root, -2 none), estimated path acceptance; E[m]: expected
@@ -63,46 +70,56 @@ struct st_ctl {
 void st_ctl_free(st_ctl *c) {
     if (!c)
         return;
-    void *p[] = {c->order,     c->bucket,   c->depth, c->par,  c->tok,    c->E,
-                 c->avail,     c->map,      c->fin,   c->sh,   c->sh_par, c->sh_tok,
-                 c->sh_bucket, c->sh_depth, c->tv,    c->tv_n, c->tv_seen};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        st_free(p[i]);
+    st_free_aligned(c->mem);
     st_free(c);
 }
 
-st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **out) {
+st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotune,
+                        double draft_weight_ratio, st_ctl **out) {
     *out = NULL;
-    if (bs < 1 || N < 2 || N > ST_CTL_MAX_N || K < 1 || S < 1)
-        return st_fail(ST_ERR_INVALID, "controller: bad shape");
+    if (bs < 1 || N < 2 || N > ST_SPEC_MAX_N || K < 1 || K > ST_SPEC_MAX_K || S < 1 ||
+        S > ST_SPEC_MAX_S)
+        return st_fail(ST_ERR_INVALID, "controller: bad shape (bs %d, K %lld, S %lld, N %d)", bs,
+                       (long long)K, (long long)S, N);
     st_ctl *c = st_calloc(1, sizeof *c);
     if (!c)
         return st_fail(ST_ERR_NOMEM, "controller: out of memory");
     c->bs = bs;
     c->N = N;
+    c->K = K;
+    c->autotune = autotune;
+    c->model_drafter = draft_weight_ratio > 0.0;
+    c->backoff = 16;
+    /* A draft model reading more than half the target's weight bytes per token cannot pay for
+     * its drafts (its tokens cost more than half a target token; the self-draft costs one):
+     * `auto` does not draft with it at all. Fixed shapes still do as told. */
+    if (autotune && draft_weight_ratio > 0.5)
+        c->off_until = INT64_MAX;
     c->Mmax = st_tree_n_candidates(K, S);
     c->Tmax = (int64_t)bs * N;
-    const size_t R = (size_t)bs * (size_t)(N - 1), SR = R * CTL_RING;
-    c->order = st_malloc(R * sizeof *c->order);
-    c->bucket = st_malloc(R * sizeof *c->bucket);
-    c->depth = st_malloc(R * sizeof *c->depth);
-    c->par = st_malloc(R * sizeof *c->par);
-    c->tok = st_malloc(R * sizeof *c->tok);
-    c->E = st_calloc((size_t)bs * (size_t)(N + 1), sizeof *c->E);
-    c->avail = st_calloc((size_t)bs, sizeof *c->avail);
-    c->map = st_malloc((size_t)c->Mmax * sizeof *c->map);
-    c->fin = st_malloc((size_t)c->Mmax * sizeof *c->fin);
-    c->sh = st_calloc((size_t)bs * CTL_RING, sizeof *c->sh);
-    c->sh_par = st_malloc(SR * sizeof *c->sh_par);
-    c->sh_tok = st_malloc(SR * sizeof *c->sh_tok);
-    c->sh_bucket = st_malloc(SR * sizeof *c->sh_bucket);
-    c->sh_depth = st_malloc(SR * sizeof *c->sh_depth);
-    c->tv = st_calloc((size_t)c->Tmax + 1, sizeof *c->tv);
-    c->tv_n = st_calloc((size_t)c->Tmax + 1, sizeof *c->tv_n);
-    c->tv_seen = st_calloc((size_t)c->Tmax + 1, 1);
-    if (!c->order || !c->bucket || !c->depth || !c->par || !c->tok || !c->E || !c->avail ||
-        !c->map || !c->fin || !c->sh || !c->sh_par || !c->sh_tok || !c->sh_bucket || !c->sh_depth ||
-        !c->tv || !c->tv_n || !c->tv_seen) {
+    const size_t R = (size_t)bs * (size_t)(N - 1), SR = R * CTL_RING, i4 = sizeof(int32_t),
+                 M = (size_t)c->Mmax, T1 = (size_t)c->Tmax + 1;
+    const st_carve plan[] = {
+        {(void **)&c->order, R * sizeof *c->order},
+        {(void **)&c->bucket, R * i4},
+        {(void **)&c->depth, R * i4},
+        {(void **)&c->par, R * i4},
+        {(void **)&c->tok, R * i4},
+        {(void **)&c->E, (size_t)bs * (size_t)(N + 1) * sizeof *c->E},
+        {(void **)&c->avail, (size_t)bs * i4},
+        {(void **)&c->map, M * i4},
+        {(void **)&c->fin, M * sizeof *c->fin},
+        {(void **)&c->sh, (size_t)bs * CTL_RING * sizeof *c->sh},
+        {(void **)&c->sh_par, SR * i4},
+        {(void **)&c->sh_tok, SR * i4},
+        {(void **)&c->sh_bucket, SR * i4},
+        {(void **)&c->sh_depth, SR * i4},
+        {(void **)&c->tv, T1 * sizeof *c->tv},
+        {(void **)&c->tv_n, T1 * i4},
+        {(void **)&c->tv_seen, T1},
+    };
+    c->mem = st_carve_alloc(plan, sizeof plan / sizeof plan[0], NULL);
+    if (!c->mem) {
         st_ctl_free(c);
         return st_fail(ST_ERR_NOMEM, "controller: out of memory");
     }
@@ -112,11 +129,18 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, st_ctl **ou
     return ST_OK;
 }
 
-/* st_tree_organize's order: higher score first, ties by lower index. */
+int st_ctl_want_draft(const st_ctl *c) {
+    if (!c->autotune)
+        return 1;
+    /* a plain step every 64 keeps the plain time per token fresh; a model drafter only drafts
+     * once that time is known (its drafts cost time before they can be judged) */
+    return c->step >= c->off_until && c->step - c->last_plain < 64 &&
+           !(c->model_drafter && c->t1 <= 0.0);
+}
+
+/* st_tree_organize's order (st_ranks_before). */
 static int ranks_before(const float *score, int64_t a, int64_t b) {
-    if (score[a] != score[b])
-        return score[a] > score[b];
-    return a < b;
+    return st_ranks_before(score[a], a, score[b], b);
 }
 
 static int32_t score_bin(float s) {
@@ -162,6 +186,8 @@ static void add_shadow(st_ctl *c, int32_t a, int32_t b, int64_t n_hist) {
 void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const float *scores,
                  const int32_t *tokens, const int64_t *level_parents, int64_t n_hist,
                  int32_t conf) {
+    if (!c->autotune)
+        return;
     const int32_t n1 = c->N - 1;
     const size_t s0 = (size_t)a * (size_t)n1;
     int64_t M = st_tree_n_candidates(K, S);
@@ -190,8 +216,8 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
             d = 1;
             parent = -1;
         } else {
-            const int64_t lvl = 1 + (cand - K) / (K * K); /* 0-based level */
-            const int64_t q = cand - (K + (lvl - 1) * K * K);
+            const int64_t lvl = st_tree_candidate_level(K, cand);
+            const int64_t q = cand - st_tree_level_base(K, lvl);
             const int64_t pc = level_parents[1 + (lvl - 1) * K + q / K];
             d = (int32_t)lvl + 1;
             parent = pc >= 0 && pc < c->Mmax && c->map[pc] >= 0 ? c->map[pc] : -2;
@@ -252,8 +278,10 @@ static double est_ratio(const st_ctl *c, int64_t T) {
     return vlo + slope * (double)(T - lo);
 }
 
-int32_t st_ctl_choose(st_ctl *c, int32_t na, double *exp_gain) {
+int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
     *exp_gain = 1.0;
+    if (!c->autotune) /* a fixed shape verifies what was drafted, up to N */
+        return (int32_t)(n_real_max + 1 < c->N ? n_real_max + 1 : c->N);
     if (c->t1_n == 0)
         return 1; /* measure plain decoding first */
     int32_t mmax = 1;
@@ -263,7 +291,7 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, double *exp_gain) {
         mmax = c->N;
     int32_t best = 1;
     double bg = 1.03; /* a speculative step must promise a clear gain */
-    double g[ST_CTL_MAX_N + 1];
+    double g[ST_SPEC_MAX_N + 1];
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
@@ -337,7 +365,7 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
 double st_ctl_t1(const st_ctl *c) { return c->t1; }
 
 void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done) {
-    if (b < 0 || b >= c->bs)
+    if (!c->autotune || b < 0 || b >= c->bs)
         return;
     const int32_t n1 = c->N - 1;
     shadow *ring = c->sh + (size_t)b * CTL_RING;
@@ -352,8 +380,8 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
         if (n_hist < r->n0 + r->maxd)
             continue;
         const size_t o = ((size_t)b * CTL_RING + (size_t)w) * (size_t)n1;
-        uint8_t ok[64];
-        for (int32_t j = 0; j < r->cnt && j < 64; j++) {
+        uint8_t ok[ST_SPEC_MAX_N];
+        for (int32_t j = 0; j < r->cnt && j < ST_SPEC_MAX_N; j++) {
             const int32_t p = c->sh_par[o + j];
             const int reach = p == -1 || (p >= 0 && p < j && ok[p]);
             ok[j] = (uint8_t)(reach && hist[r->n0 + c->sh_depth[o + j] - 1] == c->sh_tok[o + j]);
@@ -362,4 +390,42 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
         }
         r->used = 0;
     }
+}
+
+void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
+                     double t_fwd, double draft_s_per_token) {
+    c->step++;
+    if (!c->autotune)
+        return;
+    if (n == 1) {
+        if (emitted > 0)
+            st_ctl_time_plain(c, t_fwd / (double)na);
+        c->last_plain = c->step;
+    } else {
+        st_ctl_time_verify(c, (int64_t)na * n, t_fwd);
+    }
+    if (!drafted || !c->model_drafter)
+        return;
+    /* A model drafter is judged by its realized gain over windows of 4 drafted steps: the
+     * plain time of the tokens a drafted step emitted minus the step's time. A losing window
+     * pauses drafting for a back-off that doubles with each failure (16 .. 512 steps; 4096
+     * after three in a row, since every probe first catches up on the tokens since the last);
+     * drafts that cost more than half a target token each can never pay: off for good. Each
+     * probe's proposals still calibrate the acceptance as shadows. */
+    c->win_benefit += (double)emitted * c->t1 - t_step;
+    const int hopeless = draft_s_per_token > 0.5 * c->t1;
+    ++c->win_steps;
+    if (!hopeless && c->win_steps < 4 && c->win_benefit >= -0.5 * c->t1)
+        return;
+    if (c->win_benefit >= 0.0 && !hopeless) {
+        c->backoff = 16;
+        c->failed_probes = 0;
+    } else {
+        c->off_until = hopeless ? INT64_MAX : c->step + c->backoff;
+        c->backoff = c->backoff * 2 < 512 ? c->backoff * 2 : 512;
+        if (++c->failed_probes >= 3 && c->off_until != INT64_MAX)
+            c->off_until = c->step + 4096;
+    }
+    c->win_benefit = 0.0;
+    c->win_steps = 0;
 }

@@ -58,11 +58,11 @@ const st_kernels *st_kernels_avx512(void) {
 }
 
 static void choose(void) {
-    const char *env = getenv("ST_KERNELS");
+    const st_env_kernels want = st_env_get().kernels;
     const st_kernels *avx2 = st_kernels_avx2(), *avx512 = st_kernels_avx512();
-    if ((env && strcmp(env, "ref") == 0) || !avx2)
+    if (want == ST_ENV_KERNELS_REF || !avx2)
         st_chosen = st_kernels_ref();
-    else if ((env && strcmp(env, "avx2") == 0) || !avx512)
+    else if (want == ST_ENV_KERNELS_AVX2 || !avx512)
         st_chosen = avx2;
     else
         st_chosen = avx512;
@@ -72,3 +72,5 @@ const st_kernels *st_kernels_get(void) {
     pthread_once(&st_once, choose);
     return st_chosen;
 }
+
+const char *st_kernels_name(void) { return st_kernels_get()->name; }

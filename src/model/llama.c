@@ -202,8 +202,7 @@ void st_model_free(st_model *m) {
 /* Packs the F32 matrices of a small model (ST_PACK_MAX_BYTES, model.h); a failed allocation
  * leaves the rest unpacked (the row-major kernels give the same results). */
 static void pack_matrices(st_model *m) {
-    const char *env = getenv("ST_PACK");
-    if ((env && strcmp(env, "0") == 0) || !st_kernels_get()->matmul_f32_packed)
+    if (!st_env_get().pack || !st_kernels_get()->matmul_f32_packed)
         return;
     size_t total = 0;
     for (int64_t i = 0; i < n_mats(m); i++) {

@@ -15,14 +15,9 @@ typedef struct cand {
     int32_t id;
 } cand;
 
-/* Total order: higher logit first, then lower id; NaN sorts last. */
+/* Total order: st_ranks_before (higher logit first, then lower id; NaN last). */
 static int cand_before(const cand *a, const cand *b) {
-    int an = isnan(a->logit), bn = isnan(b->logit);
-    if (an != bn)
-        return bn;
-    if (!an && a->logit != b->logit)
-        return a->logit > b->logit;
-    return a->id < b->id;
+    return st_ranks_before(a->logit, a->id, b->logit, b->id);
 }
 
 static int cand_cmp(const void *pa, const void *pb) {
@@ -49,6 +44,33 @@ static void heap_down(cand *h, int32_t n, int32_t i) {
     }
 }
 
+/* The first index of the largest value; NaN never wins unless every value is NaN (index 0):
+ * st_ranks_before's order. Eight running maxima (a loop compilers turn into vector max
+ * instructions; NaN compares false and is skipped), then the first index holding the maximum. */
+int32_t st_argmax(const float *x, int32_t n) {
+    int32_t i0 = 0;
+    while (i0 < n && isnan(x[i0]))
+        i0++;
+    if (i0 >= n)
+        return 0;
+    float m[8];
+    for (int l = 0; l < 8; l++)
+        m[l] = x[i0];
+    int32_t i = i0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+    for (; i < n; i++)
+        m[0] = x[i] > m[0] ? x[i] : m[0];
+    float mx = m[0];
+    for (int l = 1; l < 8; l++)
+        mx = m[l] > mx ? m[l] : mx;
+    for (i = i0; i < n; i++)
+        if (x[i] == mx)
+            return i;
+    return i0;
+}
+
 st_sampler_params st_sampler_default_params(void) {
     st_sampler_params p = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
     return p;
@@ -69,11 +91,7 @@ st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_param
         return st_fail(ST_ERR_INVALID, "sample: temp %g, top_p %g or min_p %g out of range",
                        (double)p->temp, (double)p->top_p, (double)p->min_p);
     if (p->temp == 0.0f) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n_vocab; i++)
-            if (logits[i] > logits[best] || isnan(logits[best]))
-                best = i;
-        *out = best;
+        *out = st_argmax(logits, n_vocab);
         return ST_OK;
     }
     cand *c = scratch;

@@ -11,10 +11,22 @@
 #include <stdbool.h>
 #include <string.h>
 
-int64_t st_tree_n_candidates(int64_t topk, int64_t depth) {
-    if (topk < 1 || topk > ST_TREE_MAX_TOPK || depth < 1 || depth > ST_TREE_MAX_DEPTH)
+int64_t st_tree_level_base(int64_t topk, int64_t level) {
+    if (topk < 1 || topk > ST_TREE_MAX_TOPK || level < 0 || level > ST_TREE_MAX_DEPTH)
         return -1;
-    return topk + (depth - 1) * topk * topk;
+    return level == 0 ? 0 : topk + (level - 1) * topk * topk;
+}
+
+int64_t st_tree_candidate_level(int64_t topk, int64_t cand) {
+    if (topk < 1 || topk > ST_TREE_MAX_TOPK || cand < 0)
+        return -1;
+    return cand < topk ? 0 : 1 + (cand - topk) / (topk * topk);
+}
+
+int64_t st_tree_n_candidates(int64_t topk, int64_t depth) {
+    if (depth < 1)
+        return -1;
+    return st_tree_level_base(topk, depth);
 }
 
 int64_t st_tree_parent_width(int64_t topk, int64_t depth) {
@@ -113,13 +125,7 @@ static st_status check_shape(const char *fn, const st_tree_shape *s) {
 
 /* The selection order of st_tree_organize: true when candidate a ranks before candidate b. */
 static bool ranks_before(const float *score, int64_t a, int64_t b) {
-    float x = score[a], y = score[b];
-    bool xn = isnan(x), yn = isnan(y);
-    if (xn || yn)
-        return xn == yn ? a < b : yn;
-    if (x != y)
-        return x > y;
-    return a < b;
+    return st_ranks_before(score[a], a, score[b], b);
 }
 
 /* heap[0..len) is a heap whose root is the worst-ranked kept candidate; restores it below i. */

@@ -11,7 +11,7 @@
 #include <stdbool.h>
 
 static st_status check_verify_args(const char *fn, int64_t bs, int64_t n, int64_t steps,
-                                   const st_tree *tree, const void *target, int32_t *predicts,
+                                   const st_tree *tree, bool has_target, int32_t *predicts,
                                    int64_t *accept_index, int64_t *accept_token_num) {
     if (bs < 1)
         return st_fail(ST_ERR_INVALID, "%s: bs = %lld, must be >= 1", fn, (long long)bs);
@@ -29,7 +29,7 @@ static st_status check_verify_args(const char *fn, int64_t bs, int64_t n, int64_
                        "%s: tree or one of its arrays (tokens, retrieve_index, "
                        "next_token, next_sibling) is NULL",
                        fn);
-    if (!target || !predicts || !accept_index || !accept_token_num)
+    if (!has_target || !predicts || !accept_index || !accept_token_num)
         return st_fail(ST_ERR_INVALID, "%s: an input or output array is NULL", fn);
     const int64_t total = bs * n;
     for (int64_t x = 0; x < total; x++) {
@@ -59,11 +59,11 @@ static st_status sibling_cycle(const char *fn, int64_t b, int64_t node) {
                    fn, (long long)b, (long long)node);
 }
 
-st_status st_verify_tree_greedy(int64_t bs, int64_t n, int64_t steps, const st_tree *tree,
-                                const int32_t *target_predict, int32_t *predicts,
-                                int64_t *accept_index, int64_t *accept_token_num) {
-    const char *fn = "st_verify_tree_greedy";
-    st_status s = check_verify_args(fn, bs, n, steps, tree, target_predict, predicts, accept_index,
+st_status st_verify_tree_walk(int64_t bs, int64_t n, int64_t steps, const st_tree *tree,
+                              st_target_fn target, void *user, int32_t *predicts,
+                              int64_t *accept_index, int64_t *accept_token_num) {
+    const char *fn = "st_verify_tree_walk";
+    st_status s = check_verify_args(fn, bs, n, steps, tree, target != NULL, predicts, accept_index,
                                     accept_token_num);
     if (s != ST_OK)
         return s;
@@ -77,26 +77,42 @@ st_status st_verify_tree_greedy(int64_t bs, int64_t n, int64_t steps, const st_t
             acc[i] = -1;
         int64_t last = ri[0], k = 0, cur = 0;
         acc[0] = last;
-        for (int64_t j = 1; j <= steps; j++) {
+        for (int64_t j = 0;; j++) {
+            /* the target's token after the last accepted node: the bonus token if no child
+             * matches it (or the walk is `steps` deep), else it selects the child */
+            if ((s = target(user, last, &predicts[last])))
+                return s;
+            if (j == steps)
+                break;
             int64_t parent = cur, hops = 0;
-            for (cur = nt[cur]; cur != -1;) {
-                if (cand[cur] == target_predict[last]) {
-                    predicts[last] = target_predict[last];
-                    acc[++k] = ri[cur];
-                    last = ri[cur];
+            for (cur = nt[cur]; cur != -1; cur = ns[cur]) {
+                if (cand[cur] == predicts[last])
                     break;
-                }
-                cur = ns[cur];
-                if (cur != -1 && ++hops >= n)
+                if (ns[cur] != -1 && ++hops >= n)
                     return sibling_cycle(fn, b, parent);
             }
             if (cur == -1)
                 break;
+            acc[++k] = ri[cur];
+            last = ri[cur];
         }
         accept_token_num[b] = k;
-        predicts[last] = target_predict[last];
     }
     return ST_OK;
+}
+
+static st_status target_from_array(void *user, int64_t x, int32_t *token) {
+    *token = ((const int32_t *)user)[x];
+    return ST_OK;
+}
+
+st_status st_verify_tree_greedy(int64_t bs, int64_t n, int64_t steps, const st_tree *tree,
+                                const int32_t *target_predict, int32_t *predicts,
+                                int64_t *accept_index, int64_t *accept_token_num) {
+    if (!target_predict)
+        return st_fail(ST_ERR_INVALID, "st_verify_tree_greedy: an input or output array is NULL");
+    return st_verify_tree_walk(bs, n, steps, tree, target_from_array, (void *)target_predict,
+                               predicts, accept_index, accept_token_num);
 }
 
 /* The final (bonus or correction) token: inverse-CDF draw from r[v] = max(q[v] - p[v], 0),
@@ -144,8 +160,8 @@ st_status st_verify_tree_target_only(int64_t bs, int64_t n, int64_t steps, int64
                        (double)threshold_single, (double)threshold_acc);
     if (!coins || !coins_final)
         return st_fail(ST_ERR_INVALID, "%s: coins or coins_final is NULL", fn);
-    st_status s = check_verify_args(fn, bs, n, steps, tree, target_probs, predicts, accept_index,
-                                    accept_token_num);
+    st_status s = check_verify_args(fn, bs, n, steps, tree, target_probs != NULL, predicts,
+                                    accept_index, accept_token_num);
     if (s != ST_OK)
         return s;
     size_t cells;

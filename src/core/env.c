@@ -1,0 +1,22 @@
+/*
+ * env.c: the library's only reading of the environment. Two variables change how spectree runs
+ * (never what it computes): ST_KERNELS picks the kernel table (read once, when the table is
+ * chosen), ST_PACK=0 turns off the packed copy of small F32 models (read at each model load).
+ * Both are documented in spectree.h.
+ */
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+st_env st_env_get(void) {
+    st_env e;
+    const char *k = getenv("ST_KERNELS");
+    e.kernels = !k                       ? ST_ENV_KERNELS_AUTO
+                : strcmp(k, "ref") == 0  ? ST_ENV_KERNELS_REF
+                : strcmp(k, "avx2") == 0 ? ST_ENV_KERNELS_AVX2
+                                         : ST_ENV_KERNELS_AUTO;
+    const char *p = getenv("ST_PACK");
+    e.pack = !(p && strcmp(p, "0") == 0);
+    return e;
+}

@@ -1,0 +1,68 @@
+/*
+ * engine.h: internal header of the engine: the state of one generation (st_generate_batch) and
+ * the two kinds of step it runs. engine.c sets up, prefills, loops and reports; step.c holds the
+ * speculative step (DESIGN.md "One speculative step") and the plain step.
+ */
+#ifndef ST_ENGINE_H
+#define ST_ENGINE_H
+
+#include "draft/drafter.h"
+#include "engine/ctl.h"
+
+typedef struct st_gen {
+    const st_model *m;
+    st_gen_params p; /* as given, with auto K/S/N resolved into K, S, N below */
+    st_session *s;
+    st_verify_mask *vm;
+    st_ctl *ctl;                      /* NULL for plain decoding */
+    st_drafter *dr[ST_GEN_MAX_BATCH]; /* one drafter per sequence (each keeps its state) */
+    int32_t V, bs, K, S, N;           /* vocabulary, sequences, the tree pool and largest tree */
+    int64_t M, LPW, PW;               /* candidates, level_parents and parent_list widths */
+    st_emit_seq_fn emit;
+    void *user;
+    st_gen_stats *stats;
+    double verify_s;      /* seconds in verify forwards and the logits they deferred */
+    int64_t spec_emitted; /* tokens emitted by speculative steps (for tau) */
+    double t_chosen;      /* when the last speculative step had chosen its tree size */
+    /* the sequences: histories (prompt + generated), counts, state */
+    int32_t *hist[ST_GEN_MAX_BATCH]; /* (n_ctx + 1) each */
+    int64_t n_hist[ST_GEN_MAX_BATCH];
+    int64_t n_gen[ST_GEN_MAX_BATCH];
+    int done[ST_GEN_MAX_BATCH];
+    /* this step: na active sequences seqs[0..na); row a of every array is sequence seqs[a] */
+    int32_t na;
+    int32_t *seqs;                           /* (bs) */
+    int32_t *roots;                          /* (bs) last token of each history: the tree root */
+    int64_t *seq_lens;                       /* (bs) committed KV lengths */
+    float *scores;                           /* (bs, M) the drafters' candidate pools */
+    int32_t *cand_tokens;                    /* (bs, M) */
+    int64_t *level_parents;                  /* (bs, LPW) */
+    int64_t *sel;                            /* (bs, N-1) candidates selected by st_tree_organize */
+    int64_t *parent_list;                    /* (bs, PW) + 1 */
+    int32_t *drafts;                         /* (bs, N-1) */
+    int32_t *tree_tokens, *positions, *pred; /* (bs, N) */
+    int64_t *ri, *nt, *ns;                   /* (bs, N) */
+    int64_t *acc;                            /* (bs, S+1) accepted path: root, accepted nodes */
+    int64_t *n_acc;                          /* (bs) accepted drafts */
+    float *logits; /* (bs, V) a plain step's logits; one row per walked node in verify */
+    void *scratch; /* the sampler's */
+    void *mem;     /* the one allocation of every array above */
+} st_gen;
+
+/* The target's token at the node whose logits are lg, at absolute position pos: exactly what
+ * plain decoding samples there (greedy is st_sample at temp 0). */
+st_status st_gen_target_token(st_gen *g, const float *lg, int64_t pos, int32_t *out);
+
+/* Appends token tok to sequence b and emits it; returns nonzero when b is finished. */
+int st_gen_push(st_gen *g, int32_t b, int32_t tok);
+
+/* One speculative step of the g->na active sequences: propose, choose the tree size, organize,
+ * mask, build, verify forward, targets along the path and accept, commit. When the drafts are
+ * not worth verifying (the controller chooses size 1) it runs the plain step instead. *n_out: the
+ * tree size verified (1: plain); *emitted: tokens appended. */
+st_status st_gen_spec_step(st_gen *g, int32_t *n_out, int64_t *emitted);
+
+/* One plain decoding step of the g->na active sequences in one forward pass. */
+st_status st_gen_plain_step(st_gen *g, int64_t *emitted);
+
+#endif /* ST_ENGINE_H */

@@ -1,0 +1,135 @@
+/*
+ * step.c: one generation step. The speculative step reads top to bottom as DESIGN.md's "One
+ * speculative step": the drafters propose, the controller chooses the tree size, the tree is
+ * organized, masked and built, the target verifies every sequence's tree in one forward pass,
+ * one walk per tree computes the target's token at each node it reaches and accepts the
+ * matching child, and the accepted nodes are committed. The emitted tokens equal plain decoding
+ * because the target's token at every node is the same pure function of (logits, seed,
+ * position) that plain decoding computes, and the logits are bitwise equal (invariant 1).
+ */
+#include "engine/engine.h"
+
+st_status st_gen_target_token(st_gen *g, const float *lg, int64_t pos, int32_t *out) {
+    return st_sample(lg, g->V, &g->p.sampler, pos, g->scratch, out);
+}
+
+int st_gen_push(st_gen *g, int32_t b, int32_t tok) {
+    if (st_tokenizer_is_eog(g->m->tok, tok))
+        return g->done[b] = 1;
+    g->hist[b][g->n_hist[b]++] = tok;
+    g->n_gen[b]++;
+    if ((g->emit && g->emit(g->user, b, tok)) || g->n_gen[b] >= g->p.n_predict)
+        g->done[b] = 1;
+    return g->done[b];
+}
+
+/* The verify walk's target (st_target_fn): node x's logits, computed now from the states the
+ * deferred verify forward kept, then the token plain decoding would pick after it. */
+static st_status path_target(void *user, int64_t x, int32_t *token) {
+    st_gen *g = user;
+    st_status rc = st_session_logits(g->s, x, g->logits);
+    return rc ? rc : st_gen_target_token(g, g->logits, (int64_t)g->positions[x] + 1, token);
+}
+
+/* Commits active sequence a after the walk: its accepted nodes' KV rows, then the accepted
+ * draft tokens and the target's token after the last of them (the bonus). */
+static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
+    const int32_t b = g->seqs[a];
+    const int64_t k = g->n_acc[a], o = (int64_t)a * n;
+    int64_t *acc = g->acc + (int64_t)a * (g->S + 1);
+    for (int64_t i = 0; i <= k; i++)
+        acc[i] -= o; /* global node index -> node of this tree */
+    st_status rc = st_session_commit(g->s, b, n, acc, k + 1);
+    if (rc)
+        return rc;
+    const int64_t before = g->n_gen[b];
+    for (int64_t i = 1; i <= k + 1; i++)
+        if (st_gen_push(g, b, i <= k ? g->tree_tokens[o + acc[i]] : g->pred[o + acc[k]]))
+            break;
+    g->stats->spec_steps++;
+    g->stats->tree_tokens += n;
+    g->stats->accept_hist[k]++;
+    g->spec_emitted += k + 1;
+    *emitted += g->n_gen[b] - before;
+    return ST_OK;
+}
+
+st_status st_gen_spec_step(st_gen *g, int32_t *n_out, int64_t *emitted) {
+    const int32_t na = g->na, K = g->K, S = g->S;
+    st_status rc;
+    /* propose: each sequence's drafter scores its (K, S) candidate pool */
+    int64_t n_real_max = 0, ctx = 0;
+    for (int32_t a = 0; a < na; a++) {
+        const int32_t b = g->seqs[a];
+        int64_t n_real = 0;
+        float *sc = g->scores + a * g->M;
+        int32_t *tok = g->cand_tokens + a * g->M;
+        int64_t *lp = g->level_parents + a * g->LPW;
+        if ((rc =
+                 g->dr[b]->propose(g->dr[b], g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real)))
+            return rc;
+        n_real_max = n_real > n_real_max ? n_real : n_real_max;
+        st_ctl_rank(g->ctl, a, b, K, S, sc, tok, lp, g->n_hist[b], g->dr[b]->conf);
+        g->roots[a] = g->hist[b][g->n_hist[b] - 1];
+        g->seq_lens[a] = st_session_seq_len(g->s, b);
+        ctx += g->seq_lens[a];
+    }
+    /* choose size: n tree nodes per sequence, root included; 1 verifies nothing */
+    double gain;
+    const int32_t n = *n_out = st_ctl_choose(g->ctl, na, n_real_max, &gain);
+    g->t_chosen = st_time_now();
+    if (n == 1)
+        return st_gen_plain_step(g, emitted);
+    /* organize: the n-1 best-scored candidates of each pool, with their parents */
+    const st_tree_shape shape = {na, K, S, n};
+    if ((rc = st_tree_organize(&shape, g->scores, g->cand_tokens, g->level_parents, g->sel,
+                               g->drafts, g->parent_list)))
+        return rc;
+    /* mask: the verify-mask owner lays out what the attention backend reads, nothing more */
+    st_tree_mask mask;
+    if ((rc = st_verify_mask_prepare(g->vm, K, na, n, ctx, &mask)))
+        return rc;
+    /* build: positions, retrieve/next-token/next-sibling lists and the mask */
+    const st_tree_input in = {g->roots, g->PW ? g->parent_list : NULL, g->sel, g->drafts,
+                              g->seq_lens};
+    const st_tree tree = {g->tree_tokens, g->positions, g->ri, g->nt, g->ns};
+    if ((rc = st_tree_build(&shape, &in, &tree, &mask)))
+        return rc;
+    /* verify forward: one target pass over every tree, the output layer deferred */
+    const double t0 = st_time_now();
+    if ((rc = st_session_verify(g->s, g->vm, na, n, g->seqs, &tree, NULL)))
+        return rc;
+    /* targets along the path + accept: one walk per tree; only walked nodes get logits */
+    if ((rc = st_verify_tree_walk(na, n, S, &tree, path_target, g, g->pred, g->acc, g->n_acc)))
+        return rc;
+    g->verify_s += st_time_now() - t0;
+    /* commit: accepted KV rows into place, accepted tokens and the bonus emitted */
+    for (int32_t a = 0; a < na; a++)
+        if ((rc = commit(g, a, n, emitted)))
+            return rc;
+    return ST_OK;
+}
+
+st_status st_gen_plain_step(st_gen *g, int64_t *emitted) {
+    const int32_t na = g->na;
+    for (int32_t a = 0; a < na; a++) {
+        const int32_t b = g->seqs[a];
+        g->roots[a] = g->hist[b][g->n_hist[b] - 1];
+        g->seq_lens[a] = st_session_seq_len(g->s, b);
+    }
+    const double t0 = st_time_now();
+    st_status rc = st_session_decode_batch(g->s, na, g->seqs, g->roots, g->logits);
+    if (rc)
+        return rc;
+    g->verify_s += st_time_now() - t0;
+    for (int32_t a = 0; a < na; a++) {
+        int32_t next;
+        if ((rc = st_gen_target_token(g, g->logits + (size_t)a * (size_t)g->V, g->seq_lens[a] + 1,
+                                      &next)))
+            return rc;
+        st_gen_push(g, g->seqs[a], next);
+        g->stats->plain_steps++;
+        (*emitted)++;
+    }
+    return ST_OK;
+}
