@@ -2,33 +2,43 @@
  * spectree.h: the one public header of spectree, a C11 inference engine for Llama-family models
  * built around lossless tree speculative decoding. This header is the manual.
  *
- * Usage (greedy generation; tests/test_example.c compiles and runs exactly this):
+ * Usage (greedy generation with tree speculation; tests/test_example.c compiles and runs exactly
+ * the code between the two lines of dashes, with the model path it is given):
  *
- *     static int on_token(void *user, int32_t token) {
- *         const st_tokenizer *tok = user;
- *         size_t len;
- *         const char *piece = st_tokenizer_piece(tok, token, &len);
- *         fwrite(piece, 1, len, stdout);
+ * ----
+ *     static int on_token(void *user, int32_t token) { // prints each token's text as it comes
+ *         char text[256];
+ *         size_t n;
+ *         if (st_detok_push(user, token, text, sizeof text, &n) == ST_OK)
+ *             fwrite(text, 1, n, stdout);
  *         return 0; // nonzero stops generation
  *     }
  *
- *     st_model *model;
- *     if (st_model_load("stories260K.gguf", &model) != ST_OK) {
- *         fprintf(stderr, "%s\n", st_last_error());
- *         return 1;
+ *     int example(const char *path) {
+ *         st_model *model;
+ *         if (st_model_load(path, &model) != ST_OK) { // e.g. "stories260K.gguf"
+ *             fprintf(stderr, "%s\n", st_last_error());
+ *             return 1;
+ *         }
+ *         const st_tokenizer *tok = st_model_tokenizer(model);
+ *         int32_t ids[256];
+ *         int64_t n_ids;
+ *         st_tokenize(tok, "Once upon a time", 16, 1, ids, 256, &n_ids);
+ *         st_gen_params gp = st_gen_default_params();
+ *         gp.n_predict = 64;
+ *         gp.sampler.temp = 0.0f;       // greedy
+ *         gp.spec.algo = ST_SPEC_NGRAM; // tree speculation: the same text, sooner
+ *         st_detok detok;
+ *         st_detok_init(&detok, tok);
+ *         st_detok_set_prev(&detok, ids[n_ids - 1]);
+ *         st_gen_stats stats;
+ *         st_status rc = st_generate(model, ids, n_ids, &gp, on_token, &detok, &stats);
+ *         if (rc != ST_OK)
+ *             fprintf(stderr, "%s\n", st_last_error());
+ *         st_model_free(model);
+ *         return rc == ST_OK ? 0 : 1;
  *     }
- *     const st_tokenizer *tok = st_model_tokenizer(model);
- *     int32_t ids[256];
- *     int64_t n_ids;
- *     st_tokenize(tok, "Once upon a time", 16, 1, ids, 256, &n_ids);
- *     st_gen_params gp = st_gen_default_params();
- *     gp.n_predict = 64;
- *     gp.sampler.temp = 0.0f;                      // greedy
- *     gp.spec.algo = ST_SPEC_NGRAM;                // tree speculation: same text, faster
- *     st_gen_stats stats;
- *     st_status rc = st_generate(model, ids, n_ids, &gp, on_token, (void *)tok, &stats);
- *     st_model_free(model);
- *     return rc == ST_OK ? 0 : 1;
+ * ----
  *
  * Conventions:
  * - Fallible functions return st_status (ST_OK = 0, negative on error). The human-readable detail

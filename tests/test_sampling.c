@@ -38,6 +38,61 @@ static double chi2_crit(int df) {
     return df * t * t * t;
 }
 
+/* Greedy in the engine is st_sample at temp 0, which is st_argmax: one rule (higher first, ties
+ * by lower index, NaN never wins unless all are NaN). Checked against a scalar oracle of that
+ * rule on vectors with NaN at index 0 (where the engine's old pick and st_sample disagreed),
+ * NaN elsewhere, infinities, ties, and lengths around the 8-lane loop. */
+static int32_t oracle_argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++) {
+        const int bn = isnan(x[b]), in = isnan(x[i]);
+        if ((bn && !in) || (!bn && !in && x[i] > x[b]))
+            b = i;
+    }
+    return b;
+}
+
+static void test_greedy_nan(void **state) {
+    (void)state;
+    st_sampler_params greedy = st_sampler_default_params();
+    greedy.temp = 0.0f;
+    void *scratch = malloc(st_sample_scratch_size(4099));
+    float x[4099];
+    uint32_t r = 99;
+    for (int trial = 0; trial < 4000; trial++) {
+        const int32_t lens[] = {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65, 4099};
+        const int32_t n = lens[trial % 12];
+        for (int32_t i = 0; i < n; i++) {
+            r = r * 1103515245u + 12345u;
+            const uint32_t kind = (r >> 8) % 16;
+            x[i] = kind == 0   ? NAN
+                   : kind == 1 ? -INFINITY
+                   : kind == 2 ? INFINITY * (trial % 7 == 0)
+                               : (float)((r >> 16) % 9) - 4.0f; /* many ties */
+        }
+        if (trial % 3 == 0)
+            x[0] = NAN;
+        if (trial % 50 == 0)
+            for (int32_t i = 0; i < n; i++)
+                x[i] = NAN;
+        const int32_t want = oracle_argmax(x, n);
+        int32_t got = -1;
+        assert_int_equal(st_argmax(x, n), want);
+        assert_int_equal(st_sample(x, n, &greedy, trial, scratch, &got), ST_OK);
+        assert_int_equal(got, want);
+    }
+    /* NaN at index 0 and a real maximum later: the maximum wins, in both */
+    float y[20];
+    for (int i = 0; i < 20; i++)
+        y[i] = (float)i * 0.1f;
+    y[0] = NAN;
+    int32_t got = -1;
+    assert_int_equal(st_argmax(y, 20), 19);
+    assert_int_equal(st_sample(y, 20, &greedy, 0, scratch, &got), ST_OK);
+    assert_int_equal(got, 19);
+    free(scratch);
+}
+
 static void test_sample_basics(void **state) {
     (void)state;
     float lg[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.9f};
@@ -189,6 +244,7 @@ static void test_coupled_equals_plain(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_nan),
         cmocka_unit_test(test_sample_basics),
         cmocka_unit_test(test_sample_distribution),
         cmocka_unit_test(test_target_only_distribution),

@@ -10,8 +10,6 @@
 #include "bench.h"
 
 #include "spectree.h"
-/* The tree API is a fragment of spectree.h that is not pasted in yet. */
-#include "spectree.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -28,7 +28,7 @@ void st_error_prefix(const char *fmt, ...) ST_PRINTF(1, 2);
 
 /* Counted allocation: all library heap memory goes through these (see st_alloc_count). They
  * return NULL on failure (and on a zero size for st_malloc/st_calloc, which never happens in
- * practice since callers plan sizes). st_malloc_checked multiplies with overflow detection. */
+ * practice since callers plan sizes). Sizes are multiplied with st_mul_size first. */
 void *st_malloc(size_t size);
 void *st_calloc(size_t n, size_t size);
 void *st_realloc(void *p, size_t size);

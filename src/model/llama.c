@@ -171,7 +171,8 @@ static st_status load_hparams(const st_gguf *g, st_model_hparams *hp) {
     return ST_OK;
 }
 
-/* The matrices the forward pass multiplies by (8 per layer and the output), in order. */
+/* The matrices the forward pass multiplies by (7 per layer: q, k, v, o, gate, up, down; then the
+ * output), in order. */
 static int64_t n_mats(const st_model *m) { return 7 * (int64_t)m->hp.n_layer + 1; }
 static st_wt *mat_at(st_model *m, int64_t i) {
     if (i == 7 * (int64_t)m->hp.n_layer)
