@@ -80,7 +80,7 @@ static void inflate(const char *out, const char *args) {
 /* The greedy text of 100 tokens (stdout of spectree generate). */
 static char *greedy(const char *model, const char *prompt) {
     char a[2048];
-    snprintf(a, sizeof a, "generate -m %s -p '%s' -n 100 --temp 0 -t 2", model, prompt);
+    snprintf(a, sizeof a, "generate -m %s -p '%s' -n 100 --temp 0 -t 1", model, prompt);
     result r = run("spectree", a);
     if (r.code != 0)
         fail_msg("spectree %s: exit %d: %s", a, r.code, r.err);
