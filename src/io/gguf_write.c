@@ -779,3 +779,29 @@ st_status st_quantize_row(uint32_t type, const float *x, int64_t n, void *dst) {
                        st_dtype_name(type), type);
     }
 }
+
+st_status st_dequantize_row(uint32_t type, const void *src, int64_t n, float *dst) {
+    if ((!src || !dst) && n > 0)
+        return st_fail(ST_ERR_INVALID, "dequantize: NULL argument");
+    if (n < 0)
+        return st_fail(ST_ERR_INVALID, "dequantize: negative length %" PRId64, n);
+    switch (type) {
+    case ST_DTYPE_F32:
+    case ST_DTYPE_F16:
+    case ST_DTYPE_BF16:
+        break;
+    case ST_DTYPE_Q8_0:
+    case ST_DTYPE_Q4_0:
+        if (n % ST_QK != 0)
+            return st_fail(ST_ERR_INVALID,
+                           "dequantize: %" PRId64 " elements is not a multiple of %d for %s", n,
+                           ST_QK, st_dtype_name(type));
+        break;
+    default:
+        return st_fail(ST_ERR_INVALID, "dequantize: type %s (id %u) is not supported",
+                       st_dtype_name(type), type);
+    }
+    if (n)
+        st_dequant_row(type, src, dst, n);
+    return ST_OK;
+}

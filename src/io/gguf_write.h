@@ -1,6 +1,6 @@
 /*
  * gguf_write.h: a GGUF v3 writer for tools and tests (FORMATS.md §b), and the float-to-weight
- * converters it needs (F32, F16, BF16, and ggml's reference Q8_0/Q4_0 quantizers).
+ * converters it needs (F32, F16, BF16, and ggml's reference Q8_0/Q4_0 quantizers) and back.
  * Self-contained on the public header so tools can include it: "../src/io/gguf_write.h".
  *
  * Usage:
@@ -117,5 +117,9 @@ void st_quantize_q8_0(const float *x, int64_t n, void *dst);
 /* Q4_0 per block of 32: m = the element of largest magnitude with its sign, d = m / -8,
  * nibble = min(15, trunc(x * (1/d) + 8.5)), d stored as fp16. */
 void st_quantize_q4_0(const float *x, int64_t n, void *dst);
+/* The inverse: n values of a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0) at src, as
+ * floats in dst (for tools that read one model's weights to write another). Quantized types
+ * need n a multiple of 32; ST_ERR_INVALID otherwise or for another type. */
+st_status st_dequantize_row(uint32_t type, const void *src, int64_t n, float *dst);
 
 #endif /* ST_GGUF_WRITE_H */
