@@ -59,8 +59,7 @@ st_status st_safetensors_write(const char *path, const st_sf_tensor *tensors, in
     for (int64_t i = 0; i < n; i++) {
         const st_sf_tensor *t = &tensors[i];
         int64_t bytes = tensor_bytes(t);
-        if (!t->name || !t->name[0] || !strcmp(t->name, "__metadata__") ||
-            json_object_get(root, t->name)) {
+        if (!t->name || !strcmp(t->name, "__metadata__") || json_object_get(root, t->name)) {
             s = st_fail(ST_ERR_INVALID, "%s: tensor %" PRId64 ": missing or repeated name", path,
                         i);
             goto fail;
