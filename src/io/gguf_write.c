@@ -382,53 +382,13 @@ st_status st_gguf_writer_copy_tokenizer(st_gguf_writer *w, const st_gguf *g,
 /* ------------------------------------------------------------------------------------------ */
 /* Tensors                                                                                    */
 
-/* Elements and bytes per block of a supported type; false otherwise. */
-static bool block_of(uint32_t type, int64_t *elems, size_t *nbytes) {
-    switch (type) {
-    case ST_DTYPE_F32:
-        *elems = 1, *nbytes = 4;
-        return true;
-    case ST_DTYPE_F16:
-    case ST_DTYPE_BF16:
-        *elems = 1, *nbytes = 2;
-        return true;
-    case ST_DTYPE_Q8_0:
-        *elems = ST_QK, *nbytes = sizeof(st_block_q8_0);
-        return true;
-    case ST_DTYPE_Q4_0:
-        *elems = ST_QK, *nbytes = sizeof(st_block_q4_0);
-        return true;
-    default:
-        return false;
-    }
-}
-
 st_status st_gguf_tensor_bytes(uint32_t type, uint32_t n_dims, const int64_t *ne, size_t *out) {
-    int64_t blk;
-    size_t bb;
     if (!out || !ne)
         return st_fail(ST_ERR_INVALID, "gguf writer: NULL argument");
-    if (!block_of(type, &blk, &bb))
-        return st_fail(ST_ERR_INVALID, "gguf writer: tensor type %s (id %u) is not supported",
-                       st_dtype_name(type), type);
-    if (n_dims < 1 || n_dims > W_MAX_DIMS)
-        return st_fail(ST_ERR_INVALID, "gguf writer: %u dimensions (must be 1..4)", n_dims);
-    int64_t nel = 1;
-    for (uint32_t d = 0; d < n_dims; d++) {
-        if (ne[d] < 0)
-            return st_fail(ST_ERR_INVALID, "gguf writer: negative dimension %" PRId64, ne[d]);
-        if (ne[d] != 0 && nel > INT64_MAX / ne[d])
-            return st_fail(ST_ERR_INVALID, "gguf writer: too many elements");
-        nel *= ne[d];
-    }
-    if (ne[0] % blk != 0)
-        return st_fail(ST_ERR_INVALID,
-                       "gguf writer: row length %" PRId64 " is not a multiple of the %s block "
-                       "size %" PRId64,
-                       ne[0], st_dtype_name(type), blk);
-    if ((uint64_t)(nel / blk) > SIZE_MAX || !st_mul_size((size_t)(nel / blk), bb, out))
-        return st_fail(ST_ERR_INVALID, "gguf writer: tensor too large");
-    return ST_OK;
+    st_status s = st_gguf_tensor_size(type, n_dims, ne, ST_ERR_INVALID, ST_ERR_INVALID, out);
+    if (s)
+        st_error_prefix("gguf writer");
+    return s;
 }
 
 st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t type,
