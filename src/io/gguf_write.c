@@ -220,15 +220,24 @@ st_status st_gguf_writer_add_str(st_gguf_writer *w, const char *key, const char 
     return st_gguf_writer_add_strn(w, key, s, strlen(s));
 }
 
+/* An array argument: n >= 0 elements at data (NULL only when n is 0); false after st_fail. */
+static bool arr_args_ok(const char *key, const void *data, int64_t n) {
+    if (n >= 0 && (data || n == 0))
+        return true;
+    st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data", key ? key : "?");
+    return false;
+}
+
 st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_type type,
                                  const void *data, int64_t n) {
     size_t es = st_gguf_type_size(type), total;
     if (es == 0)
         return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has element type %d",
                        key ? key : "?", (int)type);
-    if (n < 0 || (!data && n > 0) || !st_mul_size((size_t)n, es, &total))
-        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data",
-                       key ? key : "?");
+    if (!arr_args_ok(key, data, n))
+        return ST_ERR_INVALID;
+    if (!st_mul_size((size_t)n, es, &total))
+        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' is too large", key ? key : "?");
     if (type == ST_GGUF_BOOL)
         for (int64_t i = 0; i < n; i++)
             if (((const uint8_t *)data)[i] > 1)
@@ -245,9 +254,8 @@ st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_typ
 
 st_status st_gguf_writer_add_arr_strn(st_gguf_writer *w, const char *key, const st_gguf_str *s,
                                       int64_t n) {
-    if (n < 0 || (!s && n > 0))
-        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data",
-                       key ? key : "?");
+    if (!arr_args_ok(key, s, n))
+        return ST_ERR_INVALID;
     for (int64_t i = 0; i < n; i++)
         if ((!s[i].ptr && s[i].len) || s[i].len > SIZE_MAX)
             return st_fail(ST_ERR_INVALID, "gguf writer: array '%s': string %" PRId64 " is NULL",
@@ -264,9 +272,8 @@ st_status st_gguf_writer_add_arr_strn(st_gguf_writer *w, const char *key, const 
 
 st_status st_gguf_writer_add_arr_str(st_gguf_writer *w, const char *key, const char *const *s,
                                      int64_t n) {
-    if (n < 0 || (!s && n > 0))
-        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data",
-                       key ? key : "?");
+    if (!arr_args_ok(key, s, n))
+        return ST_ERR_INVALID;
     st_gguf_str *v = st_malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return st_fail(ST_ERR_NOMEM, "gguf writer: out of memory for array '%s'", key ? key : "?");
