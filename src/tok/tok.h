@@ -90,7 +90,11 @@ st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int pr
                      st_tok_out *o);
 /* Byte-level BPE of one text fragment: pre-tokenize, then merge each part. */
 st_status st_tok_bpe(const st_tokenizer *t, const char *text, size_t len, st_tok_out *o);
-/* Builds the merge table from tokenizer.ggml.merges (kv index) once the piece map exists. */
+/* Checks tokenizer.ggml.merges (kv index) and gives the mask of the merge table that holds it
+ * (a power of two at least twice the count, minus one). */
+st_status st_tok_merges_mask(const st_gguf *g, int64_t kv, const char *name, uint64_t *mask);
+/* Fills the merge table (t->merges, merge_mask + 1 slots, already allocated) from
+ * tokenizer.ggml.merges once the piece map exists. */
 st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name);
 
 /* A candidate merge of adjacent symbols left and right. The queue pops the lowest key first,

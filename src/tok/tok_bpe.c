@@ -60,7 +60,7 @@ static const st_tok_merge *merge_find(const st_tokenizer *t, int32_t l, int32_t 
     }
 }
 
-st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name) {
+st_status st_tok_merges_mask(const st_gguf *g, int64_t kv, const char *name, uint64_t *mask) {
     if (st_gguf_kv_type(g, kv) != ST_GGUF_ARRAY || st_gguf_arr_type(g, kv) != ST_GGUF_STRING)
         return st_fail(ST_ERR_FORMAT, "%s: tokenizer.ggml.merges must be an array of strings",
                        name);
@@ -71,11 +71,13 @@ st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, cons
     uint64_t cap = 16;
     while (cap < (uint64_t)n * 2)
         cap *= 2;
-    t->merges = st_malloc(cap * sizeof *t->merges);
-    if (!t->merges)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory for %" PRId64 " merges", name, n);
-    t->merge_mask = cap - 1;
-    for (uint64_t i = 0; i < cap; i++)
+    *mask = cap - 1;
+    return ST_OK;
+}
+
+st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name) {
+    int64_t n = st_gguf_arr_len(g, kv);
+    for (uint64_t i = 0; i <= t->merge_mask; i++)
         t->merges[i].left = -1;
 
     char *buf = NULL; /* the concatenation of the two pieces */
