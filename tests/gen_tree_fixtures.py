@@ -1,6 +1,6 @@
 """gen_tree_fixtures.py: random draft trees run through the pure-Python oracle
 shared/spec/tree_ref.py (organize, build_tree, full_mask_flat, verify_greedy, tree_sample), written
-as a text fixture that tests/test_tree.c compares the C implementation against.
+as a text fixture that tests/test_tree_verify.c compares the C implementation against.
 
 usage: gen_tree_fixtures.py SHARED_DIR OUT_FILE [SEED] [N_CASES]
 

@@ -110,6 +110,29 @@ void *st_malloc_aligned(size_t size, size_t align) {
 
 void st_free_aligned(void *p) { free(p); }
 
+enum { ST_PLAN_ALIGN = 64 };
+
+void *st_plan_take(st_plan *p, size_t n, size_t elem) {
+    size_t bytes, start = (p->off + ST_PLAN_ALIGN - 1) & ~(size_t)(ST_PLAN_ALIGN - 1);
+    if (start < p->off || !st_mul_size(n, elem, &bytes) || !st_add_size(start, bytes, &p->off)) {
+        p->overflow = true;
+        p->off = SIZE_MAX;
+        return NULL;
+    }
+    return p->base ? p->base + start : NULL;
+}
+
+void *st_plan_alloc(st_plan *p) {
+    if (p->overflow)
+        return NULL;
+    p->base = st_malloc_aligned(p->off ? p->off : ST_PLAN_ALIGN, ST_PLAN_ALIGN);
+    if (!p->base)
+        return NULL; /* p->off still holds the size, for the message */
+    memset(p->base, 0, p->off);
+    p->off = 0;
+    return p->base;
+}
+
 st_status st_mmap_open(const char *path, st_mmap *out) {
     out->data = NULL;
     out->size = 0;

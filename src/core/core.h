@@ -47,6 +47,23 @@ static inline bool st_add_size(size_t a, size_t b, size_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* One allocation per object, planned once (llm.c style). An object's layout function calls
+ * st_plan_take for the object itself and then for each of its buffers, in a fixed order: once
+ * on a fresh plan (base NULL: only sizes are summed, the pointers it returns are NULL), then
+ * again after st_plan_alloc, which allocates the whole block and rewinds, so the same calls
+ * carve the pointers. Every piece starts 64-byte aligned; the block is zeroed; one
+ * st_free_aligned of the first piece frees it all. */
+typedef struct st_plan {
+    char *base; /* NULL while sizing */
+    size_t off; /* bytes planned so far */
+    bool overflow;
+} st_plan;
+/* The next n elements of elem bytes (n == 0 gives a valid, empty piece). */
+void *st_plan_take(st_plan *p, size_t n, size_t elem);
+/* Allocates the planned bytes, zeroed, and rewinds for the carving pass; NULL when a size
+ * overflowed (p->overflow) or memory ran out (p->off still holds the total). */
+void *st_plan_alloc(st_plan *p);
+
 /* A read-only file mapping (the whole file). */
 typedef struct st_mmap {
     const void *data;

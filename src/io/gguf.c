@@ -109,76 +109,95 @@ static st_status rd_str(cursor *c, size_t *str_off, uint64_t *len, const char *w
     return ST_OK;
 }
 
-/* Tensor type geometry: elements per block and bytes per block; 0 if unknown. */
-static void dtype_block(uint32_t type, int64_t *blk, size_t *bytes) {
-    *blk = 0;
-    *bytes = 0;
-    switch (type) {
-    case ST_DTYPE_F32:
-        *blk = 1, *bytes = 4;
-        break;
-    case ST_DTYPE_F16:
-    case ST_DTYPE_BF16:
-        *blk = 1, *bytes = 2;
-        break;
-    case ST_DTYPE_Q8_0:
-        *blk = 32, *bytes = 34;
-        break;
-    case ST_DTYPE_Q4_0:
-        *blk = 32, *bytes = 18;
-        break;
-    default:
-        break;
-    }
+/* Tensor types by GGUF id: name, elements per block and bytes per block (0: names only, a type
+ * this reader cannot load). */
+static const struct dtype_info {
+    uint32_t id;
+    const char *name;
+    int64_t blk;
+    size_t bytes;
+} dtypes[] = {
+    {ST_DTYPE_F32, "f32", 1, 4},
+    {ST_DTYPE_F16, "f16", 1, 2},
+    {ST_DTYPE_BF16, "bf16", 1, 2},
+    {ST_DTYPE_Q8_0, "q8_0", 32, 34},
+    {ST_DTYPE_Q4_0, "q4_0", 32, 18},
+    {3, "q4_1", 0, 0},
+    {6, "q5_0", 0, 0},
+    {7, "q5_1", 0, 0},
+    {10, "q2_k", 0, 0},
+    {11, "q3_k", 0, 0},
+    {12, "q4_k", 0, 0},
+    {13, "q5_k", 0, 0},
+    {14, "q6_k", 0, 0},
+};
+
+static const struct dtype_info *dtype_find(uint32_t type) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].id == type)
+            return &dtypes[i];
+    return NULL;
 }
 
 const char *st_dtype_name(uint32_t type) {
-    switch (type) {
-    case ST_DTYPE_F32:
-        return "f32";
-    case ST_DTYPE_F16:
-        return "f16";
-    case ST_DTYPE_BF16:
-        return "bf16";
-    case ST_DTYPE_Q8_0:
-        return "q8_0";
-    case ST_DTYPE_Q4_0:
-        return "q4_0";
-    case 3:
-        return "q4_1";
-    case 6:
-        return "q5_0";
-    case 7:
-        return "q5_1";
-    case 10:
-        return "q2_k";
-    case 11:
-        return "q3_k";
-    case 12:
-        return "q4_k";
-    case 13:
-        return "q5_k";
-    case 14:
-        return "q6_k";
-    default:
-        return "unsupported";
+    const struct dtype_info *d = dtype_find(type);
+    return d ? d->name : "unsupported";
+}
+
+st_status st_gguf_tensor_size(uint32_t type, uint32_t n_dims, const int64_t *ne, st_status bad_type,
+                              st_status bad_shape, size_t *out) {
+    const struct dtype_info *dt = dtype_find(type);
+    if (!dt || dt->blk == 0)
+        return st_fail(bad_type,
+                       "type %s (id %u) is not supported; supported: f32, f16, bf16, "
+                       "q8_0, q4_0",
+                       st_dtype_name(type), type);
+    if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
+        return st_fail(bad_shape, "%u dimensions (must be 1..4)", n_dims);
+    int64_t nel = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        if (ne[d] < 0)
+            return st_fail(bad_shape, "negative dimension %" PRId64, ne[d]);
+        if (ne[d] != 0 && nel > INT64_MAX / ne[d])
+            return st_fail(bad_shape, "too many elements");
+        nel *= ne[d];
     }
+    if (ne[0] % dt->blk != 0)
+        return st_fail(bad_shape,
+                       "row length %" PRId64 " is not a multiple of the %s block size %" PRId64,
+                       ne[0], dt->name, dt->blk);
+    if ((uint64_t)(nel / dt->blk) > SIZE_MAX ||
+        !st_mul_size((size_t)(nel / dt->blk), dt->bytes, out))
+        return st_fail(bad_shape, "too large");
+    return ST_OK;
+}
+
+/* Reads a name (a metadata key or a tensor name): a string of 1..max-1 bytes without NUL, copied
+ * into *out. what: "metadata key" or "tensor name"; idx: its position, for the message. */
+static st_status rd_name(cursor *c, const char *what, int64_t idx, uint64_t max, char **out) {
+    size_t off;
+    uint64_t len;
+    st_status s = rd_str(c, &off, &len, what);
+    if (s)
+        return s;
+    if (len == 0)
+        return st_fail(ST_ERR_FORMAT, "%s: %s %" PRId64 " is empty", c->name, what, idx);
+    if (len >= max)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: %s %" PRId64 " is %" PRIu64 " bytes (at most %" PRIu64 ")", c->name,
+                       what, idx, len, max - 1);
+    if (memchr(c->p + off, 0, (size_t)len))
+        return st_fail(ST_ERR_FORMAT, "%s: %s %" PRId64 " contains a NUL byte", c->name, what, idx);
+    *out = st_strndup((const char *)c->p + off, (size_t)len);
+    if (!*out)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", c->name);
+    return ST_OK;
 }
 
 static st_status parse_kv(cursor *c, gguf_kv *kv, int64_t idx) {
-    size_t koff;
-    uint64_t klen;
-    st_status s = rd_str(c, &koff, &klen, "metadata key");
+    st_status s = rd_name(c, "metadata key", idx, UINT64_MAX, &kv->key);
     if (s)
         return s;
-    if (klen == 0)
-        return st_fail(ST_ERR_FORMAT, "%s: metadata key %" PRId64 " is empty", c->name, idx);
-    if (memchr(c->p + koff, 0, (size_t)klen))
-        return st_fail(ST_ERR_FORMAT, "%s: metadata key %" PRId64 " contains a NUL byte", c->name,
-                       idx);
-    kv->key = st_strndup((const char *)c->p + koff, (size_t)klen);
-    if (!kv->key)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", c->name);
     uint32_t t;
     if ((s = rd(c, &t, 4, "metadata value type")))
         return s;
@@ -245,55 +264,27 @@ static st_status parse_kv(cursor *c, gguf_kv *kv, int64_t idx) {
 }
 
 static st_status parse_tensor(cursor *c, st_gguf_tensor *t, int64_t idx) {
-    size_t noff;
-    uint64_t nlen;
-    st_status s = rd_str(c, &noff, &nlen, "tensor name");
+    char *name = NULL;
+    st_status s = rd_name(c, "tensor name", idx, GGUF_MAX_NAME, &name);
+    t->name = name;
     if (s)
         return s;
-    if (nlen == 0 || nlen >= GGUF_MAX_NAME || memchr(c->p + noff, 0, (size_t)nlen))
-        return st_fail(ST_ERR_FORMAT,
-                       "%s: tensor %" PRId64 " has an invalid name (length %" PRIu64
-                       ", must be 1..%d bytes without NUL)",
-                       c->name, idx, nlen, GGUF_MAX_NAME - 1);
-    t->name = st_strndup((const char *)c->p + noff, (size_t)nlen);
-    if (!t->name)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", c->name);
     if ((s = rd(c, &t->n_dims, 4, "tensor dimension count")))
         return s;
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has %u dimensions (must be 1..4)", c->name,
                        t->name, t->n_dims);
-    int64_t nel = 1;
     for (int d = 0; d < GGUF_MAX_DIMS; d++)
         t->ne[d] = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++) {
+    for (uint32_t d = 0; d < t->n_dims; d++)
         if ((s = rd(c, &t->ne[d], 8, "tensor dimension")))
             return s;
-        if (t->ne[d] < 0)
-            return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has negative dimension %" PRId64,
-                           c->name, t->name, t->ne[d]);
-        if (t->ne[d] != 0 && nel > INT64_MAX / t->ne[d])
-            return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has too many elements", c->name,
-                           t->name);
-        nel *= t->ne[d];
-    }
     if ((s = rd(c, &t->type, 4, "tensor type")) || (s = rd(c, &t->offset, 8, "tensor offset")))
         return s;
-    int64_t blk;
-    size_t bb;
-    dtype_block(t->type, &blk, &bb);
-    if (blk == 0)
-        return st_fail(ST_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' has type %s (id %u); supported: f32, f16, bf16, q8_0, q4_0",
-                       c->name, t->name, st_dtype_name(t->type), t->type);
-    if (t->ne[0] % blk != 0)
-        return st_fail(ST_ERR_FORMAT,
-                       "%s: tensor '%s': row length %" PRId64 " is not a multiple of the %s block "
-                       "size %" PRId64,
-                       c->name, t->name, t->ne[0], st_dtype_name(t->type), blk);
-    if (!st_mul_size((size_t)(nel / blk), bb, &t->size))
-        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is too large", c->name, t->name);
-    return ST_OK;
+    s = st_gguf_tensor_size(t->type, t->n_dims, t->ne, ST_ERR_UNSUPPORTED, ST_ERR_FORMAT, &t->size);
+    if (s)
+        st_error_prefix("%s: tensor '%s'", c->name, t->name);
+    return s;
 }
 
 void st_gguf_free(st_gguf *g) {
@@ -399,6 +390,18 @@ static st_status gguf_parse(st_gguf *g) {
     return ST_OK;
 }
 
+/* A zeroed reader named name (the path, or the caller's name for a buffer). */
+static st_status gguf_new(const char *name, st_gguf **out) {
+    st_gguf *g = st_calloc(1, sizeof *g);
+    if (!g || !(g->name = st_strdup(name))) {
+        st_free(g);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
+    }
+    *out = g;
+    return ST_OK;
+}
+
+/* Parses g's buffer; on error frees g. */
 static st_status gguf_open_common(st_gguf *g, st_gguf **out) {
     st_status s = gguf_parse(g);
     if (s) {
@@ -417,11 +420,10 @@ st_status st_gguf_open_memory(const void *data, size_t size, const char *name, s
         name = "<memory>";
     if (!data && size)
         return st_fail(ST_ERR_INVALID, "%s: NULL buffer", name);
-    st_gguf *g = st_calloc(1, sizeof *g);
-    if (!g || !(g->name = st_strdup(name))) {
-        st_free(g);
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
-    }
+    st_gguf *g;
+    st_status s = gguf_new(name, &g);
+    if (s)
+        return s;
     g->data = data;
     g->size = size;
     return gguf_open_common(g, out);
@@ -431,13 +433,11 @@ st_status st_gguf_open(const char *path, st_gguf **out) {
     if (!out || !path)
         return st_fail(ST_ERR_INVALID, "st_gguf_open: NULL argument");
     *out = NULL;
-    st_gguf *g = st_calloc(1, sizeof *g);
-    if (!g || !(g->name = st_strdup(path))) {
-        st_free(g);
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
-    }
-    st_status s = st_mmap_open(path, &g->map);
-    if (s) {
+    st_gguf *g;
+    st_status s = gguf_new(path, &g);
+    if (s)
+        return s;
+    if ((s = st_mmap_open(path, &g->map))) {
         st_gguf_free(g);
         return s;
     }
@@ -537,22 +537,36 @@ static bool is_int_type(st_gguf_type t) {
            t == ST_GGUF_UINT32 || t == ST_GGUF_INT32 || t == ST_GGUF_UINT64 || t == ST_GGUF_INT64;
 }
 
-static st_status find_typed(const st_gguf *g, const char *key, int64_t *idx) {
-    *idx = st_gguf_find(g, key);
-    if (*idx < 0)
+static bool is_float_type(st_gguf_type t) { return t == ST_GGUF_FLOAT32 || t == ST_GGUF_FLOAT64; }
+static bool is_bool_type(st_gguf_type t) { return t == ST_GGUF_BOOL; }
+static bool is_string_type(st_gguf_type t) { return t == ST_GGUF_STRING; }
+
+/* The value of key, which must exist and have a type `accepts` takes (expected: its name for
+ * the message). */
+static st_status find_typed(const st_gguf *g, const char *key, bool (*accepts)(st_gguf_type),
+                            const char *expected, const gguf_kv **out) {
+    int64_t i = st_gguf_find(g, key);
+    if (i < 0)
         return st_fail(ST_ERR_FORMAT, "%s: missing metadata key '%s'", g->name, key);
+    if (!accepts(g->kv[i].type))
+        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected %s", g->name, key,
+                       type_name(g->kv[i].type), expected);
+    *out = &g->kv[i];
     return ST_OK;
 }
 
+/* The string whose length field is at byte off (validated at parse time). */
+static st_gguf_str str_at(const st_gguf *g, size_t off) {
+    uint64_t n;
+    memcpy(&n, g->data + off, 8);
+    return (st_gguf_str){(const char *)g->data + off + 8, n};
+}
+
 st_status st_gguf_get_i64(const st_gguf *g, const char *key, int64_t *out) {
-    int64_t i;
-    st_status s = find_typed(g, key, &i);
+    const gguf_kv *kv;
+    st_status s = find_typed(g, key, is_int_type, "an integer", &kv);
     if (s)
         return s;
-    const gguf_kv *kv = &g->kv[i];
-    if (!is_int_type(kv->type))
-        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected an integer", g->name, key,
-                       type_name(kv->type));
     const uint8_t *p = g->data + kv->off;
     if (kv->type == ST_GGUF_UINT64) {
         uint64_t u;
@@ -584,14 +598,10 @@ st_status st_gguf_get_u32(const st_gguf *g, const char *key, uint32_t *out) {
 }
 
 st_status st_gguf_get_f32(const st_gguf *g, const char *key, float *out) {
-    int64_t i;
-    st_status s = find_typed(g, key, &i);
+    const gguf_kv *kv;
+    st_status s = find_typed(g, key, is_float_type, "a float", &kv);
     if (s)
         return s;
-    const gguf_kv *kv = &g->kv[i];
-    if (kv->type != ST_GGUF_FLOAT32 && kv->type != ST_GGUF_FLOAT64)
-        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected a float", g->name, key,
-                       type_name(kv->type));
     double d;
     num_at(kv->type, g->data + kv->off, &d);
     *out = (float)d;
@@ -599,66 +609,61 @@ st_status st_gguf_get_f32(const st_gguf *g, const char *key, float *out) {
 }
 
 st_status st_gguf_get_bool(const st_gguf *g, const char *key, int *out) {
-    int64_t i;
-    st_status s = find_typed(g, key, &i);
+    const gguf_kv *kv;
+    st_status s = find_typed(g, key, is_bool_type, "bool", &kv);
     if (s)
         return s;
-    if (g->kv[i].type != ST_GGUF_BOOL)
-        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected bool", g->name, key,
-                       type_name(g->kv[i].type));
-    *out = g->data[g->kv[i].off] != 0;
+    *out = g->data[kv->off] != 0;
     return ST_OK;
 }
 
 st_status st_gguf_get_str(const st_gguf *g, const char *key, st_gguf_str *out) {
-    int64_t i;
-    st_status s = find_typed(g, key, &i);
+    const gguf_kv *kv;
+    st_status s = find_typed(g, key, is_string_type, "string", &kv);
     if (s)
         return s;
-    if (g->kv[i].type != ST_GGUF_STRING)
-        return st_fail(ST_ERR_FORMAT, "%s: key '%s' has type %s, expected string", g->name, key,
-                       type_name(g->kv[i].type));
-    uint64_t n;
-    memcpy(&n, g->data + g->kv[i].off, 8);
-    out->ptr = (const char *)g->data + g->kv[i].off + 8;
-    out->len = n;
+    *out = str_at(g, kv->off);
+    return ST_OK;
+}
+
+/* Whether metadata kv is an array of strings (strings) or of numbers (!strings). */
+static bool is_array_of(const st_gguf *g, int64_t kv, bool strings) {
+    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY)
+        return false;
+    return strings ? g->kv[kv].arr_type == ST_GGUF_STRING
+                   : st_gguf_type_size(g->kv[kv].arr_type) != 0;
+}
+
+/* Checks that element i of the array kv (of strings or numbers) exists. */
+static st_status arr_check(const st_gguf *g, int64_t kv, int64_t i, bool strings) {
+    if (!is_array_of(g, kv, strings))
+        return st_fail(ST_ERR_FORMAT, "%s: metadata %" PRId64 " is not %s", g->name, kv,
+                       strings ? "an array of strings" : "a numeric array");
+    if (i < 0 || i >= g->kv[kv].n)
+        return st_fail(ST_ERR_RANGE, "%s: key '%s': index %" PRId64 " out of range (%" PRId64 ")",
+                       g->name, g->kv[kv].key, i, g->kv[kv].n);
     return ST_OK;
 }
 
 st_status st_gguf_arr_str(const st_gguf *g, int64_t kv, int64_t i, st_gguf_str *out) {
-    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
-        g->kv[kv].arr_type != ST_GGUF_STRING)
-        return st_fail(ST_ERR_FORMAT, "%s: metadata %" PRId64 " is not an array of strings",
-                       g->name, kv);
-    if (i < 0 || i >= g->kv[kv].n)
-        return st_fail(ST_ERR_RANGE, "%s: key '%s': index %" PRId64 " out of range (%" PRId64 ")",
-                       g->name, g->kv[kv].key, i, g->kv[kv].n);
-    size_t o = g->kv[kv].str_offs[i];
-    uint64_t n;
-    memcpy(&n, g->data + o, 8);
-    out->ptr = (const char *)g->data + o + 8;
-    out->len = n;
+    st_status s = arr_check(g, kv, i, true);
+    if (s)
+        return s;
+    *out = str_at(g, g->kv[kv].str_offs[i]);
     return ST_OK;
 }
 
 st_status st_gguf_arr_num(const st_gguf *g, int64_t kv, int64_t i, double *out) {
-    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
-        st_gguf_type_size(g->kv[kv].arr_type) == 0)
-        return st_fail(ST_ERR_FORMAT, "%s: metadata %" PRId64 " is not a numeric array", g->name,
-                       kv);
-    if (i < 0 || i >= g->kv[kv].n)
-        return st_fail(ST_ERR_RANGE, "%s: key '%s': index %" PRId64 " out of range (%" PRId64 ")",
-                       g->name, g->kv[kv].key, i, g->kv[kv].n);
+    st_status s = arr_check(g, kv, i, false);
+    if (s)
+        return s;
     size_t es = st_gguf_type_size(g->kv[kv].arr_type);
     num_at(g->kv[kv].arr_type, g->data + g->kv[kv].off + (size_t)i * es, out);
     return ST_OK;
 }
 
 const void *st_gguf_arr_data(const st_gguf *g, int64_t kv) {
-    if (kv < 0 || kv >= g->n_kv || g->kv[kv].type != ST_GGUF_ARRAY ||
-        st_gguf_type_size(g->kv[kv].arr_type) == 0)
-        return NULL;
-    return g->data + g->kv[kv].off;
+    return is_array_of(g, kv, false) ? g->data + g->kv[kv].off : NULL;
 }
 
 /* Appends printable text of a string value (escaping control bytes), at most `max` bytes. */
@@ -685,9 +690,8 @@ int st_gguf_format_value(const st_gguf *g, int64_t i, char *buf, size_t cap) {
     const gguf_kv *kv = &g->kv[i];
     int n = 0;
     if (kv->type == ST_GGUF_STRING) {
-        uint64_t len;
-        memcpy(&len, g->data + kv->off, 8);
-        return put_str(buf, cap, 0, (const char *)g->data + kv->off + 8, len, 200);
+        st_gguf_str str = str_at(g, kv->off);
+        return put_str(buf, cap, 0, str.ptr, str.len, 200);
     }
     if (kv->type != ST_GGUF_ARRAY) {
         double d;

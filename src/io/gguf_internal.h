@@ -9,4 +9,11 @@ const char *st_gguf_name(const st_gguf *g);
 size_t st_gguf_data_offset(const st_gguf *g);
 /* Bytes of one value of a fixed-size metadata type; 0 for STRING and ARRAY. */
 size_t st_gguf_type_size(st_gguf_type t);
+/* Bytes of a tensor of this type and shape ne[0..n_dims): the checks the reader and the writer
+ * share (a loadable type, 1..4 dimensions, none negative, an element count within int64 and
+ * size_t, a row length that is a whole number of blocks). Fails with bad_type for a type this
+ * library cannot load and bad_shape otherwise; the detail names only the problem, so callers
+ * prefix the file and tensor. */
+st_status st_gguf_tensor_size(uint32_t type, uint32_t n_dims, const int64_t *ne, st_status bad_type,
+                              st_status bad_shape, size_t *out);
 #endif

@@ -220,15 +220,24 @@ st_status st_gguf_writer_add_str(st_gguf_writer *w, const char *key, const char 
     return st_gguf_writer_add_strn(w, key, s, strlen(s));
 }
 
+/* An array argument: n >= 0 elements at data (NULL only when n is 0); false after st_fail. */
+static bool arr_args_ok(const char *key, const void *data, int64_t n) {
+    if (n >= 0 && (data || n == 0))
+        return true;
+    st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data", key ? key : "?");
+    return false;
+}
+
 st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_type type,
                                  const void *data, int64_t n) {
     size_t es = st_gguf_type_size(type), total;
     if (es == 0)
         return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has element type %d",
                        key ? key : "?", (int)type);
-    if (n < 0 || (!data && n > 0) || !st_mul_size((size_t)n, es, &total))
-        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data",
-                       key ? key : "?");
+    if (!arr_args_ok(key, data, n))
+        return ST_ERR_INVALID;
+    if (!st_mul_size((size_t)n, es, &total))
+        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' is too large", key ? key : "?");
     if (type == ST_GGUF_BOOL)
         for (int64_t i = 0; i < n; i++)
             if (((const uint8_t *)data)[i] > 1)
@@ -245,9 +254,8 @@ st_status st_gguf_writer_add_arr(st_gguf_writer *w, const char *key, st_gguf_typ
 
 st_status st_gguf_writer_add_arr_strn(st_gguf_writer *w, const char *key, const st_gguf_str *s,
                                       int64_t n) {
-    if (n < 0 || (!s && n > 0))
-        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data",
-                       key ? key : "?");
+    if (!arr_args_ok(key, s, n))
+        return ST_ERR_INVALID;
     for (int64_t i = 0; i < n; i++)
         if ((!s[i].ptr && s[i].len) || s[i].len > SIZE_MAX)
             return st_fail(ST_ERR_INVALID, "gguf writer: array '%s': string %" PRId64 " is NULL",
@@ -264,9 +272,8 @@ st_status st_gguf_writer_add_arr_strn(st_gguf_writer *w, const char *key, const 
 
 st_status st_gguf_writer_add_arr_str(st_gguf_writer *w, const char *key, const char *const *s,
                                      int64_t n) {
-    if (n < 0 || (!s && n > 0))
-        return st_fail(ST_ERR_INVALID, "gguf writer: array '%s' has a bad length or data",
-                       key ? key : "?");
+    if (!arr_args_ok(key, s, n))
+        return ST_ERR_INVALID;
     st_gguf_str *v = st_malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return st_fail(ST_ERR_NOMEM, "gguf writer: out of memory for array '%s'", key ? key : "?");
@@ -382,53 +389,13 @@ st_status st_gguf_writer_copy_tokenizer(st_gguf_writer *w, const st_gguf *g,
 /* ------------------------------------------------------------------------------------------ */
 /* Tensors                                                                                    */
 
-/* Elements and bytes per block of a supported type; false otherwise. */
-static bool block_of(uint32_t type, int64_t *elems, size_t *nbytes) {
-    switch (type) {
-    case ST_DTYPE_F32:
-        *elems = 1, *nbytes = 4;
-        return true;
-    case ST_DTYPE_F16:
-    case ST_DTYPE_BF16:
-        *elems = 1, *nbytes = 2;
-        return true;
-    case ST_DTYPE_Q8_0:
-        *elems = ST_QK, *nbytes = sizeof(st_block_q8_0);
-        return true;
-    case ST_DTYPE_Q4_0:
-        *elems = ST_QK, *nbytes = sizeof(st_block_q4_0);
-        return true;
-    default:
-        return false;
-    }
-}
-
 st_status st_gguf_tensor_bytes(uint32_t type, uint32_t n_dims, const int64_t *ne, size_t *out) {
-    int64_t blk;
-    size_t bb;
     if (!out || !ne)
         return st_fail(ST_ERR_INVALID, "gguf writer: NULL argument");
-    if (!block_of(type, &blk, &bb))
-        return st_fail(ST_ERR_INVALID, "gguf writer: tensor type %s (id %u) is not supported",
-                       st_dtype_name(type), type);
-    if (n_dims < 1 || n_dims > W_MAX_DIMS)
-        return st_fail(ST_ERR_INVALID, "gguf writer: %u dimensions (must be 1..4)", n_dims);
-    int64_t nel = 1;
-    for (uint32_t d = 0; d < n_dims; d++) {
-        if (ne[d] < 0)
-            return st_fail(ST_ERR_INVALID, "gguf writer: negative dimension %" PRId64, ne[d]);
-        if (ne[d] != 0 && nel > INT64_MAX / ne[d])
-            return st_fail(ST_ERR_INVALID, "gguf writer: too many elements");
-        nel *= ne[d];
-    }
-    if (ne[0] % blk != 0)
-        return st_fail(ST_ERR_INVALID,
-                       "gguf writer: row length %" PRId64 " is not a multiple of the %s block "
-                       "size %" PRId64,
-                       ne[0], st_dtype_name(type), blk);
-    if ((uint64_t)(nel / blk) > SIZE_MAX || !st_mul_size((size_t)(nel / blk), bb, out))
-        return st_fail(ST_ERR_INVALID, "gguf writer: tensor too large");
-    return ST_OK;
+    st_status s = st_gguf_tensor_size(type, n_dims, ne, ST_ERR_INVALID, ST_ERR_INVALID, out);
+    if (s)
+        st_error_prefix("gguf writer");
+    return s;
 }
 
 st_status st_gguf_writer_add_tensor(st_gguf_writer *w, const char *name, uint32_t type,

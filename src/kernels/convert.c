@@ -80,49 +80,49 @@ size_t st_row_bytes(uint32_t type, int64_t n) {
     }
 }
 
+void st_q4_0_unpack(const st_block_q4_0 *b, int8_t q[ST_QK]) {
+    for (int j = 0; j < ST_QK / 2; j++) {
+        q[j] = (int8_t)((b->qs[j] & 0xf) - 8);
+        q[j + ST_QK / 2] = (int8_t)((b->qs[j] >> 4) - 8);
+    }
+}
+
 void st_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
     switch (type) {
     case ST_DTYPE_F32:
         memcpy(out, row, (size_t)n * 4);
         break;
-    case ST_DTYPE_F16: {
-        const uint8_t *p = row;
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            out[i] = st_fp16_to_f32(h);
-        }
-        break;
-    }
+    case ST_DTYPE_F16:
     case ST_DTYPE_BF16: {
         const uint8_t *p = row;
         for (int64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
-            out[i] = st_bf16_to_f32(h);
+            out[i] = type == ST_DTYPE_BF16 ? st_bf16_to_f32(h) : st_fp16_to_f32(h);
         }
         break;
     }
-    case ST_DTYPE_Q8_0: {
-        const st_block_q8_0 *b = row;
+    case ST_DTYPE_Q8_0:
+    case ST_DTYPE_Q4_0:
         for (int64_t i = 0; i < n / ST_QK; i++) {
-            float d = st_fp16_to_f32(b[i].d);
-            for (int j = 0; j < ST_QK; j++)
-                out[i * ST_QK + j] = (float)b[i].q[j] * d;
-        }
-        break;
-    }
-    case ST_DTYPE_Q4_0: {
-        const st_block_q4_0 *b = row;
-        for (int64_t i = 0; i < n / ST_QK; i++) {
-            float d = st_fp16_to_f32(b[i].d);
-            for (int j = 0; j < ST_QK / 2; j++) {
-                out[i * ST_QK + j] = (float)((b[i].qs[j] & 0xf) - 8) * d;
-                out[i * ST_QK + j + 16] = (float)((b[i].qs[j] >> 4) - 8) * d;
+            int8_t q4[ST_QK];
+            const int8_t *q;
+            uint16_t d16;
+            if (type == ST_DTYPE_Q8_0) {
+                const st_block_q8_0 *b = (const st_block_q8_0 *)row + i;
+                q = b->q;
+                d16 = b->d;
+            } else {
+                const st_block_q4_0 *b = (const st_block_q4_0 *)row + i;
+                st_q4_0_unpack(b, q4);
+                q = q4;
+                d16 = b->d;
             }
+            float d = st_fp16_to_f32(d16);
+            for (int j = 0; j < ST_QK; j++)
+                out[i * ST_QK + j] = (float)q[j] * d;
         }
         break;
-    }
     default:
         memset(out, 0, (size_t)n * 4);
         break;

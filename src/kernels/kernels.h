@@ -39,6 +39,9 @@ typedef struct st_block_q4_0 {
 } st_block_q4_0;
 _Static_assert(sizeof(st_block_q4_0) == 18, "q4_0 block is 18 bytes");
 
+/* The 32 signed values (nibble - 8) of a Q4_0 block, in element order (convert.c). */
+void st_q4_0_unpack(const st_block_q4_0 *b, int8_t q[ST_QK]);
+
 /* Activation-side block: float scale, 32 int8 values. */
 typedef struct st_block_q8x {
     float d;

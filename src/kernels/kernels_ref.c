@@ -141,22 +141,23 @@ static float dot_h16(const uint8_t *wr, const float *x, int64_t K, int bf16) {
     return reduce8(acc);
 }
 
-static void matmul_f16_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
-                           int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+static void matmul_h16_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                           int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1, int bf16) {
     const float *xf = x;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t m = 0; m < M; m++)
             y[m * ldy + r] =
-                dot_h16((const uint8_t *)w + (size_t)r * row_bytes, xf + m * ldx, K, 0);
+                dot_h16((const uint8_t *)w + (size_t)r * row_bytes, xf + m * ldx, K, bf16);
+}
+
+static void matmul_f16_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                           int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    matmul_h16_ref(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 0);
 }
 
 static void matmul_bf16_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    const float *xf = x;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t m = 0; m < M; m++)
-            y[m * ldy + r] =
-                dot_h16((const uint8_t *)w + (size_t)r * row_bytes, xf + m * ldx, K, 1);
+    matmul_h16_ref(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 1);
 }
 
 /* One block of the canonical quantized dot product (kernels.h): lane l gets the exact integer
@@ -171,40 +172,45 @@ static void qdot_block(float acc[8], const int8_t w[ST_QK], uint16_t wd, const s
     }
 }
 
-static void matmul_q8_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
-                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+/* Both quantized weight types: Q4_0 blocks are unpacked to the Q8_0 layout first, so one loop
+ * defines the reduction order for both. */
+static void matmul_q_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                         int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1, int q4) {
     const st_block_q8x *xq = x;
     int64_t nb = K / ST_QK;
     for (int64_t r = r0; r < r1; r++) {
-        const st_block_q8_0 *wb = (const st_block_q8_0 *)((const char *)w + (size_t)r * row_bytes);
+        const char *wr = (const char *)w + (size_t)r * row_bytes;
         for (int64_t m = 0; m < M; m++) {
             float acc[8] = {0};
-            for (int64_t b = 0; b < nb; b++)
-                qdot_block(acc, wb[b].q, wb[b].d, xq + m * ldx + b);
+            for (int64_t b = 0; b < nb; b++) {
+                int8_t unpacked[ST_QK];
+                const int8_t *wq;
+                uint16_t wd;
+                if (q4) {
+                    const st_block_q4_0 *wb = (const st_block_q4_0 *)wr + b;
+                    st_q4_0_unpack(wb, unpacked);
+                    wq = unpacked;
+                    wd = wb->d;
+                } else {
+                    const st_block_q8_0 *wb = (const st_block_q8_0 *)wr + b;
+                    wq = wb->q;
+                    wd = wb->d;
+                }
+                qdot_block(acc, wq, wd, xq + m * ldx + b);
+            }
             y[m * ldy + r] = reduce8(acc);
         }
     }
 }
 
+static void matmul_q8_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    matmul_q_ref(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 0);
+}
+
 static void matmul_q4_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    const st_block_q8x *xq = x;
-    int64_t nb = K / ST_QK;
-    for (int64_t r = r0; r < r1; r++) {
-        const st_block_q4_0 *wb = (const st_block_q4_0 *)((const char *)w + (size_t)r * row_bytes);
-        for (int64_t m = 0; m < M; m++) {
-            float acc[8] = {0};
-            for (int64_t b = 0; b < nb; b++) {
-                int8_t wq[ST_QK];
-                for (int j = 0; j < ST_QK / 2; j++) {
-                    wq[j] = (int8_t)((wb[b].qs[j] & 0xf) - 8);
-                    wq[j + ST_QK / 2] = (int8_t)((wb[b].qs[j] >> 4) - 8);
-                }
-                qdot_block(acc, wq, wb[b].d, xq + m * ldx + b);
-            }
-            y[m * ldy + r] = reduce8(acc);
-        }
-    }
+    matmul_q_ref(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 1);
 }
 
 static void quantize_q8x_ref(st_block_q8x *y, const float *x, int64_t K) {

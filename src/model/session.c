@@ -7,7 +7,6 @@
 #include "model/model.h"
 
 #include <math.h>
-#include <string.h>
 
 st_session_params st_session_default_params(void) {
     st_session_params p = {.n_ctx = 0, .n_seq = 1, .n_batch = 64, .n_threads = 0};
@@ -20,30 +19,43 @@ void st_session_free(st_session *s) {
     if (!s)
         return;
     st_pool_free(s->pool);
-    st_free(s->seq_len);
-    st_free_aligned(s->k_cache);
-    st_free_aligned(s->v_cache);
-    void *bufs[] = {s->rope_cos, s->rope_sin, s->x,           s->xb,      s->q,
-                    s->kt,       s->vt,       s->att,         s->hb,      s->hb2,
-                    s->tmp,      s->xq,       s->scores,      s->b_pos,   s->b_seq,
-                    s->b_row,    s->b_prefix, s->b_extra_off, s->b_extra, (void *)s->b_pmask};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        st_free_aligned(bufs[i]);
-    st_free(s);
+    st_free_aligned(s); /* the struct heads the one block that holds every buffer */
 }
 
-static void *alloc_f(size_t n, size_t elem, bool *ok) {
-    size_t bytes;
-    if (!st_mul_size(n ? n : 1, elem, &bytes)) {
-        *ok = false;
-        return NULL;
-    }
-    void *p = st_malloc_aligned(bytes, 64);
-    if (!p)
-        *ok = false;
-    else
-        memset(p, 0, bytes);
-    return p;
+/* The session's one block: the struct, then every buffer (the first pass sizes, the second
+ * carves; core.h). n_threads is the pool's size; kv is n_seq * n_layer * n_ctx * KV floats. */
+static void session_layout(st_plan *pl, st_session *s, const st_model_hparams *hp,
+                           const st_session_params *p, size_t kv) {
+    const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim,
+                 KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, B = (size_t)p->n_batch,
+                 F = (size_t)hp->n_ff, C = (size_t)p->n_ctx, nrot2 = (size_t)hp->n_rot / 2;
+    const size_t qmax = E > F ? (E > Q ? E : Q) : (F > Q ? F : Q);
+    st_plan_take(pl, 1, sizeof *s);
+    s->seq_len = st_plan_take(pl, (size_t)p->n_seq, sizeof(int32_t));
+    s->k_cache = st_plan_take(pl, kv, sizeof(float));
+    s->v_cache = st_plan_take(pl, kv, sizeof(float));
+    s->rope_cos = st_plan_take(pl, C * nrot2, sizeof(float));
+    s->rope_sin = st_plan_take(pl, C * nrot2, sizeof(float));
+    s->x = st_plan_take(pl, B * E, sizeof(float));
+    s->xb = st_plan_take(pl, B * E, sizeof(float));
+    s->tmp = st_plan_take(pl, B * E, sizeof(float));
+    s->q = st_plan_take(pl, B * Q, sizeof(float));
+    s->att = st_plan_take(pl, B * Q, sizeof(float));
+    s->kt = st_plan_take(pl, B * KV, sizeof(float));
+    s->vt = st_plan_take(pl, B * KV, sizeof(float));
+    s->hb = st_plan_take(pl, B * F, sizeof(float));
+    s->hb2 = st_plan_take(pl, B * F, sizeof(float));
+    s->xq = st_plan_take(pl, B * (qmax / ST_QK + 1), sizeof(st_block_q8x));
+    s->scores = st_plan_take(
+        pl, (size_t)p->n_threads * ST_ATTN_TOKENS * (size_t)(hp->n_head / hp->n_head_kv) * (C + 1),
+        sizeof(float));
+    s->b_pos = st_plan_take(pl, B, sizeof(int32_t));
+    s->b_seq = st_plan_take(pl, B, sizeof(int32_t));
+    s->b_row = st_plan_take(pl, B, sizeof(int32_t));
+    s->b_prefix = st_plan_take(pl, B, sizeof(int32_t));
+    s->b_extra_off = st_plan_take(pl, B + 1, sizeof(int32_t));
+    s->b_extra = st_plan_take(pl, B * B, sizeof(int32_t));
+    s->b_pmask = st_plan_take(pl, B, sizeof(uint8_t *));
 }
 
 st_status st_session_create(const st_model *m, const st_session_params *pp, st_session **out) {
@@ -63,65 +75,39 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     if (p.n_ctx > (1 << 24) || p.n_seq > 4096 || p.n_batch > 4096)
         return st_fail(ST_ERR_INVALID, "session: n_ctx %d, n_seq %d or n_batch %d is too large",
                        p.n_ctx, p.n_seq, p.n_batch);
-    st_session *s = st_calloc(1, sizeof *s);
-    if (!s)
-        return st_fail(ST_ERR_NOMEM, "session: out of memory");
+    st_pool *pool;
+    st_status st = st_pool_create(p.n_threads, &pool);
+    if (st)
+        return st;
+    p.n_threads = st_pool_size(pool);
+    const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    size_t kv_total = 0;
+    st_plan pl = {0};
+    if (!st_mul_size((size_t)p.n_seq * (size_t)hp->n_layer, (size_t)p.n_ctx, &kv_total) ||
+        !st_mul_size(kv_total, KV, &kv_total))
+        pl.overflow = true;
+    st_session sizing;
+    session_layout(&pl, &sizing, hp, &p, kv_total);
+    st_session *s = st_plan_alloc(&pl);
+    if (!s) {
+        st_pool_free(pool);
+        if (pl.overflow)
+            return st_fail(ST_ERR_NOMEM, "session: n_ctx %d, n_seq %d, n_batch %d: too large",
+                           p.n_ctx, p.n_seq, p.n_batch);
+        return st_fail(ST_ERR_NOMEM,
+                       "session: out of memory for %zu MB (n_ctx %d, n_seq %d, n_batch %d: KV "
+                       "cache %zu MB)",
+                       pl.off >> 20, p.n_ctx, p.n_seq, p.n_batch, kv_total * 8 / (1024 * 1024));
+    }
+    session_layout(&pl, s, hp, &p, kv_total);
     s->m = m;
     s->kern = st_kernels_get();
-    st_status st = st_pool_create(p.n_threads, &s->pool);
-    if (st) {
-        st_free(s);
-        return st;
-    }
-    p.n_threads = st_pool_size(s->pool);
+    s->pool = pool;
     s->p = p;
-    const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim,
-                 KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, B = (size_t)p.n_batch,
-                 F = (size_t)hp->n_ff;
-    size_t kv_total = 1;
-    bool ok = st_mul_size((size_t)p.n_seq * (size_t)hp->n_layer, (size_t)p.n_ctx, &kv_total) &&
-              st_mul_size(kv_total, KV, &kv_total);
     s->kv_layer_stride = (int64_t)p.n_ctx * (int64_t)KV;
     s->kv_seq_stride = s->kv_layer_stride * hp->n_layer;
-    size_t qmax = E > F ? E : F;
-    if (Q > qmax)
-        qmax = Q;
-    s->seq_len = st_calloc((size_t)p.n_seq, sizeof(int32_t));
-    ok = ok && s->seq_len;
-    if (ok) {
-        s->k_cache = alloc_f(kv_total, sizeof(float), &ok);
-        s->v_cache = alloc_f(kv_total, sizeof(float), &ok);
-    }
-    size_t nrot2 = (size_t)hp->n_rot / 2;
-    s->rope_cos = alloc_f((size_t)p.n_ctx * nrot2, sizeof(float), &ok);
-    s->rope_sin = alloc_f((size_t)p.n_ctx * nrot2, sizeof(float), &ok);
-    s->x = alloc_f(B * E, sizeof(float), &ok);
-    s->xb = alloc_f(B * E, sizeof(float), &ok);
-    s->tmp = alloc_f(B * E, sizeof(float), &ok);
-    s->q = alloc_f(B * Q, sizeof(float), &ok);
-    s->att = alloc_f(B * Q, sizeof(float), &ok);
-    s->kt = alloc_f(B * KV, sizeof(float), &ok);
-    s->vt = alloc_f(B * KV, sizeof(float), &ok);
-    s->hb = alloc_f(B * F, sizeof(float), &ok);
-    s->hb2 = alloc_f(B * F, sizeof(float), &ok);
-    s->xq = alloc_f(B * (qmax / ST_QK + 1), sizeof(st_block_q8x), &ok);
-    s->scores = alloc_f((size_t)p.n_threads * ST_ATTN_TOKENS *
-                            (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p.n_ctx + 1),
-                        sizeof(float), &ok);
-    s->b_pos = alloc_f(B, sizeof(int32_t), &ok);
-    s->b_seq = alloc_f(B, sizeof(int32_t), &ok);
-    s->b_row = alloc_f(B, sizeof(int32_t), &ok);
-    s->b_prefix = alloc_f(B, sizeof(int32_t), &ok);
-    s->b_extra_off = alloc_f(B + 1, sizeof(int32_t), &ok);
-    s->b_extra = alloc_f(B * B, sizeof(int32_t), &ok);
-    s->b_pmask = alloc_f(B, sizeof(uint8_t *), &ok);
-    if (!ok) {
-        st_session_free(s);
-        return st_fail(ST_ERR_NOMEM,
-                       "session: out of memory (n_ctx %d, n_seq %d, n_batch %d: KV cache %zu MB)",
-                       p.n_ctx, p.n_seq, p.n_batch, kv_total * 8 / (1024 * 1024));
-    }
     /* RoPE tables in double precision: theta = pos * base^(-2j/n_rot). */
+    const size_t nrot2 = (size_t)hp->n_rot / 2;
     for (int32_t pos = 0; pos < p.n_ctx; pos++)
         for (size_t j = 0; j < nrot2; j++) {
             double freq = pow((double)hp->rope_base, -2.0 * (double)j / (double)hp->n_rot);

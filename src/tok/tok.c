@@ -37,15 +37,8 @@ int32_t st_tok_find(const st_tokenizer *t, const char *s, size_t n) {
 }
 
 /* Adds every non-empty piece; a repeated piece maps to its last id (as llama.cpp). */
-static st_status build_map(st_tokenizer *t, const char *name) {
-    uint64_t cap = 16;
-    while (cap < (uint64_t)t->n_vocab * 2)
-        cap *= 2;
-    t->map = st_malloc(cap * sizeof *t->map);
-    if (!t->map)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory for the vocabulary table", name);
-    t->map_mask = cap - 1;
-    memset(t->map, 0xFF, cap * sizeof *t->map);
+static void build_map(st_tokenizer *t) {
+    memset(t->map, 0xFF, (t->map_mask + 1) * sizeof *t->map);
     for (int32_t id = 0; id < t->n_vocab; id++) {
         size_t n;
         const char *s = st_tok_text(t, id, &n);
@@ -63,7 +56,6 @@ static st_status build_map(st_tokenizer *t, const char *name) {
         }
         t->map[h] = id;
     }
-    return ST_OK;
 }
 
 static const char *gguf_type_str(st_gguf_type ty) {
@@ -164,7 +156,10 @@ static st_status pick_pre(st_tokenizer *t, const st_gguf *g, const char *name) {
                    name, (int)(p.len > 64 ? 64 : p.len), p.ptr);
 }
 
-static st_status read_pieces(st_tokenizer *t, const st_gguf *g, const char *name, int64_t kv) {
+/* Checks tokenizer.ggml.tokens (kv index): sets t->n_vocab and the bytes of all pieces, each
+ * with its NUL. */
+static st_status size_pieces(st_tokenizer *t, const st_gguf *g, const char *name, int64_t kv,
+                             size_t *text_bytes) {
     const char *key = "tokenizer.ggml.tokens";
     if (st_gguf_kv_type(g, kv) != ST_GGUF_ARRAY || st_gguf_arr_type(g, kv) != ST_GGUF_STRING) {
         st_gguf_type ty = st_gguf_kv_type(g, kv);
@@ -185,10 +180,12 @@ static st_status read_pieces(st_tokenizer *t, const st_gguf *g, const char *name
         if (!st_add_size(total, (size_t)s.len + 1, &total))
             return st_fail(ST_ERR_FORMAT, "%s: %s is too large", name, key);
     }
-    t->off = st_malloc(((size_t)n + 1) * sizeof *t->off);
-    t->text = st_malloc(total);
-    if (!t->off || !t->text)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory for %" PRId64 " pieces", name, n);
+    *text_bytes = total;
+    return ST_OK;
+}
+
+static void read_pieces(st_tokenizer *t, const st_gguf *g, int64_t kv) {
+    int64_t n = t->n_vocab;
     size_t o = 0;
     for (int64_t i = 0; i < n; i++) {
         st_gguf_str s;
@@ -199,16 +196,10 @@ static st_status read_pieces(st_tokenizer *t, const st_gguf *g, const char *name
         t->text[o++] = 0;
     }
     t->off[n] = o;
-    return ST_OK;
 }
 
 static st_status read_scores_types(st_tokenizer *t, const st_gguf *g, const char *name) {
     int64_t n = t->n_vocab, kv;
-    t->score = st_calloc((size_t)n, sizeof *t->score);
-    t->type = st_malloc((size_t)n);
-    t->eog = st_calloc((size_t)n, 1);
-    if (!t->score || !t->type || !t->eog)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory for token data", name);
     memset(t->type, ST_TT_NORMAL, (size_t)n);
     st_status s = numeric_array(g, name, "tokenizer.ggml.scores", n, &kv);
     if (s)
@@ -304,11 +295,10 @@ static size_t decode_piece(const st_tokenizer *t, int32_t id, char *dst) {
     return k;
 }
 
+/* t->dec has room for off[n_vocab] bytes: a token decodes to at most the bytes of its piece
+ * ("<0xHH>", "▁" and alphabet characters shrink, nothing grows), and every piece has a NUL. */
 static st_status build_decoded(st_tokenizer *t, const char *name) {
     size_t total = 0;
-    t->dec_off = st_malloc(((size_t)t->n_vocab + 1) * sizeof *t->dec_off);
-    if (!t->dec_off)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
     for (int32_t id = 0; id < t->n_vocab; id++) {
         t->dec_off[id] = total;
         size_t n = decode_piece(t, id, NULL);
@@ -317,9 +307,9 @@ static st_status build_decoded(st_tokenizer *t, const char *name) {
             t->max_dec = n;
     }
     t->dec_off[t->n_vocab] = total;
-    t->dec = st_malloc(total + 1);
-    if (!t->dec)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
+    if (total >= t->off[t->n_vocab])
+        return st_fail(ST_ERR_FORMAT, "%s: decoded vocabulary (%zu bytes) outgrows its pieces",
+                       name, total);
     for (int32_t id = 0; id < t->n_vocab; id++)
         decode_piece(t, id, t->dec + t->dec_off[id]);
     return ST_OK;
@@ -345,15 +335,8 @@ static void mark_eog(st_tokenizer *t, int32_t eot, int32_t eom) {
         t->eog[eom] = 1;
 }
 
-static st_status build_user_list(st_tokenizer *t, const char *name) {
-    int32_t n = 0;
-    for (int32_t id = 0; id < t->n_vocab; id++)
-        n += t->type[id] == ST_TT_USER && t->off[id + 1] - t->off[id] > 1;
-    if (n == 0)
-        return ST_OK;
-    t->user = st_malloc((size_t)n * sizeof *t->user);
-    if (!t->user)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
+/* t->user has room for n_vocab ids. */
+static void build_user_list(st_tokenizer *t) {
     for (int32_t id = 0; id < t->n_vocab; id++) {
         if (t->type[id] != ST_TT_USER || t->off[id + 1] - t->off[id] <= 1)
             continue;
@@ -366,7 +349,6 @@ static st_status build_user_list(st_tokenizer *t, const char *name) {
         }
         t->user[j] = id;
     }
-    return ST_OK;
 }
 
 static void build_byte_table(st_tokenizer *t) {
@@ -399,6 +381,48 @@ static void build_byte_table(st_tokenizer *t) {
     }
 }
 
+/* tokenizer.ggml.model (and for gpt2 the pre-tokenizer): the kind and its defaults. */
+static st_status read_model(st_tokenizer *t, const st_gguf *g, const char *name) {
+    st_gguf_str model;
+    if (st_gguf_find(g, "tokenizer.ggml.model") < 0)
+        return st_fail(ST_ERR_FORMAT, "%s: no tokenizer (key tokenizer.ggml.model is missing)",
+                       name);
+    st_status s = st_gguf_get_str(g, "tokenizer.ggml.model", &model);
+    if (s)
+        return s;
+    if (str_is(model, "llama")) {
+        t->kind = ST_TOK_SPM;
+        t->add_bos = 1;
+        t->add_space_prefix = 1;
+        return ST_OK;
+    }
+    if (str_is(model, "gpt2")) {
+        t->kind = ST_TOK_BPE;
+        return pick_pre(t, g, name);
+    }
+    return st_fail(ST_ERR_UNSUPPORTED,
+                   "%s: unsupported tokenizer.ggml.model \"%.*s\" (supported: llama, gpt2)", name,
+                   (int)(model.len > 64 ? 64 : model.len), model.ptr);
+}
+
+/* The tokenizer's one block: the struct, then every table, all sized by the vocabulary (the
+ * first pass sizes, the second carves; core.h). text_bytes: all pieces with their NULs. */
+static void tok_layout(st_plan *pl, st_tokenizer *t, size_t text_bytes) {
+    const size_t n = (size_t)t->n_vocab;
+    st_plan_take(pl, 1, sizeof *t);
+    t->text = st_plan_take(pl, text_bytes, 1);
+    t->off = st_plan_take(pl, n + 1, sizeof *t->off);
+    t->score = st_plan_take(pl, n, sizeof *t->score);
+    t->type = st_plan_take(pl, n, 1);
+    t->eog = st_plan_take(pl, n, 1);
+    t->map = st_plan_take(pl, t->map_mask + 1, sizeof *t->map);
+    t->merges =
+        t->kind == ST_TOK_BPE ? st_plan_take(pl, t->merge_mask + 1, sizeof *t->merges) : NULL;
+    t->dec_off = st_plan_take(pl, n + 1, sizeof *t->dec_off);
+    t->dec = st_plan_take(pl, text_bytes, 1); /* see build_decoded */
+    t->user = st_plan_take(pl, n, sizeof *t->user);
+}
+
 st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
     if (!out)
         return st_fail(ST_ERR_INVALID, "st_tokenizer_load: out is NULL");
@@ -406,40 +430,44 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
     if (!g)
         return st_fail(ST_ERR_INVALID, "st_tokenizer_load: no GGUF file");
     const char *name = st_gguf_name(g);
-    st_tokenizer *t = st_calloc(1, sizeof *t);
+    /* What sizes the tables, read into h before the block exists. */
+    st_tokenizer h = {0};
+    st_status s = read_model(&h, g, name);
+    if (s)
+        return s;
+    int64_t kv = st_gguf_find(g, "tokenizer.ggml.tokens"), mk = -1;
+    if (kv < 0)
+        return st_fail(ST_ERR_FORMAT, "%s: key tokenizer.ggml.tokens is missing", name);
+    size_t text_bytes = 0;
+    if ((s = size_pieces(&h, g, name, kv, &text_bytes)))
+        return s;
+    uint64_t cap = 16;
+    while (cap < (uint64_t)h.n_vocab * 2)
+        cap *= 2;
+    h.map_mask = cap - 1;
+    if (h.kind == ST_TOK_BPE) {
+        mk = st_gguf_find(g, "tokenizer.ggml.merges");
+        if (mk < 0)
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: key tokenizer.ggml.merges is missing (needed by a gpt2 tokenizer)",
+                           name);
+        if ((s = st_tok_merges_mask(g, mk, name, &h.merge_mask)))
+            return s;
+    }
+    st_plan pl = {0};
+    st_tokenizer sizing = h;
+    tok_layout(&pl, &sizing, text_bytes);
+    st_tokenizer *t = st_plan_alloc(&pl);
     if (!t)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", name);
-    st_status s;
-    st_gguf_str model;
-    if (st_gguf_find(g, "tokenizer.ggml.model") < 0) {
-        s = st_fail(ST_ERR_FORMAT, "%s: no tokenizer (key tokenizer.ggml.model is missing)", name);
-        goto fail;
-    }
-    if ((s = st_gguf_get_str(g, "tokenizer.ggml.model", &model)))
-        goto fail;
-    if (str_is(model, "llama")) {
-        t->kind = ST_TOK_SPM;
-        t->add_bos = 1;
-        t->add_space_prefix = 1;
-    } else if (str_is(model, "gpt2")) {
-        t->kind = ST_TOK_BPE;
-        if ((s = pick_pre(t, g, name)))
-            goto fail;
-    } else {
-        s = st_fail(ST_ERR_UNSUPPORTED,
-                    "%s: unsupported tokenizer.ggml.model \"%.*s\" (supported: llama, gpt2)", name,
-                    (int)(model.len > 64 ? 64 : model.len), model.ptr);
-        goto fail;
-    }
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory for the tokenizer (%d tokens, %zu bytes)",
+                       name, h.n_vocab, pl.off);
+    *t = h;
+    tok_layout(&pl, t, text_bytes);
 
-    int64_t kv = st_gguf_find(g, "tokenizer.ggml.tokens");
-    if (kv < 0) {
-        s = st_fail(ST_ERR_FORMAT, "%s: key tokenizer.ggml.tokens is missing", name);
+    read_pieces(t, g, kv);
+    if ((s = read_scores_types(t, g, name)))
         goto fail;
-    }
-    if ((s = read_pieces(t, g, name, kv)) || (s = read_scores_types(t, g, name)) ||
-        (s = build_map(t, name)))
-        goto fail;
+    build_map(t);
 
     /* special tokens: llama.cpp's defaults for SPM, none for BPE */
     t->bos = t->kind == ST_TOK_SPM && t->n_vocab > 1 ? 1 : -1;
@@ -457,21 +485,11 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
     if (t->kind == ST_TOK_BPE)
         t->add_space_prefix = 0; /* only the SentencePiece path prepends a space */
     mark_eog(t, eot, eom);
-
-    if (t->kind == ST_TOK_BPE) {
-        int64_t mk = st_gguf_find(g, "tokenizer.ggml.merges");
-        if (mk < 0) {
-            s = st_fail(ST_ERR_FORMAT,
-                        "%s: key tokenizer.ggml.merges is missing (needed by a "
-                        "gpt2 tokenizer)",
-                        name);
-            goto fail;
-        }
-        if ((s = st_tok_load_merges(t, g, mk, name)))
-            goto fail;
-    }
+    if (t->kind == ST_TOK_BPE && (s = st_tok_load_merges(t, g, mk, name)))
+        goto fail;
     build_byte_table(t);
-    if ((s = build_user_list(t, name)) || (s = build_decoded(t, name)))
+    build_user_list(t);
+    if ((s = build_decoded(t, name)))
         goto fail;
     *out = t;
     return ST_OK;
@@ -481,19 +499,7 @@ fail:
 }
 
 void st_tokenizer_free(st_tokenizer *t) {
-    if (!t)
-        return;
-    st_free(t->text);
-    st_free(t->off);
-    st_free(t->score);
-    st_free(t->type);
-    st_free(t->eog);
-    st_free(t->dec);
-    st_free(t->dec_off);
-    st_free(t->map);
-    st_free(t->merges);
-    st_free(t->user);
-    st_free(t);
+    st_free_aligned(t); /* the struct heads the one block that holds every table */
 }
 
 int32_t st_tokenizer_n_vocab(const st_tokenizer *t) { return t ? t->n_vocab : 0; }

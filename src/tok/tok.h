@@ -1,7 +1,8 @@
 /*
  * tok.h: internal header of the tokenizer module: the tokenizer struct, the hash tables built
  * at load time, the code point classes used by the pre-tokenizers, and the per-algorithm entry
- * points (SentencePiece BPE in tok_spm.c, byte-level BPE in tok_bpe.c, splits in tok_pre.c).
+ * points (SentencePiece BPE in tok_spm.c, byte-level BPE in tok_bpe.c, splits in tok_pre.c,
+ * the merge queue both BPEs share in tok_heap.c).
  */
 #ifndef ST_TOK_H
 #define ST_TOK_H
@@ -89,8 +90,28 @@ st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int pr
                      st_tok_out *o);
 /* Byte-level BPE of one text fragment: pre-tokenize, then merge each part. */
 st_status st_tok_bpe(const st_tokenizer *t, const char *text, size_t len, st_tok_out *o);
-/* Builds the merge table from tokenizer.ggml.merges (kv index) once the piece map exists. */
+/* Checks tokenizer.ggml.merges (kv index) and gives the mask of the merge table that holds it
+ * (a power of two at least twice the count, minus one). */
+st_status st_tok_merges_mask(const st_gguf *g, int64_t kv, const char *name, uint64_t *mask);
+/* Fills the merge table (t->merges, merge_mask + 1 slots, already allocated) from
+ * tokenizer.ggml.merges once the piece map exists. */
 st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name);
+
+/* A candidate merge of adjacent symbols left and right. The queue pops the lowest key first,
+ * ties going to the lowest left: SPM keys on -score, BPE on the merge rank (both exact in a
+ * double). a, b: the two symbols as they were when queued (BPE: their ids; SPM: their byte
+ * lengths), so a pop whose symbols have changed since is recognised as stale. res: BPE's merged
+ * id. */
+typedef struct st_tok_pair {
+    double key;
+    int32_t left, right;
+    int32_t a, b;
+    int32_t res;
+} st_tok_pair;
+
+/* Binary min-heap over h[0..*n): push needs capacity for one more; pop needs *n > 0. */
+void st_tok_heap_push(st_tok_pair *h, int64_t *n, st_tok_pair x);
+st_tok_pair st_tok_heap_pop(st_tok_pair *h, int64_t *n);
 
 /* GPT-2 byte alphabet: the code point standing for each byte, and back (-1 if none). */
 uint32_t st_tok_byte_cp(uint8_t b);

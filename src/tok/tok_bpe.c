@@ -60,7 +60,7 @@ static const st_tok_merge *merge_find(const st_tokenizer *t, int32_t l, int32_t 
     }
 }
 
-st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name) {
+st_status st_tok_merges_mask(const st_gguf *g, int64_t kv, const char *name, uint64_t *mask) {
     if (st_gguf_kv_type(g, kv) != ST_GGUF_ARRAY || st_gguf_arr_type(g, kv) != ST_GGUF_STRING)
         return st_fail(ST_ERR_FORMAT, "%s: tokenizer.ggml.merges must be an array of strings",
                        name);
@@ -71,11 +71,13 @@ st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, cons
     uint64_t cap = 16;
     while (cap < (uint64_t)n * 2)
         cap *= 2;
-    t->merges = st_malloc(cap * sizeof *t->merges);
-    if (!t->merges)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory for %" PRId64 " merges", name, n);
-    t->merge_mask = cap - 1;
-    for (uint64_t i = 0; i < cap; i++)
+    *mask = cap - 1;
+    return ST_OK;
+}
+
+st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name) {
+    int64_t n = st_gguf_arr_len(g, kv);
+    for (uint64_t i = 0; i <= t->merge_mask; i++)
         t->merges[i].left = -1;
 
     char *buf = NULL; /* the concatenation of the two pieces */
@@ -130,60 +132,20 @@ typedef struct bsym {
     int32_t alive;
 } bsym;
 
-/* A candidate merge of symbols left and right, valid while their ids are still lid, rid. */
-typedef struct bpair {
-    int32_t rank, left, right;
-    int32_t lid, rid, res;
-} bpair;
-
-static int pair_before(const bpair *a, const bpair *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(bpair *h, int64_t *n, bpair x) {
-    int64_t i = (*n)++;
-    while (i > 0) {
-        int64_t up = (i - 1) / 2;
-        if (!pair_before(&x, &h[up]))
-            break;
-        h[i] = h[up];
-        i = up;
-    }
-    h[i] = x;
-}
-
-static bpair heap_pop(bpair *h, int64_t *n) {
-    bpair top = h[0], x = h[--(*n)];
-    int64_t i = 0;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && pair_before(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_before(&h[c], &x))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0)
-        h[i] = x;
-    return top;
-}
-
 typedef struct bpe_scratch {
-    bsym *sym;   /* (max word bytes) */
-    bpair *heap; /* (3 * max word bytes) */
-    char *alph;  /* (2 * max word bytes) the word in the byte alphabet */
+    bsym *sym;         /* (max word bytes) */
+    st_tok_pair *heap; /* (3 * max word bytes) */
+    char *alph;        /* (2 * max word bytes) the word in the byte alphabet */
 } bpe_scratch;
 
-static void add_pair(const st_tokenizer *t, bsym *sym, bpair *heap, int64_t *nh, int32_t l,
+static void add_pair(const st_tokenizer *t, bsym *sym, st_tok_pair *heap, int64_t *nh, int32_t l,
                      int32_t r) {
     if (l < 0 || r < 0 || sym[l].id < 0 || sym[r].id < 0)
         return;
     const st_tok_merge *m = merge_find(t, sym[l].id, sym[r].id);
     if (m)
-        heap_push(heap, nh, (bpair){m->rank, l, r, sym[l].id, sym[r].id, m->result});
+        st_tok_heap_push(heap, nh,
+                         (st_tok_pair){(double)m->rank, l, r, sym[l].id, sym[r].id, m->result});
 }
 
 static void bpe_word(const st_tokenizer *t, const uint8_t *w, int32_t n, bpe_scratch *sc,
@@ -212,9 +174,9 @@ static void bpe_word(const st_tokenizer *t, const uint8_t *w, int32_t n, bpe_scr
     for (int32_t i = 1; i < n; i++)
         add_pair(t, sym, sc->heap, &nh, i - 1, i);
     while (nh > 0) {
-        bpair p = heap_pop(sc->heap, &nh);
+        st_tok_pair p = st_tok_heap_pop(sc->heap, &nh);
         bsym *l = &sym[p.left], *r = &sym[p.right];
-        if (!l->alive || !r->alive || l->id != p.lid || r->id != p.rid)
+        if (!l->alive || !r->alive || l->id != p.a || r->id != p.b)
             continue; /* outdated: one side has merged since */
         l->id = p.res;
         r->alive = 0;
@@ -237,7 +199,7 @@ st_status st_tok_bpe(const st_tokenizer *t, const char *text, size_t len, st_tok
         return ST_OK;
     /* one block: cps u32, offs u32 (len+1), ends i64, scratch i64, sym, heap, alph, cls u8 */
     size_t n = len;
-    size_t per = 4 + 4 + 8 + 8 + sizeof(bsym) + 3 * sizeof(bpair) + 2 + 1, total;
+    size_t per = 4 + 4 + 8 + 8 + sizeof(bsym) + 3 * sizeof(st_tok_pair) + 2 + 1, total;
     if (!st_mul_size(n + 1, per, &total))
         return st_fail(ST_ERR_NOMEM, "tokenize: text of %zu bytes is too long", len);
     char *blk = st_malloc(total);
@@ -246,7 +208,7 @@ st_status st_tok_bpe(const st_tokenizer *t, const char *text, size_t len, st_tok
     int64_t *ends = (int64_t *)blk; /* (n) */
     int64_t *scratch = ends + n;    /* (n) */
     bpe_scratch sc;
-    sc.heap = (bpair *)(scratch + n);         /* (3n) */
+    sc.heap = (st_tok_pair *)(scratch + n);   /* (3n) */
     sc.sym = (bsym *)(sc.heap + 3 * n);       /* (n) */
     uint32_t *cps = (uint32_t *)(sc.sym + n); /* (n) */
     uint32_t *offs = cps + n;                 /* (n+1) byte offset per cp */

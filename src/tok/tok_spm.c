@@ -15,56 +15,16 @@ typedef struct ssym {
     int32_t prev, next;
 } ssym;
 
-/* A candidate merge of adjacent symbols left and right into a piece of `size` bytes. */
-typedef struct spair {
-    float score;
-    int32_t left, right;
-    uint32_t size;
-} spair;
-
-static int pair_before(const spair *a, const spair *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(spair *h, int64_t *n, spair x) {
-    int64_t i = (*n)++;
-    while (i > 0) {
-        int64_t up = (i - 1) / 2;
-        if (!pair_before(&x, &h[up]))
-            break;
-        h[i] = h[up];
-        i = up;
-    }
-    h[i] = x;
-}
-
-static spair heap_pop(spair *h, int64_t *n) {
-    spair top = h[0], x = h[--(*n)];
-    int64_t i = 0;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= *n)
-            break;
-        if (c + 1 < *n && pair_before(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_before(&h[c], &x))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0)
-        h[i] = x;
-    return top;
-}
-
-static void try_pair(const st_tokenizer *t, const char *buf, const ssym *sym, spair *heap,
+static void try_pair(const st_tokenizer *t, const char *buf, const ssym *sym, st_tok_pair *heap,
                      int64_t *nh, int32_t l, int32_t r) {
     if (l < 0 || r < 0)
         return;
     uint32_t size = sym[l].n + sym[r].n; /* the two are contiguous in buf */
     int32_t id = st_tok_find(t, buf + sym[l].start, size);
     if (id >= 0)
-        heap_push(heap, nh, (spair){t->score[id], l, r, size});
+        st_tok_heap_push(
+            heap, nh,
+            (st_tok_pair){-(double)t->score[id], l, r, (int32_t)sym[l].n, (int32_t)sym[r].n, id});
 }
 
 st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int prefix,
@@ -72,13 +32,13 @@ st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int pr
     static const char sp[3] = {'\xE2', '\x96', '\x81'}; /* U+2581 */
     /* escaped text: up to 3 bytes per input byte, plus the prefix */
     size_t n_buf = 3 * len + 3, n_sym = len + 1, total;
-    if (!st_mul_size(n_sym, sizeof(ssym) + 3 * sizeof(spair), &total) ||
+    if (!st_mul_size(n_sym, sizeof(ssym) + 3 * sizeof(st_tok_pair), &total) ||
         !st_add_size(total, n_buf, &total))
         return st_fail(ST_ERR_NOMEM, "tokenize: text of %zu bytes is too long", len);
     char *blk = st_malloc(total);
     if (!blk)
         return st_fail(ST_ERR_NOMEM, "tokenize: out of memory for a text of %zu bytes", len);
-    spair *heap = (spair *)blk;             /* (3 n_sym) */
+    st_tok_pair *heap = (st_tok_pair *)blk; /* (3 n_sym) */
     ssym *sym = (ssym *)(heap + 3 * n_sym); /* (n_sym) */
     char *buf = (char *)(sym + n_sym);      /* (n_buf) */
 
@@ -111,10 +71,10 @@ st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int pr
     for (int32_t i = 1; i < ns; i++)
         try_pair(t, buf, sym, heap, &nh, i - 1, i);
     while (nh > 0) {
-        spair p = heap_pop(heap, &nh);
+        st_tok_pair p = st_tok_heap_pop(heap, &nh);
         ssym *l = &sym[p.left], *r = &sym[p.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
-            continue; /* outdated: one side has merged since */
+        if (l->n != (uint32_t)p.a || r->n != (uint32_t)p.b)
+            continue; /* outdated: one side has merged since (symbols only grow or die) */
         l->n += r->n;
         r->n = 0;
         l->next = r->next;

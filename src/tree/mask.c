@@ -62,29 +62,25 @@ st_status st_verify_mask_create(st_attn_backend backend, int64_t max_bs, int64_t
         s = st_tree_mask_bytes(ST_MASK_QLEN, max_bs, max_n, 0, &need);
     if (s)
         return s;
-    st_verify_mask *vm = st_calloc(1, sizeof *vm);
+    /* one block: the owner, then its buffer */
+    st_plan pl = {0};
+    st_plan_take(&pl, 1, sizeof(st_verify_mask));
+    st_plan_take(&pl, need, 1);
+    st_verify_mask *vm = st_plan_alloc(&pl);
     if (!vm)
-        return st_fail(ST_ERR_NOMEM, "verify mask: out of memory");
+        return st_fail(ST_ERR_NOMEM, "verify mask: cannot allocate %zu bytes", pl.off);
+    st_plan_take(&pl, 1, sizeof *vm);
+    vm->buf = st_plan_take(&pl, need, 1);
     vm->backend = backend;
     vm->max_bs = max_bs;
     vm->max_n = max_n;
     vm->max_ctx_sum = max_ctx_sum;
     vm->cap = need;
-    vm->buf = st_malloc_aligned(need ? need : 64, 64);
-    if (!vm->buf) {
-        st_free(vm);
-        return st_fail(ST_ERR_NOMEM, "verify mask: cannot allocate %zu bytes", need);
-    }
     *out = vm;
     return ST_OK;
 }
 
-void st_verify_mask_free(st_verify_mask *vm) {
-    if (!vm)
-        return;
-    st_free_aligned(vm->buf);
-    st_free(vm);
-}
+void st_verify_mask_free(st_verify_mask *vm) { st_free_aligned(vm); }
 
 st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, int64_t n,
                                  int64_t seq_lens_sum, st_tree_mask *out) {
