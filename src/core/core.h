@@ -94,16 +94,6 @@ void st_pool_run(st_pool *p, st_task_fn fn, void *ctx);
 /* Number of online cores. */
 int st_n_cores(void);
 
-/* One allocation for all the buffers of an object (carve.c): each item names a pointer and its
- * size in bytes (compute sizes with st_mul_size first). Returns the zeroed, 64-byte aligned block
- * (release it with st_free_aligned) and sets every *ptr inside it, each 64-byte aligned, or
- * returns NULL (nothing set) on overflow or failed allocation. *total: the block's size. */
-typedef struct st_carve {
-    void **ptr;
-    size_t bytes;
-} st_carve;
-void *st_carve_alloc(const st_carve *items, size_t n, size_t *total);
-
 /* The one ranking rule of scores, logits and candidates everywhere (tree selection, the
  * controller, top-k sampling, greedy argmax): a higher value first, equal values by lower index,
  * NaN after every number. True when (x at index ix) ranks before (y at index iy). */

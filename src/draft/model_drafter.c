@@ -175,6 +175,27 @@ static void mdraft_free(st_drafter *d) {
     st_free(g);
 }
 
+/* The arrays of g in one planned block (st_plan: a sizing pass, then a carving pass). */
+static void mdraft_layout(mdraft *g, st_plan *p) {
+    const size_t K = (size_t)g->max_k, S = (size_t)g->max_s, V = (size_t)g->n_vocab;
+    g->logits = st_plan_take(p, K * V, sizeof *g->logits);
+    g->probs = st_plan_take(p, V, sizeof *g->probs);
+    g->anc = st_plan_take(p, K * S, sizeof *g->anc);
+    g->anc2 = st_plan_take(p, K * S, sizeof *g->anc2);
+    g->nanc = st_plan_take(p, K, sizeof *g->nanc);
+    g->nanc2 = st_plan_take(p, K, sizeof *g->nanc2);
+    g->score = st_plan_take(p, K, sizeof *g->score);
+    g->tok = st_plan_take(p, K, sizeof *g->tok);
+    g->toks = st_plan_take(p, K, sizeof *g->toks);
+    g->pos = st_plan_take(p, K, sizeof *g->pos);
+    g->seq = st_plan_take(p, K, sizeof *g->seq);
+    g->row = st_plan_take(p, K, sizeof *g->row);
+    g->npre = st_plan_take(p, K, sizeof *g->npre);
+    g->eoff = st_plan_take(p, K + 1, sizeof *g->eoff);
+    g->erow = st_plan_take(p, K * (S + 1), sizeof *g->erow);
+    g->pick = st_plan_take(p, K, sizeof *g->pick);
+}
+
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
                                   int32_t n_threads, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
@@ -212,30 +233,13 @@ st_status st_drafter_model_create(const st_model *draft, const st_model *target,
         st_free(g);
         return st;
     }
-    const size_t K = (size_t)max_k, S = (size_t)max_s, V = (size_t)g->n_vocab, i4 = sizeof(int32_t);
-    const st_carve plan[] = {
-        {(void **)&g->logits, K * V * sizeof(float)},
-        {(void **)&g->probs, V * sizeof(float)},
-        {(void **)&g->anc, K * S * i4},
-        {(void **)&g->anc2, K * S * i4},
-        {(void **)&g->nanc, K * i4},
-        {(void **)&g->nanc2, K * i4},
-        {(void **)&g->score, K * sizeof(float)},
-        {(void **)&g->tok, K * i4},
-        {(void **)&g->toks, K * i4},
-        {(void **)&g->pos, K * i4},
-        {(void **)&g->seq, K * i4},
-        {(void **)&g->row, K * i4},
-        {(void **)&g->npre, K * i4},
-        {(void **)&g->eoff, (K + 1) * i4},
-        {(void **)&g->erow, K * (S + 1) * i4},
-        {(void **)&g->pick, K * sizeof(int64_t)},
-    };
-    g->mem = st_carve_alloc(plan, sizeof plan / sizeof plan[0], NULL);
-    if (!g->mem) {
+    st_plan pl = {0};
+    mdraft_layout(g, &pl);
+    if (!(g->mem = st_plan_alloc(&pl))) {
         mdraft_free(&g->base);
         return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
     }
+    mdraft_layout(g, &pl);
     *out = &g->base;
     return ST_OK;
 }

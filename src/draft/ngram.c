@@ -194,6 +194,20 @@ static void ngram_free(st_drafter *d) {
     st_free(g);
 }
 
+/* The arrays of g in one planned block (st_plan: a sizing pass, then a carving pass). */
+static void ngram_layout(ngram *g, st_plan *p) {
+    const size_t K = (size_t)g->max_k;
+    g->nodes = st_plan_take(p, (size_t)(1 + (int64_t)g->breadth * g->max_s), sizeof *g->nodes);
+    g->level = st_plan_take(p, K, sizeof *g->level);
+    g->next = st_plan_take(p, K, sizeof *g->next);
+    g->cand = st_plan_take(p, K * K, sizeof *g->cand);
+    g->pick = st_plan_take(p, K, sizeof *g->pick);
+    g->head = st_plan_take(p, (size_t)1 << NG_HASH_BITS, sizeof *g->head);
+    g->prev = st_plan_take(p, (size_t)g->cap, sizeof *g->prev);
+    g->walk_e = st_plan_take(p, NG_WALK, sizeof *g->walk_e);
+    g->walk_m = st_plan_take(p, NG_WALK, sizeof *g->walk_m);
+}
+
 st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t breadth,
                                   int64_t max_k, int64_t max_s, int64_t max_hist,
                                   st_drafter **out) {
@@ -218,23 +232,13 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
     g->max_s = max_s;
     g->cap = max_hist > 0 ? max_hist : 1;
     g->indexed = INT64_MAX; /* forces a reset on first use */
-    const size_t K = (size_t)max_k, i4 = sizeof(int32_t);
-    const st_carve plan[] = {
-        {(void **)&g->nodes, (size_t)(1 + (int64_t)breadth * max_s) * sizeof *g->nodes},
-        {(void **)&g->level, K * i4},
-        {(void **)&g->next, K * i4},
-        {(void **)&g->cand, K * K * i4},
-        {(void **)&g->pick, K * sizeof(int64_t)},
-        {(void **)&g->head, i4 << NG_HASH_BITS},
-        {(void **)&g->prev, (size_t)g->cap * i4},
-        {(void **)&g->walk_e, NG_WALK * i4},
-        {(void **)&g->walk_m, NG_WALK * i4},
-    };
-    g->mem = st_carve_alloc(plan, sizeof plan / sizeof plan[0], NULL);
-    if (!g->mem) {
+    st_plan pl = {0};
+    ngram_layout(g, &pl);
+    if (!(g->mem = st_plan_alloc(&pl))) {
         ngram_free(&g->base);
         return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory");
     }
+    ngram_layout(g, &pl);
     *out = &g->base;
     return ST_OK;
 }

@@ -74,6 +74,29 @@ void st_ctl_free(st_ctl *c) {
     st_free(c);
 }
 
+/* The arrays of c in one planned block (st_plan: a sizing pass, then a carving pass). */
+static void ctl_layout(st_ctl *c, st_plan *p) {
+    const size_t R = (size_t)c->bs * (size_t)(c->N - 1), SR = R * CTL_RING, M = (size_t)c->Mmax,
+                 T1 = (size_t)c->Tmax + 1;
+    c->order = st_plan_take(p, R, sizeof *c->order);
+    c->bucket = st_plan_take(p, R, sizeof *c->bucket);
+    c->depth = st_plan_take(p, R, sizeof *c->depth);
+    c->par = st_plan_take(p, R, sizeof *c->par);
+    c->tok = st_plan_take(p, R, sizeof *c->tok);
+    c->E = st_plan_take(p, (size_t)c->bs * (size_t)(c->N + 1), sizeof *c->E);
+    c->avail = st_plan_take(p, (size_t)c->bs, sizeof *c->avail);
+    c->map = st_plan_take(p, M, sizeof *c->map);
+    c->fin = st_plan_take(p, M, sizeof *c->fin);
+    c->sh = st_plan_take(p, (size_t)c->bs * CTL_RING, sizeof *c->sh);
+    c->sh_par = st_plan_take(p, SR, sizeof *c->sh_par);
+    c->sh_tok = st_plan_take(p, SR, sizeof *c->sh_tok);
+    c->sh_bucket = st_plan_take(p, SR, sizeof *c->sh_bucket);
+    c->sh_depth = st_plan_take(p, SR, sizeof *c->sh_depth);
+    c->tv = st_plan_take(p, T1, sizeof *c->tv);
+    c->tv_n = st_plan_take(p, T1, sizeof *c->tv_n);
+    c->tv_seen = st_plan_take(p, T1, sizeof *c->tv_seen);
+}
+
 st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotune,
                         double draft_weight_ratio, st_ctl **out) {
     *out = NULL;
@@ -97,32 +120,13 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
         c->off_until = INT64_MAX;
     c->Mmax = st_tree_n_candidates(K, S);
     c->Tmax = (int64_t)bs * N;
-    const size_t R = (size_t)bs * (size_t)(N - 1), SR = R * CTL_RING, i4 = sizeof(int32_t),
-                 M = (size_t)c->Mmax, T1 = (size_t)c->Tmax + 1;
-    const st_carve plan[] = {
-        {(void **)&c->order, R * sizeof *c->order},
-        {(void **)&c->bucket, R * i4},
-        {(void **)&c->depth, R * i4},
-        {(void **)&c->par, R * i4},
-        {(void **)&c->tok, R * i4},
-        {(void **)&c->E, (size_t)bs * (size_t)(N + 1) * sizeof *c->E},
-        {(void **)&c->avail, (size_t)bs * i4},
-        {(void **)&c->map, M * i4},
-        {(void **)&c->fin, M * sizeof *c->fin},
-        {(void **)&c->sh, (size_t)bs * CTL_RING * sizeof *c->sh},
-        {(void **)&c->sh_par, SR * i4},
-        {(void **)&c->sh_tok, SR * i4},
-        {(void **)&c->sh_bucket, SR * i4},
-        {(void **)&c->sh_depth, SR * i4},
-        {(void **)&c->tv, T1 * sizeof *c->tv},
-        {(void **)&c->tv_n, T1 * i4},
-        {(void **)&c->tv_seen, T1},
-    };
-    c->mem = st_carve_alloc(plan, sizeof plan / sizeof plan[0], NULL);
-    if (!c->mem) {
+    st_plan pl = {0};
+    ctl_layout(c, &pl);
+    if (!(c->mem = st_plan_alloc(&pl))) {
         st_ctl_free(c);
         return st_fail(ST_ERR_NOMEM, "controller: out of memory");
     }
+    ctl_layout(c, &pl);
     for (int64_t i = 0; i < c->Mmax; i++)
         c->map[i] = -1;
     *out = c;

@@ -84,39 +84,39 @@ static void gen_free(st_gen *g) {
     st_free_aligned(g->mem);
 }
 
-/* Every array of the generation in one allocation (sizes in engine.h). */
-static st_status gen_alloc(st_gen *g, int32_t n_ctx) {
-    const size_t B = (size_t)g->bs, N = (size_t)g->N, V = (size_t)g->V, M = (size_t)g->M,
-                 i4 = sizeof(int32_t), i8 = sizeof(int64_t);
-    st_carve plan[32 + ST_GEN_MAX_BATCH];
-    size_t np = 0;
-#define PLAN(ptr, bytes) (plan[np++] = (st_carve){(void **)&(ptr), (bytes)})
-    PLAN(g->seqs, B * i4);
-    PLAN(g->roots, B * i4);
-    PLAN(g->seq_lens, B * i8);
-    PLAN(g->scores, B * M * sizeof(float));
-    PLAN(g->cand_tokens, B * M * i4);
-    PLAN(g->level_parents, B * (size_t)g->LPW * i8);
-    PLAN(g->sel, B * N * i8);
-    PLAN(g->parent_list, (B * (size_t)g->PW + 1) * i8);
-    PLAN(g->drafts, B * N * i4);
-    PLAN(g->tree_tokens, B * N * i4);
-    PLAN(g->positions, B * N * i4);
-    PLAN(g->pred, B * N * i4);
-    PLAN(g->ri, B * N * i8);
-    PLAN(g->nt, B * N * i8);
-    PLAN(g->ns, B * N * i8);
-    PLAN(g->acc, B * (size_t)(g->S + 1) * i8);
-    PLAN(g->n_acc, B * i8);
-    PLAN(g->logits, B * V * sizeof(float));
-    PLAN(g->scratch, st_sample_scratch_size(g->V));
+/* Every array of the generation in one planned block (sizes in engine.h; st_plan: a sizing
+ * pass, then a carving pass). */
+static void gen_layout(st_gen *g, st_plan *p, int32_t n_ctx) {
+    const size_t B = (size_t)g->bs, N = (size_t)g->N, V = (size_t)g->V, M = (size_t)g->M;
+    g->seqs = st_plan_take(p, B, sizeof *g->seqs);
+    g->roots = st_plan_take(p, B, sizeof *g->roots);
+    g->seq_lens = st_plan_take(p, B, sizeof *g->seq_lens);
+    g->scores = st_plan_take(p, B * M, sizeof *g->scores);
+    g->cand_tokens = st_plan_take(p, B * M, sizeof *g->cand_tokens);
+    g->level_parents = st_plan_take(p, B * (size_t)g->LPW, sizeof *g->level_parents);
+    g->sel = st_plan_take(p, B * N, sizeof *g->sel);
+    g->parent_list = st_plan_take(p, B * (size_t)g->PW + 1, sizeof *g->parent_list);
+    g->drafts = st_plan_take(p, B * N, sizeof *g->drafts);
+    g->tree_tokens = st_plan_take(p, B * N, sizeof *g->tree_tokens);
+    g->positions = st_plan_take(p, B * N, sizeof *g->positions);
+    g->pred = st_plan_take(p, B * N, sizeof *g->pred);
+    g->ri = st_plan_take(p, B * N, sizeof *g->ri);
+    g->nt = st_plan_take(p, B * N, sizeof *g->nt);
+    g->ns = st_plan_take(p, B * N, sizeof *g->ns);
+    g->acc = st_plan_take(p, B * (size_t)(g->S + 1), sizeof *g->acc);
+    g->n_acc = st_plan_take(p, B, sizeof *g->n_acc);
+    g->logits = st_plan_take(p, B * V, sizeof *g->logits);
+    g->scratch = st_plan_take(p, st_sample_scratch_size(g->V), 1);
     for (int32_t b = 0; b < g->bs; b++)
-        PLAN(g->hist[b], ((size_t)n_ctx + 1) * i4);
-#undef PLAN
-    size_t total = 0;
-    g->mem = st_carve_alloc(plan, np, &total);
-    if (!g->mem)
-        return st_fail(ST_ERR_NOMEM, "generate: out of memory (%zu bytes of step buffers)", total);
+        g->hist[b] = st_plan_take(p, (size_t)n_ctx + 1, sizeof *g->hist[b]);
+}
+
+static st_status gen_alloc(st_gen *g, int32_t n_ctx) {
+    st_plan pl = {0};
+    gen_layout(g, &pl, n_ctx);
+    if (!(g->mem = st_plan_alloc(&pl)))
+        return st_fail(ST_ERR_NOMEM, "generate: out of memory (%zu bytes of step buffers)", pl.off);
+    gen_layout(g, &pl, n_ctx);
     return ST_OK;
 }
 
