@@ -94,6 +94,18 @@ void st_pool_run(st_pool *p, st_task_fn fn, void *ctx);
 /* Number of online cores. */
 int st_n_cores(void);
 
+/* The binary heap (heap.c) over elements of `size` bytes (at most 64): above(a, b, ctx) is true
+ * when a must sit above b (a max-heap of that order). push needs room for one more element; pop
+ * (*n > 0) copies the top to *top and removes it; replace_top (n > 0) puts x in the top's place
+ * and restores the order. x must not point into the heap. */
+typedef bool (*st_heap_above_fn)(const void *a, const void *b, const void *ctx);
+void st_heap_push(void *heap, size_t size, int64_t *n, const void *x, st_heap_above_fn above,
+                  const void *ctx);
+void st_heap_pop(void *heap, size_t size, int64_t *n, void *top, st_heap_above_fn above,
+                 const void *ctx);
+void st_heap_replace_top(void *heap, size_t size, int64_t n, const void *x, st_heap_above_fn above,
+                         const void *ctx);
+
 /* The one ranking rule of scores, logits and candidates everywhere (tree selection, the
  * controller, top-k sampling, greedy argmax): a higher value first, equal values by lower index,
  * NaN after every number. True when (x at index ix) ranks before (y at index iy). */

@@ -27,21 +27,10 @@ static int cand_cmp(const void *pa, const void *pb) {
     return cand_before(a, b) ? -1 : 1;
 }
 
-/* Min-heap (by cand_before: the root is the "worst") for top-k selection. */
-static void heap_down(cand *h, int32_t n, int32_t i) {
-    for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && cand_before(&h[w], &h[l]))
-            w = l;
-        if (r < n && cand_before(&h[w], &h[r]))
-            w = r;
-        if (w == i)
-            return;
-        cand t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
+/* The top-k heap keeps the worst kept candidate on top. */
+static bool worse_above(const void *a, const void *b, const void *ctx) {
+    (void)ctx;
+    return cand_before(b, a);
 }
 
 /* The first index of the largest value; NaN never wins unless every value is NaN (index 0):
@@ -98,18 +87,15 @@ st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_param
     float *pr = (float *)(c + n_vocab);
     int32_t n;
     if (p->top_k > 0 && p->top_k < n_vocab) {
-        n = p->top_k;
-        for (int32_t i = 0; i < n; i++)
-            c[i] = (cand){logits[i], i};
-        for (int32_t i = n / 2 - 1; i >= 0; i--)
-            heap_down(c, n, i);
-        for (int32_t i = n; i < n_vocab; i++) {
-            cand x = {logits[i], i};
-            if (cand_before(&x, &c[0])) {
-                c[0] = x;
-                heap_down(c, n, 0);
-            }
+        int64_t len = 0;
+        for (int32_t i = 0; i < n_vocab; i++) {
+            const cand x = {logits[i], i};
+            if (len < p->top_k)
+                st_heap_push(c, sizeof *c, &len, &x, worse_above, NULL);
+            else if (cand_before(&x, &c[0]))
+                st_heap_replace_top(c, sizeof *c, len, &x, worse_above, NULL);
         }
+        n = (int32_t)len;
     } else {
         n = n_vocab;
         for (int32_t i = 0; i < n; i++)

@@ -128,56 +128,27 @@ static bool ranks_before(const float *score, int64_t a, int64_t b) {
     return st_ranks_before(score[a], a, score[b], b);
 }
 
-/* heap[0..len) is a heap whose root is the worst-ranked kept candidate; restores it below i. */
-static void worst_heap_down(int64_t *heap, int64_t len, int64_t i, const float *score) {
-    for (;;) {
-        int64_t l = 2 * i + 1, w = i;
-        if (l < len && ranks_before(score, heap[w], heap[l]))
-            w = l;
-        if (l + 1 < len && ranks_before(score, heap[w], heap[l + 1]))
-            w = l + 1;
-        if (w == i)
-            return;
-        int64_t t = heap[i];
-        heap[i] = heap[w];
-        heap[w] = t;
-        i = w;
-    }
+/* The organize heap keeps the worst-ranked kept candidate on top. */
+static bool worse_above(const void *a, const void *b, const void *score) {
+    return ranks_before(score, *(const int64_t *)b, *(const int64_t *)a);
 }
 
-/* In-place heapsort of v[0..len) ascending. */
+static bool larger_above(const void *a, const void *b, const void *ctx) {
+    (void)ctx;
+    return *(const int64_t *)a > *(const int64_t *)b;
+}
+
+/* Heapsort of v[0..len) ascending, in place: each popped maximum goes to the slot it frees. */
 static void sort_ascending(int64_t *v, int64_t len) {
-    for (int64_t start = len / 2 - 1; start >= 0; start--)
-        for (int64_t i = start;;) {
-            int64_t l = 2 * i + 1, m = i;
-            if (l < len && v[l] > v[m])
-                m = l;
-            if (l + 1 < len && v[l + 1] > v[m])
-                m = l + 1;
-            if (m == i)
-                break;
-            int64_t t = v[i];
-            v[i] = v[m];
-            v[m] = t;
-            i = m;
-        }
-    for (int64_t end = len - 1; end > 0; end--) {
-        int64_t t = v[0];
-        v[0] = v[end];
-        v[end] = t;
-        for (int64_t i = 0;;) {
-            int64_t l = 2 * i + 1, m = i;
-            if (l < end && v[l] > v[m])
-                m = l;
-            if (l + 1 < end && v[l + 1] > v[m])
-                m = l + 1;
-            if (m == i)
-                break;
-            t = v[i];
-            v[i] = v[m];
-            v[m] = t;
-            i = m;
-        }
+    int64_t n = 0;
+    while (n < len) {
+        const int64_t x = v[n]; /* its slot is the heap's next one */
+        st_heap_push(v, sizeof *v, &n, &x, larger_above, NULL);
+    }
+    while (n > 1) {
+        int64_t top;
+        st_heap_pop(v, sizeof *v, &n, &top, larger_above, NULL);
+        v[n] = top;
     }
 }
 
@@ -213,21 +184,10 @@ st_status st_tree_organize(const st_tree_shape *shape, const float *scores, cons
         int64_t *heap = top_scores_index + b * keep;
         int64_t len = 0;
         for (int64_t g = 0; g < m; g++) {
-            if (len < keep) {
-                /* Sift the new candidate up toward the root (the worst one). */
-                int64_t i = len++;
-                while (i > 0) {
-                    int64_t p = (i - 1) / 2;
-                    if (!ranks_before(score, heap[p], g))
-                        break;
-                    heap[i] = heap[p];
-                    i = p;
-                }
-                heap[i] = g;
-            } else if (ranks_before(score, g, heap[0])) {
-                heap[0] = g;
-                worst_heap_down(heap, len, 0, score);
-            }
+            if (len < keep)
+                st_heap_push(heap, sizeof *heap, &len, &g, worse_above, score);
+            else if (ranks_before(score, g, heap[0]))
+                st_heap_replace_top(heap, sizeof *heap, len, &g, worse_above, score);
         }
         sort_ascending(heap, keep);
         for (int64_t j = 0; j < keep; j++)
