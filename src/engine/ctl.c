@@ -15,6 +15,7 @@ enum {
     CTL_BINS = 5,
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
     CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
+    CTL_PLAIN_EVERY = 64, /* under auto, a plain step at least this often keeps t1 fresh */
 };
 
 /* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
@@ -136,9 +137,9 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
 int st_ctl_want_draft(const st_ctl *c) {
     if (!c->autotune)
         return 1;
-    /* a plain step every 64 keeps the plain time per token fresh; a model drafter only drafts
+    /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh; a model drafter only drafts
      * once that time is known (its drafts cost time before they can be judged) */
-    return c->step >= c->off_until && c->step - c->last_plain < 64 &&
+    return c->step >= c->off_until && c->step - c->last_plain < CTL_PLAIN_EVERY &&
            !(c->model_drafter && c->t1 <= 0.0);
 }
 

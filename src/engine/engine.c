@@ -127,7 +127,8 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     ps.n_ctx = g->p.n_ctx > 0 ? g->p.n_ctx : g->m->hp.n_ctx_train;
     ps.n_threads = g->p.n_threads;
     ps.n_seq = g->bs;
-    ps.n_batch = g->bs * N > 64 ? g->bs * N : 64;
+    if (g->bs * N > ps.n_batch) /* every tree of a step in one forward pass */
+        ps.n_batch = g->bs * N;
     g->K = K, g->S = S, g->N = N;
     if (sp->algo != ST_SPEC_NONE) { /* the drafters' pools (plain decoding has none) */
         g->M = st_tree_n_candidates(K, S);
