@@ -127,6 +127,21 @@ static void dtype_block(uint32_t type, int64_t *blk, size_t *bytes) {
     case ST_DTYPE_Q4_0:
         *blk = 32, *bytes = 18;
         break;
+    case ST_DTYPE_Q2_K: /* K-quants: 256-element super-blocks (kernels/kquant.h) */
+        *blk = 256, *bytes = 84;
+        break;
+    case ST_DTYPE_Q3_K:
+        *blk = 256, *bytes = 110;
+        break;
+    case ST_DTYPE_Q4_K:
+        *blk = 256, *bytes = 144;
+        break;
+    case ST_DTYPE_Q5_K:
+        *blk = 256, *bytes = 176;
+        break;
+    case ST_DTYPE_Q6_K:
+        *blk = 256, *bytes = 210;
+        break;
     default:
         break;
     }
@@ -283,9 +298,11 @@ static st_status parse_tensor(cursor *c, st_gguf_tensor *t, int64_t idx) {
     size_t bb;
     dtype_block(t->type, &blk, &bb);
     if (blk == 0)
-        return st_fail(ST_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' has type %s (id %u); supported: f32, f16, bf16, q8_0, q4_0",
-                       c->name, t->name, st_dtype_name(t->type), t->type);
+        return st_fail(
+            ST_ERR_UNSUPPORTED,
+            "%s: tensor '%s' has type %s (id %u); supported: f32, f16, bf16, q8_0, q4_0, "
+            "q2_k .. q6_k",
+            c->name, t->name, st_dtype_name(t->type), t->type);
     if (t->ne[0] % blk != 0)
         return st_fail(ST_ERR_FORMAT,
                        "%s: tensor '%s': row length %" PRId64 " is not a multiple of the %s block "

@@ -39,22 +39,7 @@ static st_status get_hparam(const st_gguf *g, const char *key, int required, int
 
 static bool is_matrix_type(uint32_t t) {
     return t == ST_DTYPE_F32 || t == ST_DTYPE_F16 || t == ST_DTYPE_BF16 || t == ST_DTYPE_Q8_0 ||
-           t == ST_DTYPE_Q4_0;
-}
-
-static bool is_quantized(uint32_t t) { return t == ST_DTYPE_Q8_0 || t == ST_DTYPE_Q4_0; }
-
-/* The forward pass gives q/k/v (and gate/up) one shared input, float or quantized to Q8 as the
- * first matrix's type says, so each group must be all float or all quantized. */
-static st_status check_group(const st_gguf *g, int32_t l, const char *group, const st_wt *a,
-                             const st_wt *b, const st_wt *c) {
-    if (is_quantized(a->type) == is_quantized(b->type) &&
-        (!c || is_quantized(a->type) == is_quantized(c->type)))
-        return ST_OK;
-    return st_fail(ST_ERR_UNSUPPORTED,
-                   "%s: block %d mixes float and quantized %s weights (%s, %s%s%s)",
-                   st_gguf_name(g), (int)l, group, st_dtype_name(a->type), st_dtype_name(b->type),
-                   c ? ", " : "", c ? st_dtype_name(c->type) : "");
+           t == ST_DTYPE_Q4_0 || st_kquant_block_bytes(t) != 0;
 }
 
 /* Finds a 2-D weight of shape ne = [n_in, n_out]. */
@@ -266,9 +251,7 @@ static st_status model_from_gguf(st_model *m) {
             (s = get_matrix(g, ST_NAME("attn_output.weight"), Q, E, 0, &L->wo)) ||
             (s = get_matrix(g, ST_NAME("ffn_gate.weight"), E, hp->n_ff, 0, &L->w_gate)) ||
             (s = get_matrix(g, ST_NAME("ffn_up.weight"), E, hp->n_ff, 0, &L->w_up)) ||
-            (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)) ||
-            (s = check_group(g, l, "attention", &L->wq, &L->wk, &L->wv)) ||
-            (s = check_group(g, l, "feed-forward", &L->w_gate, &L->w_up, NULL)))
+            (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)))
             return s;
 #undef ST_NAME
     }
@@ -353,7 +336,8 @@ void st_session_free(st_session *s) {
                     s->hb2,         s->tmp,        s->xq,
                     s->scores,      s->logits_tmp, s->b_pos,
                     s->b_seq,       s->b_row,      s->b_prefix,
-                    s->b_extra_off, s->b_extra,    (void *)s->b_pmask};
+                    s->b_extra_off, s->b_extra,    (void *)s->b_pmask,
+                    s->xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         st_free_aligned(bufs[i]);
     st_free(s);
@@ -432,6 +416,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->hb = alloc_f(B * F, sizeof(float), &ok);
     s->hb2 = alloc_f(B * F, sizeof(float), &ok);
     s->xq = alloc_f(B * (qmax / ST_QK + 1), sizeof(st_block_q8x), &ok);
+    s->xk = alloc_f(B * (qmax / ST_QK_K + 1), sizeof(st_block_q8k), &ok);
     s->scores = alloc_f((size_t)p.n_threads * ST_ATTN_TOKENS *
                             (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p.n_ctx + 1),
                         sizeof(float), &ok);
@@ -502,8 +487,8 @@ typedef struct mm_job {
     int n_mat;
     const st_wt *w[3];
     float *y[3];
-    const void *x; /* float (M, ldx) or st_block_q8x (M, ldx) */
-    int64_t ldx;
+    const void *x[3]; /* per matrix: float, st_block_q8x or st_block_q8k (M, ldx) */
+    int64_t ldx[3];
     int64_t M;
     int64_t chunk;       /* rows per work item */
     int64_t n_chunks[3]; /* work items of each matrix */
@@ -520,12 +505,29 @@ static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
         return k->matmul_bf16;
     case ST_DTYPE_Q8_0:
         return k->matmul_q8_0;
-    default:
+    case ST_DTYPE_Q4_0:
         return k->matmul_q4_0;
+    case ST_DTYPE_Q2_K:
+        return k->matmul_q2_k;
+    case ST_DTYPE_Q3_K:
+        return k->matmul_q3_k;
+    case ST_DTYPE_Q4_K:
+        return k->matmul_q4_k;
+    case ST_DTYPE_Q5_K:
+        return k->matmul_q5_k;
+    default:
+        return k->matmul_q6_k;
     }
 }
 
-static bool is_quant(uint32_t type) { return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0; }
+/* The input a weight type multiplies: float, Q8 blocks of 32 (Q8_0, Q4_0) or Q8_K super-blocks
+ * (the K-quants). */
+enum { ACT_F32, ACT_Q8, ACT_Q8K };
+static int act_kind(uint32_t type) {
+    return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0 ? ACT_Q8
+           : st_kquant_block_bytes(type)                  ? ACT_Q8K
+                                                          : ACT_F32;
+}
 
 /* Threads take chunks of rows of the matrices in turn from a shared counter (memory bandwidth
  * is shared unevenly, so a static split leaves one thread waiting at the barrier). Which thread
@@ -545,12 +547,12 @@ static void mm_task(void *ctx, int ith, int nth) {
         const int64_t r0 = c * j->chunk;
         const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
         if (w->packed && j->k->matmul_f32_packed) {
-            j->k->matmul_f32_packed(j->y[i], w->n_out, w->packed, j->x, j->ldx, w->n_in, j->M, r0,
-                                    r1);
+            j->k->matmul_f32_packed(j->y[i], w->n_out, w->packed, j->x[i], j->ldx[i], w->n_in, j->M,
+                                    r0, r1);
             continue;
         }
-        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x, j->ldx, w->n_in,
-                                  j->M, r0, r1);
+        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
+                                  w->n_in, j->M, r0, r1);
     }
 }
 
@@ -574,16 +576,20 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
     for (int i = 0; i < n_mat; i++)
         j.n_chunks[i] = (w[i]->n_out + j.chunk - 1) / j.chunk;
     atomic_init(&j.next, 0);
-    int64_t K = w[0]->n_in;
-    if (is_quant(w[0]->type)) {
-        int64_t nb = K / ST_QK;
-        for (int64_t m = 0; m < M; m++)
-            s->kern->quantize_q8x(s->xq + m * nb, x + m * K, K);
-        j.x = s->xq;
-        j.ldx = nb;
-    } else {
-        j.x = x;
-        j.ldx = K;
+    /* The input once in each form the matrices take (a group may mix weight types). */
+    const int64_t K = w[0]->n_in;
+    bool done[3] = {false, false, false};
+    for (int i = 0; i < n_mat; i++) {
+        const int a = act_kind(w[i]->type);
+        if (a == ACT_Q8 && !done[a])
+            for (int64_t m = 0; m < M; m++)
+                s->kern->quantize_q8x(s->xq + m * (K / ST_QK), x + m * K, K);
+        if (a == ACT_Q8K && !done[a])
+            for (int64_t m = 0; m < M; m++)
+                st_quantize_q8k(s->xk + m * (K / ST_QK_K), x + m * K, K);
+        done[a] = true;
+        j.x[i] = a == ACT_Q8 ? (const void *)s->xq : a == ACT_Q8K ? (const void *)s->xk : x;
+        j.ldx[i] = a == ACT_Q8 ? K / ST_QK : a == ACT_Q8K ? K / ST_QK_K : K;
     }
     st_pool_run(s->pool, mm_task, &j);
 }
