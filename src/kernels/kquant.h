@@ -82,14 +82,15 @@ typedef struct st_kq_unpacked {
 } st_kq_unpacked;
 
 /* The canonical float step of one super-block (above), shared by every table so that all of them
- * round alike: idot = sum_j sc_j sum_e q_e x_e and t = sum_j bz_j bsum_j over the unpacked
- * block; S_b = idot - t for the types without mins, else S_b = idot and M_b = t. */
-static inline float st_kq_step(float acc, const st_kq_unpacked *u, float xd, int32_t idot,
-                               int32_t t, int has_min) {
+ * round alike; d, dmin: the block's scales, xd the activation's; idot = sum_j sc_j sum_e q_e x_e
+ * and t = sum_j bz_j bsum_j over the unpacked block; S_b = idot - t for the types without mins,
+ * else S_b = idot and M_b = t. */
+static inline float st_kq_step(float acc, float d, float dmin, float xd, int32_t idot, int32_t t,
+                               int has_min) {
     if (!has_min)
-        return fmaf(u->d * xd, (float)(idot - t), acc);
-    acc = fmaf(u->d * xd, (float)idot, acc);
-    return fmaf(-(u->dmin * xd), (float)t, acc);
+        return fmaf(d * xd, (float)(idot - t), acc);
+    acc = fmaf(d * xd, (float)idot, acc);
+    return fmaf(-(dmin * xd), (float)t, acc);
 }
 
 /* Quantizes K floats (K a multiple of 256) into K/256 blocks: the element of largest magnitude

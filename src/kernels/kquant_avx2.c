@@ -1,6 +1,6 @@
 /*
  * kquant_avx2.c: K-quant matmuls with AVX2, bitwise equal to the `_ref` twins (kquant.h): each
- * weight super-block is unpacked once to unsigned bytes (kquant_x86.h) and multiplied with every
+ * weight super-block is unpacked once into registers (kquant_x86.h) and multiplied with every
  * token's activation block by vpmaddubsw (pairs of products, at most 2 * 63 * 127, so never
  * saturating) and vpmaddwd with the per-16 scales; the exact integers then take the shared
  * float step, in block order, per output.
@@ -8,8 +8,7 @@
 #include "kernels/kquant_x86.h"
 
 /* idot = sum_j sc_j sum_{e in j} q_e x_e (exact: |idot| < 2^31 for every type). */
-ST_INLINE int32_t kq_idot(const st_kq_unpacked *u, const st_block_q8k *xb) {
-    const __m256i s16 = _mm256_load_si256((const __m256i *)u->sc);
+ST_INLINE int32_t kq_idot(const kq_regs *u, const st_block_q8k *xb) {
     /* low lane: scale 2i in every word, high lane: scale 2i + 1 */
     const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2,
                                           3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
@@ -17,16 +16,11 @@ ST_INLINE int32_t kq_idot(const st_kq_unpacked *u, const st_block_q8k *xb) {
     ST_UNROLL
     for (int i = 0; i < 8; i++) {
         const __m256i sc =
-            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(i)), pick);
-        const __m256i p =
-            _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(u->q + 32 * i)),
-                                 _mm256_loadu_si256((const __m256i *)(xb->q + 32 * i)));
+            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(u->sc, _mm256_set1_epi32(i)), pick);
+        const __m256i p = _mm256_maddubs_epi16(u->q[i], kq_load((const uint8_t *)xb->q + 32 * i));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
     }
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
+    return kq_hsum_epi32(acc);
 }
 
 ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, const void *w,
@@ -35,16 +29,16 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
     const st_block_q8k *xq = x;
     const int64_t nb = K / ST_QK_K;
     const size_t bb = kq_block_bytes(type);
-    _Alignas(32) st_kq_unpacked u;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (int64_t b = 0; b < nb; b++) {
+            kq_regs u;
             kq_unpack(type, wr + (size_t)b * bb, &u);
             for (int64_t m = 0; m < M; m++) {
                 const st_block_q8k *xb = xq + m * ldx + b;
                 float *yo = y + m * ldy + r;
-                *yo = st_kq_step(b ? *yo : 0.0f, &u, xb->d, kq_idot(&u, xb), kq_tsum(&u, xb),
-                                 has_min);
+                *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, kq_idot(&u, xb),
+                                 kq_tsum(&u, xb), has_min);
             }
         }
     }

@@ -1,6 +1,7 @@
 /*
  * kquant_avx512.c: K-quant matmuls with AVX-512 (BW, VNNI), bitwise equal to the `_ref` twins
- * (kquant.h): the super-blocks are unpacked as in the AVX2 file (kquant_x86.h); the integer dot
+ * (kquant.h): the super-blocks are unpacked into registers as in the AVX2 file (kquant_x86.h),
+ * then paired into 512-bit vectors; the integer dot
  * takes 64 quants per step with vpmaddubsw and vpdpwssd against the per-16 scales (one 128-bit
  * lane per 16 elements). The exact integers take the shared float step, in block order.
  * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
@@ -21,16 +22,15 @@ static const int16_t kq_pick[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1,
                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
 
 /* idot = sum_j sc_j sum_{e in j} q_e x_e (exact: |idot| < 2^31 for every type). */
-ST_INLINE int32_t kq_idot(const st_kq_unpacked *u, const st_block_q8k *xb) {
-    const __m512i s16 = _mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)u->sc));
+ST_INLINE int32_t kq_idot(const kq_regs *u, const __m512i q[4], const st_block_q8k *xb) {
+    const __m512i s16 = _mm512_zextsi256_si512(u->sc);
     const __m512i pick = _mm512_loadu_si512(kq_pick);
     __m512i acc = _mm512_setzero_si512();
     ST_UNROLL
     for (int i = 0; i < 4; i++) {
         const __m512i sc = _mm512_permutexvar_epi16(
             _mm512_add_epi16(pick, _mm512_set1_epi16((short)(4 * i))), s16);
-        const __m512i p = _mm512_maddubs_epi16(_mm512_loadu_si512(u->q + 64 * i),
-                                               _mm512_loadu_si512(xb->q + 64 * i));
+        const __m512i p = _mm512_maddubs_epi16(q[i], _mm512_loadu_si512(xb->q + 64 * i));
         acc = _mm512_dpwssd_epi32(acc, p, sc);
     }
     return _mm512_reduce_add_epi32(acc);
@@ -42,16 +42,20 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
     const st_block_q8k *xq = x;
     const int64_t nb = K / ST_QK_K;
     const size_t bb = kq_block_bytes(type);
-    _Alignas(64) st_kq_unpacked u;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (int64_t b = 0; b < nb; b++) {
+            kq_regs u;
             kq_unpack(type, wr + (size_t)b * bb, &u);
+            __m512i q[4];
+            ST_UNROLL
+            for (int i = 0; i < 4; i++)
+                q[i] = _mm512_inserti64x4(_mm512_castsi256_si512(u.q[2 * i]), u.q[2 * i + 1], 1);
             for (int64_t m = 0; m < M; m++) {
                 const st_block_q8k *xb = xq + m * ldx + b;
                 float *yo = y + m * ldy + r;
-                *yo = st_kq_step(b ? *yo : 0.0f, &u, xb->d, kq_idot(&u, xb), kq_tsum(&u, xb),
-                                 has_min);
+                *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, kq_idot(&u, q, xb),
+                                 kq_tsum(&u, xb), has_min);
             }
         }
     }

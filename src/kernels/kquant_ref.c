@@ -227,7 +227,7 @@ static void matmul_kq_ref(uint32_t type, int has_min, float *y, int64_t ldy, con
                     idot += u.sc[j] * s;
                     t += u.bz[j] * xb->bsums[j];
                 }
-                y[m * ldy + r] = st_kq_step(y[m * ldy + r], &u, xb->d, idot, t, has_min);
+                y[m * ldy + r] = st_kq_step(y[m * ldy + r], u.d, u.dmin, xb->d, idot, t, has_min);
             }
         }
     }
