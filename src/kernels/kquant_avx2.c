@@ -7,8 +7,9 @@
  */
 #include "kernels/kquant_x86.h"
 
-/* idot = sum_j sc_j sum_{e in j} q_e x_e (exact: |idot| < 2^31 for every type). */
-ST_INLINE int32_t kq_idot(const kq_regs *u, const st_block_q8k *xb) {
+/* Eight int32 lanes whose sum is idot = sum_j sc_j sum_{e in j} q_e x_e (exact: |idot| < 2^31
+ * for every type). */
+ST_INLINE __m256i kq_idot(const kq_regs *u, const st_block_q8k *xb) {
     /* low lane: scale 2i in every word, high lane: scale 2i + 1 */
     const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2,
                                           3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
@@ -20,7 +21,7 @@ ST_INLINE int32_t kq_idot(const kq_regs *u, const st_block_q8k *xb) {
         const __m256i p = _mm256_maddubs_epi16(u->q[i], kq_load((const uint8_t *)xb->q + 32 * i));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
     }
-    return kq_hsum_epi32(acc);
+    return acc;
 }
 
 ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, const void *w,
@@ -29,6 +30,21 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
     const st_block_q8k *xq = x;
     const int64_t nb = K / ST_QK_K;
     const size_t bb = kq_block_bytes(type);
+    if (M == 1) { /* decode: the chain in a register (y might alias the inputs) */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                kq_regs u;
+                kq_unpack(type, wr + (size_t)b * bb, &u);
+                int32_t idot, t;
+                kq_sums(kq_idot(&u, xq + b), &u, xq + b, &idot, &t);
+                acc = st_kq_step(acc, u.d, u.dmin, xq[b].d, idot, t, has_min);
+            }
+            y[r] = acc;
+        }
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (int64_t b = 0; b < nb; b++) {
@@ -37,8 +53,9 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
             for (int64_t m = 0; m < M; m++) {
                 const st_block_q8k *xb = xq + m * ldx + b;
                 float *yo = y + m * ldy + r;
-                *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, kq_idot(&u, xb),
-                                 kq_tsum(&u, xb), has_min);
+                int32_t idot, t;
+                kq_sums(kq_idot(&u, xb), &u, xb, &idot, &t);
+                *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, idot, t, has_min);
             }
         }
     }

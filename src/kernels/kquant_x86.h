@@ -176,16 +176,16 @@ ST_INLINE void kq_unpack(uint32_t type, const uint8_t *blk, kq_regs *u) {
     }
 }
 
-ST_INLINE int32_t kq_hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
-
-/* t = sum_j bz_j bsum_j (exact: |bz| <= 4096, |bsum| <= 2032). */
-ST_INLINE int32_t kq_tsum(const kq_regs *u, const st_block_q8k *xb) {
-    return kq_hsum_epi32(_mm256_madd_epi16(u->bz, _mm256_loadu_si256((const __m256i *)xb->bsums)));
+/* idot and t (kquant.h) in one reduction: idot is the sum of the eight int32 lanes of acc,
+ * t = sum_j bz_j bsum_j (exact: |bz| <= 4096, |bsum| <= 2032). */
+ST_INLINE void kq_sums(__m256i acc, const kq_regs *u, const st_block_q8k *xb, int32_t *idot,
+                       int32_t *t) {
+    const __m256i tv = _mm256_madd_epi16(u->bz, _mm256_loadu_si256((const __m256i *)xb->bsums));
+    const __m256i h = _mm256_hadd_epi32(acc, tv); /* per lane: a01 a23 t01 t23 */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_hadd_epi32(s, s); /* idot, t, idot, t */
+    *idot = _mm_cvtsi128_si32(s);
+    *t = _mm_extract_epi32(s, 1);
 }
 
 #endif /* ST_KQUANT_X86_H */
