@@ -127,6 +127,11 @@ typedef enum st_dtype {
     ST_DTYPE_F16 = 1,
     ST_DTYPE_Q4_0 = 2,
     ST_DTYPE_Q8_0 = 8,
+    ST_DTYPE_Q2_K = 10,
+    ST_DTYPE_Q3_K = 11,
+    ST_DTYPE_Q4_K = 12,
+    ST_DTYPE_Q5_K = 13,
+    ST_DTYPE_Q6_K = 14,
     ST_DTYPE_BF16 = 30,
 } st_dtype;
 

@@ -125,11 +125,11 @@ static const struct dtype_info {
     {3, "q4_1", 0, 0},
     {6, "q5_0", 0, 0},
     {7, "q5_1", 0, 0},
-    {10, "q2_k", 0, 0},
-    {11, "q3_k", 0, 0},
-    {12, "q4_k", 0, 0},
-    {13, "q5_k", 0, 0},
-    {14, "q6_k", 0, 0},
+    {ST_DTYPE_Q2_K, "q2_k", 256, 84}, /* K-quants: 256-element super-blocks (kernels/kquant.h) */
+    {ST_DTYPE_Q3_K, "q3_k", 256, 110},
+    {ST_DTYPE_Q4_K, "q4_k", 256, 144},
+    {ST_DTYPE_Q5_K, "q5_k", 256, 176},
+    {ST_DTYPE_Q6_K, "q6_k", 256, 210},
 };
 
 static const struct dtype_info *dtype_find(uint32_t type) {
@@ -150,7 +150,7 @@ st_status st_gguf_tensor_size(uint32_t type, uint32_t n_dims, const int64_t *ne,
     if (!dt || dt->blk == 0)
         return st_fail(bad_type,
                        "type %s (id %u) is not supported; supported: f32, f16, bf16, "
-                       "q8_0, q4_0",
+                       "q8_0, q4_0, q2_k .. q6_k",
                        st_dtype_name(type), type);
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
         return st_fail(bad_shape, "%u dimensions (must be 1..4)", n_dims);

@@ -76,7 +76,7 @@ size_t st_row_bytes(uint32_t type, int64_t n) {
     case ST_DTYPE_Q4_0:
         return n % ST_QK ? 0 : (size_t)(n / ST_QK) * sizeof(st_block_q4_0);
     default:
-        return 0;
+        return n % ST_QK_K ? 0 : (size_t)(n / ST_QK_K) * st_kquant_block_bytes(type);
     }
 }
 
@@ -124,7 +124,8 @@ void st_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
         }
         break;
     default:
-        memset(out, 0, (size_t)n * 4);
+        if (!st_dequant_row_kquant(type, row, out, n))
+            memset(out, 0, (size_t)n * 4);
         break;
     }
 }

@@ -8,10 +8,10 @@
  * Canonical float dot product of length n: eight lane accumulators, lane l takes elements
  * i = l (mod 8) in increasing i with a fused multiply-add (missing tail elements count as
  * 0*0), then reduce8 = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
- * Quantized weights (Q8_0, Q4_0) multiply activations quantized per block of 32 to int8 with a
- * float scale (st_block_q8x). Canonical quantized dot product: in block b, lane l in [0, 8)
- * holds the exact integer sum isum[b][l] of w_j * x_j over the block's elements j = 4l .. 4l+3
- * (Q4_0 weights count as nibble - 8); eight float accumulators take, block by block in
+ * Quantized weights (Q8_0, Q4_0; K-quants: kquant.h) multiply activations quantized per block of 32
+ * to int8 with a float scale (st_block_q8x). Canonical quantized dot product: in block b, lane l in
+ * [0, 8) holds the exact integer sum isum[b][l] of w_j * x_j over the block's elements j = 4l ..
+ * 4l+3 (Q4_0 weights count as nibble - 8); eight float accumulators take, block by block in
  * increasing b, acc_l = fma((float)isum[b][l], d_b, acc_l) with d_b = fp16_to_f32(w scale) *
  * x scale rounded to float; the result is reduce8(acc).
  * Attention (DESIGN.md invariant 1: the same arithmetic for a key whatever the batch): a score
@@ -24,6 +24,7 @@
 #define ST_KERNELS_H
 
 #include "core/core.h"
+#include "kernels/kquant.h"
 
 enum { ST_QK = 32 };
 
@@ -76,6 +77,8 @@ typedef struct st_kernels {
     st_matmul_fn matmul_bf16;
     st_matmul_fn matmul_q8_0;
     st_matmul_fn matmul_q4_0;
+    /* K-quant weights (kquant.h) times activations quantized by st_quantize_q8k. */
+    st_matmul_fn matmul_q2_k, matmul_q3_k, matmul_q4_k, matmul_q5_k, matmul_q6_k;
     /* NULL where packing does not pay (the AVX2 table: measured slower than its row-major
      * kernel with 16 registers); then weights stay unpacked. */
     st_matmul_packed_fn matmul_f32_packed;

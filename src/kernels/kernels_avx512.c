@@ -719,6 +719,11 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_bf16 = matmul_bf16_avx512;
     st_kernels_avx512_table.matmul_q8_0 = matmul_q8_0_avx512;
     st_kernels_avx512_table.matmul_q4_0 = matmul_q4_0_avx512;
+    st_kernels_avx512_table.matmul_q2_k = st_matmul_q2_k_avx512;
+    st_kernels_avx512_table.matmul_q3_k = st_matmul_q3_k_avx512;
+    st_kernels_avx512_table.matmul_q4_k = st_matmul_q4_k_avx512;
+    st_kernels_avx512_table.matmul_q5_k = st_matmul_q5_k_avx512;
+    st_kernels_avx512_table.matmul_q6_k = st_matmul_q6_k_avx512;
     st_kernels_avx512_table.matmul_f32_packed = matmul_f32_packed_avx512;
     st_kernels_avx512_table.attn_scores = attn_scores_avx512;
     st_kernels_avx512_table.exp_sum = exp_sum_avx512;

@@ -39,8 +39,8 @@ typedef struct mm_job {
     int n_mat;
     const st_wt *w[3];
     float *y[3];
-    const void *x; /* float (M, ldx) or st_block_q8x (M, ldx) */
-    int64_t ldx;
+    const void *x[3]; /* per matrix: float, st_block_q8x or st_block_q8k (M, ldx) */
+    int64_t ldx[3];
     int64_t M;
     int64_t chunk;       /* rows per work item */
     int64_t n_chunks[3]; /* work items of each matrix */
@@ -57,12 +57,29 @@ static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
         return k->matmul_bf16;
     case ST_DTYPE_Q8_0:
         return k->matmul_q8_0;
-    default:
+    case ST_DTYPE_Q4_0:
         return k->matmul_q4_0;
+    case ST_DTYPE_Q2_K:
+        return k->matmul_q2_k;
+    case ST_DTYPE_Q3_K:
+        return k->matmul_q3_k;
+    case ST_DTYPE_Q4_K:
+        return k->matmul_q4_k;
+    case ST_DTYPE_Q5_K:
+        return k->matmul_q5_k;
+    default:
+        return k->matmul_q6_k;
     }
 }
 
-static bool is_quant(uint32_t type) { return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0; }
+/* The input a weight type multiplies: float, Q8 blocks of 32 (Q8_0, Q4_0) or Q8_K super-blocks
+ * (the K-quants). */
+enum { ACT_F32, ACT_Q8, ACT_Q8K };
+static int act_kind(uint32_t type) {
+    return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0 ? ACT_Q8
+           : st_kquant_block_bytes(type)                  ? ACT_Q8K
+                                                          : ACT_F32;
+}
 
 /* Threads take chunks of rows of the matrices in turn from a shared counter (memory bandwidth
  * is shared unevenly, so a static split leaves one thread waiting at the barrier). Which thread
@@ -82,12 +99,12 @@ static void mm_task(void *ctx, int ith, int nth) {
         const int64_t r0 = c * j->chunk;
         const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
         if (w->packed && j->k->matmul_f32_packed) {
-            j->k->matmul_f32_packed(j->y[i], w->n_out, w->packed, j->x, j->ldx, w->n_in, j->M, r0,
-                                    r1);
+            j->k->matmul_f32_packed(j->y[i], w->n_out, w->packed, j->x[i], j->ldx[i], w->n_in, j->M,
+                                    r0, r1);
             continue;
         }
-        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x, j->ldx, w->n_in,
-                                  j->M, r0, r1);
+        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
+                                  w->n_in, j->M, r0, r1);
     }
 }
 
@@ -111,16 +128,20 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
     for (int i = 0; i < n_mat; i++)
         j.n_chunks[i] = (w[i]->n_out + j.chunk - 1) / j.chunk;
     atomic_init(&j.next, 0);
-    int64_t K = w[0]->n_in;
-    if (is_quant(w[0]->type)) {
-        int64_t nb = K / ST_QK;
-        for (int64_t m = 0; m < M; m++)
-            s->kern->quantize_q8x(s->xq + m * nb, x + m * K, K);
-        j.x = s->xq;
-        j.ldx = nb;
-    } else {
-        j.x = x;
-        j.ldx = K;
+    /* The input once in each form the matrices take (a group may mix weight types). */
+    const int64_t K = w[0]->n_in;
+    bool done[3] = {false, false, false};
+    for (int i = 0; i < n_mat; i++) {
+        const int a = act_kind(w[i]->type);
+        if (a == ACT_Q8 && !done[a])
+            for (int64_t m = 0; m < M; m++)
+                s->kern->quantize_q8x(s->xq + m * (K / ST_QK), x + m * K, K);
+        if (a == ACT_Q8K && !done[a])
+            for (int64_t m = 0; m < M; m++)
+                st_quantize_q8k(s->xk + m * (K / ST_QK_K), x + m * K, K);
+        done[a] = true;
+        j.x[i] = a == ACT_Q8 ? (const void *)s->xq : a == ACT_Q8K ? (const void *)s->xk : x;
+        j.ldx[i] = a == ACT_Q8 ? K / ST_QK : a == ACT_Q8K ? K / ST_QK_K : K;
     }
     st_pool_run(s->pool, mm_task, &j);
 }

@@ -38,22 +38,7 @@ static st_status get_hparam(const st_gguf *g, const char *key, int required, int
 
 static bool is_matrix_type(uint32_t t) {
     return t == ST_DTYPE_F32 || t == ST_DTYPE_F16 || t == ST_DTYPE_BF16 || t == ST_DTYPE_Q8_0 ||
-           t == ST_DTYPE_Q4_0;
-}
-
-static bool is_quantized(uint32_t t) { return t == ST_DTYPE_Q8_0 || t == ST_DTYPE_Q4_0; }
-
-/* The forward pass gives q/k/v (and gate/up) one shared input, float or quantized to Q8 as the
- * first matrix's type says, so each group must be all float or all quantized. */
-static st_status check_group(const st_gguf *g, int32_t l, const char *group, const st_wt *a,
-                             const st_wt *b, const st_wt *c) {
-    if (is_quantized(a->type) == is_quantized(b->type) &&
-        (!c || is_quantized(a->type) == is_quantized(c->type)))
-        return ST_OK;
-    return st_fail(ST_ERR_UNSUPPORTED,
-                   "%s: block %d mixes float and quantized %s weights (%s, %s%s%s)",
-                   st_gguf_name(g), (int)l, group, st_dtype_name(a->type), st_dtype_name(b->type),
-                   c ? ", " : "", c ? st_dtype_name(c->type) : "");
+           t == ST_DTYPE_Q4_0 || st_kquant_block_bytes(t) != 0;
 }
 
 /* Finds a 2-D weight of shape ne = [n_in, n_out]. */
@@ -265,9 +250,7 @@ static st_status model_from_gguf(st_model *m) {
             (s = get_matrix(g, ST_NAME("attn_output.weight"), Q, E, 0, &L->wo)) ||
             (s = get_matrix(g, ST_NAME("ffn_gate.weight"), E, hp->n_ff, 0, &L->w_gate)) ||
             (s = get_matrix(g, ST_NAME("ffn_up.weight"), E, hp->n_ff, 0, &L->w_up)) ||
-            (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)) ||
-            (s = check_group(g, l, "attention", &L->wq, &L->wk, &L->wv)) ||
-            (s = check_group(g, l, "feed-forward", &L->w_gate, &L->w_up, NULL)))
+            (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)))
             return s;
 #undef ST_NAME
     }

@@ -100,6 +100,7 @@ struct st_session {
     float *hb2;         /* (n_batch, n_ff) */
     float *tmp;         /* (n_batch, n_embd) matmul output before the residual add */
     st_block_q8x *xq;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
+    st_block_q8k *xk;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/256) */
     float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */

@@ -46,6 +46,7 @@ static void session_layout(st_plan *pl, st_session *s, const st_model_hparams *h
     s->hb = st_plan_take(pl, B * F, sizeof(float));
     s->hb2 = st_plan_take(pl, B * F, sizeof(float));
     s->xq = st_plan_take(pl, B * (qmax / ST_QK + 1), sizeof(st_block_q8x));
+    s->xk = st_plan_take(pl, B * (qmax / ST_QK_K + 1), sizeof(st_block_q8k));
     s->scores = st_plan_take(
         pl, (size_t)p->n_threads * ST_ATTN_TOKENS * (size_t)(hp->n_head / hp->n_head_kv) * (C + 1),
         sizeof(float));
