@@ -527,6 +527,12 @@ static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
 
 static bool is_quant(uint32_t type) { return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0; }
 
+/* A parallel region of fewer multiply-adds than this runs on the calling thread alone: handing
+ * part of it to a worker costs more (a few cache-line transfers, and on a busy machine a wait
+ * for a descheduled thread) than it saves. A model of stories260K's size then decodes as fast
+ * with two threads as with one. */
+enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
+
 /* Threads take chunks of rows of the matrices in turn from a shared counter (memory bandwidth
  * is shared unevenly, so a static split leaves one thread waiting at the barrier). Which thread
  * computes a row changes nothing in its value. Outputs are row-major (M, n_out). */
@@ -566,7 +572,7 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
     }
     /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles (16-row blocks of
      * packed weights). */
-    const int nth = st_pool_size(s->pool);
+    const int nth = rows * w[0]->n_in * M < ST_MIN_PARALLEL_MACS ? 1 : st_pool_size(s->pool);
     const int64_t tile = w[0]->packed ? ST_PACK_ROWS : 8;
     j.chunk = nth == 1 ? rows : (rows / (8 * nth) + tile - 1) & ~(tile - 1);
     if (j.chunk < tile)
@@ -585,7 +591,10 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
         j.x = x;
         j.ldx = K;
     }
-    st_pool_run(s->pool, mm_task, &j);
+    if (nth == 1)
+        mm_task(&j, 0, 1);
+    else
+        st_pool_run(s->pool, mm_task, &j);
 }
 
 static void matmul1(st_session *s, const st_wt *w, float *y, const float *x, int64_t M) {
@@ -804,6 +813,9 @@ st_status st_forward(st_session *s, const st_fwd *f) {
                        (const char *)m->tok_embd.data +
                            (size_t)f->tokens[i] * m->tok_embd.row_bytes,
                        s->x + i * E, E);
+    int64_t attn_macs = 0; /* scores and values: 2 x keys x n_head x head_dim */
+    for (int32_t i = 0; i < T; i++)
+        attn_macs += 2 * (int64_t)tok_n(f, i) * hp->n_head * hd;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const st_layer *L = &m->layers[l];
         for (int64_t i = 0; i < T; i++)
@@ -822,7 +834,10 @@ st_status st_forward(st_session *s, const st_fwd *f) {
                    (size_t)KV * sizeof(float));
         }
         attn_job aj = {s, f, l};
-        st_pool_run(s->pool, attn_task, &aj);
+        if (attn_macs < ST_MIN_PARALLEL_MACS)
+            attn_task(&aj, 0, 1);
+        else
+            st_pool_run(s->pool, attn_task, &aj);
         matmul1(s, &L->wo, s->tmp, s->att, T);
         for (int64_t i = 0; i < T * E; i++)
             s->x[i] += s->tmp[i];
