@@ -7,6 +7,7 @@
  *   minutes; with the hash index, a fraction of a second.
  * - A header cut short says "truncated", not that a count is invalid.
  * - A FIFO or directory given as a file is refused at once instead of blocking on open.
+ * - A weight of the wrong rank or shape is refused with its real shape, all dimensions.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -18,6 +19,7 @@
 
 #include "core/core.h"
 #include "io/gguf_internal.h"
+#include "io/gguf_write.h"
 #include "spectree.h"
 #include "testutil.h"
 
@@ -245,11 +247,61 @@ static void test_not_regular(void **state) {
     alarm(0);
 }
 
+/* stories260K with tensor `name` given shape ne (n_dims dims, same element count), loaded. */
+static st_status load_reshaped(const char *name, uint32_t n_dims, const int64_t *ne) {
+    size_t size = 0;
+    char *file = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    assert_non_null(file);
+    st_gguf *g = NULL;
+    assert_int_equal(st_gguf_open_memory(file, size, "stories", &g), ST_OK);
+    st_gguf_writer *w = NULL;
+    assert_int_equal(st_gguf_writer_create(&w), ST_OK);
+    for (int64_t i = 0; i < st_gguf_n_kv(g); i++)
+        assert_int_equal(st_gguf_writer_copy_kv(w, g, st_gguf_key(g, i)), ST_OK);
+    for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        const int mine = strcmp(t->name, name) == 0;
+        assert_int_equal(st_gguf_writer_add_tensor(w, t->name, t->type, mine ? n_dims : t->n_dims,
+                                                   mine ? ne : t->ne, t->data, t->size,
+                                                   ST_GGUF_REF),
+                         ST_OK);
+    }
+    void *out = NULL;
+    size_t n = 0;
+    assert_int_equal(st_gguf_writer_write_memory(w, &out, &n), ST_OK);
+    st_model *m = NULL;
+    st_status s = st_model_load_memory(out, n, "reshaped.gguf", &m);
+    st_model_free(m);
+    free(out);
+    st_gguf_writer_free(w);
+    st_gguf_free(g);
+    free(file);
+    return s;
+}
+
+static void test_weight_shapes(void **state) {
+    (void)state;
+    const int64_t same[] = {64, 64}; /* the real shape: the copy loads */
+    assert_int_equal(load_reshaped("blk.0.attn_q.weight", 2, same), ST_OK);
+    const int64_t three[] = {64, 64, 1};
+    assert_int_equal(load_reshaped("blk.0.attn_q.weight", 3, three), ST_ERR_FORMAT);
+    assert_non_null(strstr(st_last_error(), "reshaped.gguf: tensor 'blk.0.attn_q.weight' has "
+                                            "shape [64, 64, 1], expected [64, 64]"));
+    const int64_t four[] = {64, 16, 2, 2};
+    assert_int_equal(load_reshaped("blk.0.attn_q.weight", 4, four), ST_ERR_FORMAT);
+    assert_non_null(strstr(st_last_error(), "shape [64, 16, 2, 2], expected [64, 64]"));
+    const int64_t norm[] = {32, 2};
+    assert_int_equal(load_reshaped("blk.1.ffn_norm.weight", 2, norm), ST_ERR_FORMAT);
+    assert_non_null(
+        strstr(st_last_error(), "tensor 'blk.1.ffn_norm.weight' has shape [32, 2], expected [64]"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_siphash_vectors),  cmocka_unit_test(test_name_index),
         cmocka_unit_test(test_many_keys),        cmocka_unit_test(test_many_tensors),
         cmocka_unit_test(test_truncated_header), cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_weight_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -751,6 +751,22 @@ const st_gguf_tensor *st_gguf_tensor_at(const st_gguf *g, int64_t i) {
     return (i >= 0 && i < g->n_tensors) ? &g->tensors[i] : NULL;
 }
 
+const char *st_gguf_tensor_shape(const st_gguf_tensor *t, char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap == 0)
+        return buf;
+    buf[0] = 0;
+    for (uint32_t d = 0; d < t->n_dims && d < GGUF_MAX_DIMS && n < cap; d++) {
+        int k = snprintf(buf + n, cap - n, "%s%" PRId64, d ? ", " : "[", t->ne[d]);
+        if (k < 0)
+            return buf;
+        n += (size_t)k;
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
 const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name) {
     int64_t i = st_name_index_find(&g->tensor_index, name);
     return i >= 0 ? &g->tensors[i] : NULL;

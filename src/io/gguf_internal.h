@@ -9,4 +9,6 @@ const char *st_gguf_name(const st_gguf *g);
 size_t st_gguf_data_offset(const st_gguf *g);
 /* Bytes of one value of a fixed-size metadata type; 0 for STRING and ARRAY. */
 size_t st_gguf_type_size(st_gguf_type t);
+/* Writes a tensor's shape as "[ne0, ne1, ...]" (n_dims entries) into buf; returns buf. */
+const char *st_gguf_tensor_shape(const st_gguf_tensor *t, char *buf, size_t cap);
 #endif
