@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: builds with -Werror and runs every test plain, with the scalar kernels
-# (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; checks formatting.
+# (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; runs the fuzz
+# targets for a minute each (scripts/fuzz.sh; ST_FUZZ_SECONDS=N to change); checks formatting.
 # Usage: scripts/test.sh [--quick]   (--quick: the plain run only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,9 @@ cmake --build build-asan -j"$jobs" >/dev/null
 echo "== tests under ASan+UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+echo "== fuzz targets, ${ST_FUZZ_SECONDS:-60} s each (clang, libFuzzer, ASan+UBSan)"
+bash scripts/fuzz.sh
 
 echo "== clang-format"
 files=$(git ls-files '*.c' '*.h' | grep -v '^src/tok/unicode_tables.c$' || true)

@@ -4,8 +4,13 @@
  *   test_all.py expected output), speculative runs print the same text, --json has its keys,
  *   --stop cuts the text before the stop string.
  * - tokenize works on vocabulary-only files; info prints metadata and tensors.
- * - Bad arguments and files: a one-line message on stderr and a non-zero exit, no crash.
+ * - Bad arguments and files: a one-line message on stderr and a non-zero exit, no crash; every
+ *   numeric flag refuses signs, blanks and garbage naming the flag; an unknown option is named;
+ *   a FIFO or directory given as the model is refused at once.
+ * - The prompt from a file (-f) or standard input (-p -), past the 128 KiB a single argument
+ *   can carry.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static const char *golden =
     ", there was a little girl named Lily. She loved to play outside in the park. One day, she "
@@ -33,12 +40,13 @@ typedef struct result {
     char *out, *err;
 } result;
 
-/* Runs `spectree ARGS` through the shell, capturing stdout and stderr in files. */
-static result run(const char *args) {
+/* Runs `spectree ARGS` through the shell with standard input from `in`, capturing stdout and
+ * stderr in files. */
+static result run_in(const char *args, const char *in) {
     char cmd[8192], fo[512], fe[512];
     snprintf(fo, sizeof fo, "%s/cli_test.out", ST_BUILD_DIR);
     snprintf(fe, sizeof fe, "%s/cli_test.err", ST_BUILD_DIR);
-    snprintf(cmd, sizeof cmd, "%s/spectree %s >%s 2>%s </dev/null", ST_BUILD_DIR, args, fo, fe);
+    snprintf(cmd, sizeof cmd, "%s/spectree %s >%s 2>%s <%s", ST_BUILD_DIR, args, fo, fe, in);
     int st = system(cmd);
     result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
     r.out = tu_read_file(fo, NULL);
@@ -47,6 +55,8 @@ static result run(const char *args) {
     assert_non_null(r.err);
     return r;
 }
+
+static result run(const char *args) { return run_in(args, "/dev/null"); }
 
 static void done(result *r) {
     free(r->out);
@@ -173,11 +183,171 @@ static void test_bad_usage(void **state) {
     }
 }
 
+/* A usage error: exit 2 and one line on stderr that contains `want`. */
+static void expect_usage_error(const char *args, const char *want) {
+    result r = run(args);
+    if (r.code != 2 || count_lines(r.err) != 1 || !strstr(r.err, want))
+        fail_msg("'spectree %s': exit %d, stderr (expected '%s'):\n%s", args, r.code, want, r.err);
+    done(&r);
+}
+
+static void test_numeric_flags(void **state) {
+    (void)state;
+    const char *flags[] = {"-n",
+                           "-t",
+                           "-c",
+                           "--temp",
+                           "--top-k",
+                           "--top-p",
+                           "--min-p",
+                           "--seed",
+                           "--speculative-num-steps",
+                           "--speculative-eagle-topk",
+                           "--speculative-num-draft-tokens",
+                           "--ngram-min-match",
+                           "--ngram-max-match",
+                           "--ngram-breadth"};
+    /* strtoull took " -1" as 2^64-1; strtol/strtod skip blanks and take '+' */
+    const char *values[] = {"' -1'", "-1", "' 1'", "+1", "1x", "''", "0x10", "nan", "1e999"};
+    char args[2048];
+    for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
+        for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+            if (!strcmp(values[v], "-1") && strcmp(flags[f], "--seed") != 0)
+                continue; /* a plain negative is refused by the range check everywhere */
+            snprintf(args, sizeof args, "generate -m %s -p hi %s %s",
+                     tu_shared("models/stories260K.gguf"), flags[f], values[v]);
+            char want[256];
+            snprintf(want, sizeof want, "%s expects", flags[f]);
+            expect_usage_error(args, want);
+        }
+    /* the values themselves still work */
+    snprintf(args, sizeof args,
+             "generate -m %s -p hi -n 3 -t 1 -c 64 --temp 0.5 --top-k 5 --top-p .9 --min-p 0 "
+             "--seed 18446744073709551615",
+             tu_shared("models/stories260K.gguf"));
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    done(&r);
+}
+
+static void test_option_names(void **state) {
+    (void)state;
+    char args[2048];
+    const char *m = tu_shared("models/stories260K.gguf");
+    snprintf(args, sizeof args, "generate -m %s -p hi --bogus", m);
+    expect_usage_error(args, "unknown option '--bogus'");
+    snprintf(args, sizeof args, "generate -m %s -p hi --temperature=1", m);
+    expect_usage_error(args, "unknown option '--temperature=1'");
+    snprintf(args, sizeof args, "generate -m %s -x -p hi", m);
+    expect_usage_error(args, "unknown option '-x'");
+    snprintf(args, sizeof args, "generate -m %s -p hi --temp", m);
+    expect_usage_error(args, "missing value for option '--temp'");
+    snprintf(args, sizeof args, "generate -p hi -m");
+    expect_usage_error(args, "missing value for option '-m'");
+    expect_usage_error("tokenize --frobnicate x", "unknown option '--frobnicate'");
+    expect_usage_error("info -q", "unknown option '-q'");
+    snprintf(args, sizeof args, "generate -m %s -p hi -f %s", m, m);
+    expect_usage_error(args, "not both");
+}
+
+static void test_model_not_a_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/st_cli_XXXXXX", fifo[256], args[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/model.gguf", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(120); /* opening the FIFO used to block forever */
+    const char *fmt[] = {"generate -m %s -p hi", "info -m %s", "tokenize -m %s hi",
+                         "generate -m %s -p hi --speculative-algorithm STANDALONE "
+                         "--speculative-draft-model-path %s"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, fmt[i], i == 3 ? tu_shared("models/stories260K.gguf") : fifo,
+                 fifo);
+        result r = run(args);
+        if (r.code != 1 || count_lines(r.err) != 1 ||
+            !strstr(r.err, "model.gguf: not a regular "
+                           "file (a FIFO)"))
+            fail_msg("'spectree %s': exit %d, stderr:\n%s", args, r.code, r.err);
+        done(&r);
+    }
+    alarm(0);
+    snprintf(args, sizeof args, "generate -m %s -p hi", dir);
+    result r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "is a directory; expected a GGUF file"));
+    done(&r);
+    remove(fifo);
+    /* a header cut short says so */
+    size_t size = 0;
+    char *bytes = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    assert_non_null(bytes);
+    char cut[256];
+    snprintf(cut, sizeof cut, "%s/cut.gguf", dir);
+    FILE *f = fopen(cut, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, 100, f), 100);
+    fclose(f);
+    free(bytes);
+    snprintf(args, sizeof args, "info -m %s", cut);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "cut.gguf: truncated file"));
+    done(&r);
+    remove(cut);
+    rmdir(dir);
+}
+
+static void test_prompt_input(void **state) {
+    (void)state;
+    char path[512], args[2048];
+    snprintf(path, sizeof path, "%s/cli_test_prompt.txt", ST_BUILD_DIR);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs("Once upon a time", f);
+    fclose(f);
+    const char *m = tu_shared("models/stories260K.gguf");
+    /* -f FILE and -p - give the continuation -p TEXT gives */
+    snprintf(args, sizeof args, "generate -m %s -f %s -n 199 --temp 0", m, path);
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_int_equal(strncmp(r.out, golden, strlen(golden)), 0);
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p - -n 199 --temp 0", m);
+    r = run_in(args, path);
+    assert_int_equal(r.code, 0);
+    assert_int_equal(strncmp(r.out, golden, strlen(golden)), 0);
+    done(&r);
+    /* 200 KiB: more than one argument can carry; it is read whole and tokenized (and is then
+     * too long for the model's context) */
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int i = 0; i < 200 * 1024 / 16; i++)
+        fputs("Once upon a time", f);
+    fclose(f);
+    snprintf(args, sizeof args, "generate -m %s -f %s -n 1", m, path);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "tokens"));
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p - -n 1", m);
+    r = run_in(args, path);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "tokens"));
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -f %s/no-such-prompt.txt", m, ST_BUILD_DIR);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "no-such-prompt.txt: cannot open"));
+    done(&r);
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_generate_golden),
-        cmocka_unit_test(test_stop_and_tokenize),
-        cmocka_unit_test(test_bad_usage),
+        cmocka_unit_test(test_generate_golden), cmocka_unit_test(test_stop_and_tokenize),
+        cmocka_unit_test(test_bad_usage),       cmocka_unit_test(test_numeric_flags),
+        cmocka_unit_test(test_option_names),    cmocka_unit_test(test_model_not_a_file),
+        cmocka_unit_test(test_prompt_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,8 @@
  *   whether it is evaluated alone or inside a batch of up to 64 tokens, with 1 or 2 threads.
  * - Packed weights: the packed copy of a small F32 model's matrices (ST_PACK=0 turns it off)
  *   gives bitwise the logits of the row-major kernels.
+ * - Thread counts: on a model big enough that single-token steps run in parallel (regions of
+ *   stories260K's size run on one thread), 1, 2 and all-core sessions give bitwise the logits.
  * - Bad input: token ids, sequences and context overflow give errors, not crashes.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -207,6 +209,39 @@ static void test_packed_weights(void **state) {
     st_model_free(plain);
 }
 
+static void test_parallel_decode(void **state) {
+    (void)state;
+    const char *types[] = {"f32", "q8_0"};
+    for (int ti = 0; ti < 2; ti++) {
+        char path[1024], cmd[4096];
+        snprintf(path, sizeof path, "%s/test_parallel_%s.gguf", ST_BUILD_DIR, types[ti]);
+        snprintf(cmd, sizeof cmd,
+                 "%s/spectree-mkmodel %s --vocab %s --dim 256 --ff 512 --layers 2 --heads 8 "
+                 "--kv-heads 4 --type %s --seed 3 --ctx 512 2>/dev/null",
+                 ST_BUILD_DIR, path, tu_shared("models/stories260K.gguf"), types[ti]);
+        assert_int_equal(system(cmd), 0);
+        st_model *m = NULL;
+        assert_int_equal(st_model_load(path, &m), ST_OK);
+        enum { T = 120 };
+        const int32_t V = st_model_get_hparams(m)->n_vocab;
+        int32_t toks[T];
+        for (int i = 0; i < T; i++)
+            toks[i] = (int32_t)((i * 37 + 11) % V);
+        float *a = malloc((size_t)T * V * 4), *b = malloc((size_t)T * V * 4);
+        logits_in_chunks(m, 1, toks, T, a);
+        const int many = st_n_cores() > 2 ? st_n_cores() : 3;
+        for (int threads = 2; threads <= many; threads += many - 2) {
+            logits_in_chunks(m, threads, toks, T, b);
+            if (memcmp(a, b, (size_t)T * V * 4) != 0)
+                fail_msg("%s: logits with %d threads differ from 1 thread", types[ti], threads);
+        }
+        free(a);
+        free(b);
+        st_model_free(m);
+        remove(path);
+    }
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     st_session *s = new_session(1, 8);
@@ -257,7 +292,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_greedy),    cmocka_unit_test(test_oracle_prompts),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_packed_weights),
-        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_no_alloc_in_eval),
+        cmocka_unit_test(test_parallel_decode),  cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_no_alloc_in_eval),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

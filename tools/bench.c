@@ -20,6 +20,8 @@ static const char *help =
     "          machine's copy bandwidth (-m MODEL, --json)\n"
     "  verify  the verify-cost curve: one forward over N = 1..64 tokens at a\n"
     "          512-token context, ms and ms(N)/ms(1) (-m MODEL, --json)\n"
+    "  threads decode tokens/s with 1 and 2 threads, as the machine is and with a\n"
+    "          busy loop it runs on every core (-m MODEL, --json)\n"
     "\n"
     "'spectree-bench COMMAND --help' describes each command.\n";
 
@@ -123,6 +125,8 @@ int main(int argc, char **argv) {
         return st_bench_decode_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "verify"))
         return st_bench_verify_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "threads"))
+        return st_bench_threads_main(argc - 1, argv + 1);
     fprintf(stderr, "spectree-bench: unknown command '%s' (see --help)\n", argv[1]);
     return 2;
 }

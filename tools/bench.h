@@ -9,6 +9,7 @@ int st_bench_tree_main(int argc, char **argv);
 int st_bench_e2e_main(int argc, char **argv);
 int st_bench_decode_main(int argc, char **argv);
 int st_bench_verify_main(int argc, char **argv);
+int st_bench_threads_main(int argc, char **argv);
 
 /* Median of n values (sorts v in place). */
 double st_bench_median(double *v, int n);
@@ -31,6 +32,10 @@ int st_bench_parse(const char *name, const char *usage, int argc, char **argv, s
  * error and returns nonzero on failure. */
 int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_model **m,
                   st_session **s);
+
+/* Seconds for n greedy decode steps of sequence 0 after a fresh one-token prompt; logits holds
+ * n_vocab floats. Nonzero on an engine error (st_last_error says which). */
+int st_bench_decode_run(st_session *s, float *logits, int32_t n_vocab, int32_t n, double *sec);
 
 /* Weight type of the model's blocks, e.g. "q8_0". */
 const char *st_bench_wtype(const st_model *m);

@@ -86,8 +86,7 @@ static int32_t argmax(const float *x, int32_t n) {
     return best;
 }
 
-/* Seconds for n greedy decode steps after a fresh one-token prompt. */
-static int decode_run(st_session *s, float *logits, int32_t n_vocab, int32_t n, double *sec) {
+int st_bench_decode_run(st_session *s, float *logits, int32_t n_vocab, int32_t n, double *sec) {
     int32_t tok = 1 < n_vocab ? 1 : 0;
     if (st_session_seq_reset(s, 0) || st_session_eval(s, 0, &tok, 1, logits, 1))
         return 1;
@@ -135,10 +134,10 @@ int st_bench_decode_main(int argc, char **argv) {
     }
     const double copy0 = copy_gbps(pool);
     double warm;
-    if (decode_run(s, logits, hp->n_vocab, n_tok < 16 ? n_tok : 16, &warm))
+    if (st_bench_decode_run(s, logits, hp->n_vocab, n_tok < 16 ? n_tok : 16, &warm))
         goto fail;
     for (int r = 0; r < o.reps; r++)
-        if (decode_run(s, logits, hp->n_vocab, n_tok, &t[r]))
+        if (st_bench_decode_run(s, logits, hp->n_vocab, n_tok, &t[r]))
             goto fail;
     const double copy1 = copy_gbps(pool);
     /* the dispatch cost on every core, even when this model's session uses one thread */

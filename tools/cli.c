@@ -3,6 +3,7 @@
  * Built only on the public header. Every bad argument or file ends in a one-line message and a
  * non-zero exit.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "spectree.h"
 
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static void die_usage(const char *cmd, const char *msg) {
@@ -19,12 +21,32 @@ static void die_usage(const char *cmd, const char *msg) {
     exit(2);
 }
 
+/* Names the option getopt_long just refused: a missing value's option as typed, an unknown
+ * short option as "-x" (it may sit in a group like -hx), an unknown long one as typed. */
+static void die_option(const char *cmd, char **argv, int missing_value) {
+    char shortopt[3] = {'-', (char)optopt, 0};
+    const char *name = !missing_value && optopt > 0 && optopt < 128 ? shortopt : argv[optind - 1];
+    fprintf(stderr, "spectree %s: %s '%s' (see 'spectree %s --help')\n", cmd,
+            missing_value ? "missing value for option" : "unknown option", name, cmd);
+    exit(2);
+}
+
+/* strtol/strtod skip leading blanks and take a sign: " -1" would pass as a number (and as
+ * 2^64-1 through strtoull), and strtod takes hex, "inf" and "nan". A number starts with a
+ * digit, or '-' or '.' then a digit; a real number has only decimal digits, '.', exponent. */
+static int number_start(const char *v) {
+    const char *p = v[0] == '-' ? v + 1 : v;
+    if (*p == '.')
+        p++;
+    return *p >= '0' && *p <= '9';
+}
+
 static int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi,
                      long *out) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
+    if (!number_start(v) || v[0] == '.' || errno || end == v || *end || x < lo || x > hi) {
         fprintf(stderr, "spectree %s: %s expects an integer in [%ld, %ld], got '%s'\n", cmd, flag,
                 lo, hi, v);
         exit(2);
@@ -37,7 +59,8 @@ static float parse_float(const char *cmd, const char *flag, const char *v, doubl
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= lo && x <= hi)) {
+    if (!number_start(v) || v[strspn(v, "0123456789.eE+-")] || errno || end == v || *end ||
+        !(x >= lo && x <= hi)) {
         fprintf(stderr, "spectree %s: %s expects a number in [%g, %g], got '%s'\n", cmd, flag, lo,
                 hi, v);
         exit(2);
@@ -49,23 +72,87 @@ static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
-    if (errno || end == v || *end || v[0] == '-') {
+    if (v[0] < '0' || v[0] > '9' || errno || end == v || *end) {
         fprintf(stderr, "spectree %s: %s expects a non-negative integer, got '%s'\n", cmd, flag, v);
         exit(2);
     }
     return (uint64_t)x;
 }
 
+/* A model path must be a regular file: opening a FIFO would block until some writer came, and
+ * a directory (a Hugging Face checkpoint) is not readable yet. Prints why and returns 0 if not. */
+static int model_path_ok(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "spectree: %s: cannot open: %s\n", path, strerror(errno));
+        return 0;
+    }
+    if (S_ISREG(st.st_mode))
+        return 1;
+    if (S_ISDIR(st.st_mode))
+        fprintf(stderr,
+                "spectree: %s: is a directory; expected a GGUF file (checkpoint directories are "
+                "not supported yet)\n",
+                path);
+    else
+        fprintf(stderr, "spectree: %s: not a regular file (%s); expected a GGUF file\n", path,
+                S_ISFIFO(st.st_mode)   ? "a FIFO"
+                : S_ISCHR(st.st_mode)  ? "a character device"
+                : S_ISBLK(st.st_mode)  ? "a block device"
+                : S_ISSOCK(st.st_mode) ? "a socket"
+                                       : "a special file");
+    return 0;
+}
+
+enum { MAX_PROMPT_BYTES = 256 << 20 };
+
+/* Reads all of f (a prompt file or standard input) into a malloc'd buffer; NULL with a message
+ * naming `what` on error or past MAX_PROMPT_BYTES. */
+static char *read_all(FILE *f, const char *what, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n == cap) {
+            if (cap >= MAX_PROMPT_BYTES) {
+                fprintf(stderr, "spectree: %s: the prompt exceeds %d MiB\n", what,
+                        MAX_PROMPT_BYTES >> 20);
+                free(buf);
+                return NULL;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb)
+                break;
+            buf = nb;
+            cap *= 2;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) {
+            if (ferror(f)) {
+                fprintf(stderr, "spectree: %s: cannot read: %s\n", what, strerror(errno));
+                free(buf);
+                return NULL;
+            }
+            *len = n;
+            return buf;
+        }
+    }
+    free(buf);
+    fprintf(stderr, "spectree: %s: out of memory\n", what);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 static const char *generate_help =
-    "usage: spectree generate -m MODEL -p PROMPT [options]\n"
+    "usage: spectree generate -m MODEL (-p PROMPT | -f FILE) [options]\n"
     "\n"
     "Generates a continuation of PROMPT and streams it (not the prompt) to stdout.\n"
     "Prompt and generation speed go to stderr.\n"
     "\n"
     "  -m, --model PATH     GGUF Llama model (required)\n"
-    "  -p, --prompt TEXT    prompt text (required; may be empty)\n"
+    "  -p, --prompt TEXT    prompt text (may be empty); '-p -' reads it from standard input\n"
+    "  -f, --file FILE      read the prompt from FILE (one of -p and -f is required)\n"
     "  -n, --n-predict N    tokens to generate (default 256; stops early at end of text)\n"
     "      --temp T         temperature, 0 = greedy (default 0.8)\n"
     "      --top-k K        keep the K most likely tokens, 0 = off (default 40)\n"
@@ -96,7 +183,7 @@ static const char *generate_help =
 enum { MAX_STOPS = 16 };
 
 typedef struct gen_opts {
-    const char *model, *prompt, *draft_path;
+    const char *model, *prompt, *prompt_file, *draft_path;
     long n_predict, threads, ctx;
     st_sampler_params sp;
     st_spec_params spec;
@@ -194,6 +281,7 @@ static int cmd_generate(int argc, char **argv) {
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},
         {"n-predict", required_argument, 0, 'n'},
         {"temp", required_argument, 0, O_TEMP},
         {"top-k", required_argument, 0, O_TOPK},
@@ -222,13 +310,16 @@ static int cmd_generate(int argc, char **argv) {
     long v;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:p:n:t:c:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
         switch (c) {
         case 'm':
             o.model = optarg;
             break;
         case 'p':
             o.prompt = optarg;
+            break;
+        case 'f':
+            o.prompt_file = optarg;
             break;
         case 'n':
             parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
@@ -310,18 +401,20 @@ static int cmd_generate(int argc, char **argv) {
             fputs(generate_help, stdout);
             return 0;
         case ':':
-            die_usage("generate", "an option is missing its value");
+            die_option("generate", argv, 1);
             break;
         default:
-            die_usage("generate", "unknown option");
+            die_option("generate", argv, 0);
         }
     }
     if (optind < argc)
         die_usage("generate", "unexpected argument");
     if (!o.model)
         die_usage("generate", "-m MODEL is required");
-    if (!o.prompt)
-        die_usage("generate", "-p PROMPT is required");
+    if (!o.prompt && !o.prompt_file)
+        die_usage("generate", "-p PROMPT or -f FILE is required");
+    if (o.prompt && o.prompt_file)
+        die_usage("generate", "give the prompt with -p or with -f, not both");
     if (o.spec.algo == ST_SPEC_STANDALONE && !o.draft_path)
         die_usage("generate", "STANDALONE needs --speculative-draft-model-path");
     if (o.spec.algo != ST_SPEC_STANDALONE && o.draft_path)
@@ -332,7 +425,27 @@ static int cmd_generate(int argc, char **argv) {
 
     st_model *m = NULL, *dm = NULL;
     int32_t *toks = NULL;
+    char *prompt_buf = NULL;
+    size_t plen = 0;
     int rc = 1;
+    if (!model_path_ok(o.model) || (o.draft_path && !model_path_ok(o.draft_path)))
+        return 1;
+    if (o.prompt_file) {
+        FILE *f = fopen(o.prompt_file, "rb");
+        if (!f) {
+            fprintf(stderr, "spectree: %s: cannot open: %s\n", o.prompt_file, strerror(errno));
+            return 1;
+        }
+        prompt_buf = read_all(f, o.prompt_file, &plen);
+        fclose(f);
+    } else if (!strcmp(o.prompt, "-")) {
+        prompt_buf = read_all(stdin, "standard input", &plen);
+    } else {
+        plen = strlen(o.prompt);
+    }
+    if ((o.prompt_file || !strcmp(o.prompt, "-")) && !prompt_buf)
+        return 1;
+    const char *prompt = prompt_buf ? prompt_buf : o.prompt;
     if (st_model_load(o.model, &m) != ST_OK ||
         (o.draft_path && st_model_load(o.draft_path, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
@@ -340,11 +453,10 @@ static int cmd_generate(int argc, char **argv) {
     }
     o.spec.draft_model = dm;
     const st_tokenizer *tok = st_model_tokenizer(m);
-    size_t plen = strlen(o.prompt);
     int64_t cap = (int64_t)plen + 8, n_prompt = 0;
     toks = malloc((size_t)cap * sizeof *toks);
     int add_bos = !o.no_bos && st_tokenizer_add_bos_default(tok);
-    if (!toks || st_tokenize(tok, o.prompt, plen, add_bos, toks, cap, &n_prompt) != ST_OK) {
+    if (!toks || st_tokenize(tok, prompt, plen, add_bos, toks, cap, &n_prompt) != ST_OK) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
     }
@@ -422,6 +534,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     rc = 0;
 done:
+    free(prompt_buf);
     free(toks);
     st_model_free(dm);
     st_model_free(m);
@@ -461,10 +574,10 @@ static int cmd_tokenize(int argc, char **argv) {
             fputs(tokenize_help, stdout);
             return 0;
         case ':':
-            die_usage("tokenize", "an option is missing its value");
+            die_option("tokenize", argv, 1);
             break;
         default:
-            die_usage("tokenize", "unknown option");
+            die_option("tokenize", argv, 0);
         }
     }
     if (!model)
@@ -472,6 +585,8 @@ static int cmd_tokenize(int argc, char **argv) {
     if (argc - optind != 1)
         die_usage("tokenize", "expected exactly one TEXT argument");
     const char *text = argv[optind];
+    if (!model_path_ok(model))
+        return 1;
     st_gguf *g = NULL;
     st_tokenizer *tok = NULL;
     int32_t *ids = NULL;
@@ -524,16 +639,18 @@ static int cmd_info(int argc, char **argv) {
             fputs(info_help, stdout);
             return 0;
         case ':':
-            die_usage("info", "an option is missing its value");
+            die_option("info", argv, 1);
             break;
         default:
-            die_usage("info", "unknown option");
+            die_option("info", argv, 0);
         }
     }
     if (!model)
         die_usage("info", "-m MODEL is required");
     if (optind < argc)
         die_usage("info", "unexpected argument");
+    if (!model_path_ok(model))
+        return 1;
     st_gguf *g = NULL;
     if (st_gguf_open(model, &g) != ST_OK) {
         fprintf(stderr, "spectree: %s\n", st_last_error());

@@ -133,13 +133,26 @@ void *st_plan_alloc(st_plan *p) {
     return p->base;
 }
 
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a plain file";
+}
+
 st_status st_mmap_open(const char *path, st_mmap *out) {
     out->data = NULL;
     out->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Refuse what is not a regular file before opening it: opening a FIFO for reading blocks
+     * until a writer comes. O_NONBLOCK covers a path swapped for a FIFO in between. */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return st_fail(ST_ERR_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
@@ -147,7 +160,7 @@ st_status st_mmap_open(const char *path, st_mmap *out) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return st_fail(ST_ERR_IO, "%s: not a regular file", path);
+        return st_fail(ST_ERR_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
     }
     if (st.st_size == 0) {
         close(fd);

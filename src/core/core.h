@@ -130,6 +130,32 @@ typedef struct st_env {
 } st_env;
 st_env st_env_get(void);
 
+/* A hash index over n names the caller owns and keeps alive, name(ctx, i) for i in [0, n) (GGUF
+ * keys, tensor names): a linear-time duplicate check and constant-time lookups. Open addressing,
+ * at most 3/4 full, hashed with SipHash-1-3 under a random per-table key so that a crafted file
+ * cannot make its names collide. build sets *dup to the first i whose name equals an earlier
+ * one (the index is then partial), else -1; st_name_index_free accepts a zeroed table. */
+typedef const char *(*st_name_fn)(const void *ctx, int64_t i);
+typedef struct st_name_slot {
+    uint64_t hash;
+    int64_t idx1; /* index + 1; 0: empty */
+} st_name_slot;
+typedef struct st_name_index {
+    st_name_slot *slots; /* (mask + 1) */
+    size_t mask;
+    st_name_fn name;
+    const void *ctx;
+    uint64_t key[2];
+} st_name_index;
+st_status st_name_index_build(st_name_index *t, int64_t n, st_name_fn name, const void *ctx,
+                              int64_t *dup);
+void st_name_index_free(st_name_index *t);
+/* The index of `name`, or -1 (also for a zeroed table). */
+int64_t st_name_index_find(const st_name_index *t, const char *name);
+/* SipHash with c_rounds compression and d_rounds finalization rounds (2, 4: SipHash-2-4). */
+uint64_t st_siphash(uint64_t k0, uint64_t k1, const void *data, size_t len, int c_rounds,
+                    int d_rounds);
+
 /* Splits [0, n) into nth near-equal contiguous parts; part ith is [*b, *e). */
 static inline void st_split(int64_t n, int ith, int nth, int64_t *b, int64_t *e) {
     int64_t q = n / nth, r = n % nth;

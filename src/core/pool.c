@@ -1,15 +1,20 @@
 /*
- * pool.c: the thread pool. A job is published by bumping a generation counter; workers spin on
- * it for a short while (a decode step issues hundreds of jobs back to back), then sleep on a
- * condition variable. Completion is a countdown the caller spins on.
+ * pool.c: the thread pool. A job is split into nth parts (fn(ctx, ith, nth) for each ith) that
+ * any thread may claim, the caller included: when a worker is late (its core taken by another
+ * process) the caller runs the worker's part itself instead of waiting for it to be scheduled,
+ * so a busy machine costs -t 2 about what it costs -t 1. Which thread runs a part changes
+ * nothing in the results. Idle workers spin briefly on the next job (a decode step issues
+ * hundreds back to back), then sleep on a futex; the caller, waiting for a part a worker is
+ * still running, also spins briefly, then sleeps.
  */
 #define _GNU_SOURCE
 #include "core.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -19,35 +24,62 @@
 #define ST_PAUSE() ((void)0)
 #endif
 
-/* Spins before a worker parks (~50 us); the caller yields its core after as many spins when a
- * worker is late (an oversubscribed machine), instead of burning its time slice. */
-enum { ST_SPIN_ITERS = 1 << 13 };
+/* How long an idle worker spins on the next job before sleeping, and how long the caller spins
+ * on a worker's unfinished part; the clock is read every ST_SPIN_CHECK pauses. */
+#define ST_WORKER_SPIN_S 100e-6
+#define ST_CALLER_SPIN_S 30e-6
+enum { ST_SPIN_CHECK = 64 };
 
 typedef struct worker_arg {
     struct st_pool *p;
     int ith;
 } worker_arg;
 
-/* The job (written by the caller, read by every worker) and the countdown (written by every
- * worker, read by the caller) sit on separate cache lines, so a worker's decrement does not
- * take the job's line away from the other workers. */
+/* The job (written by the caller, read by every worker) and the completion count (written by
+ * every thread) sit on separate cache lines. claim packs the job's generation (high 32 bits)
+ * with the next unclaimed part (low 32 bits), so a worker that wakes up late cannot claim a
+ * part of a newer job while it thinks it is in an older one. */
 struct st_pool {
-    _Alignas(64) atomic_uint gen; /* bumped per job */
-    st_task_fn fn;
+    _Alignas(64) atomic_uint gen; /* bumped per job; workers wait (futex) on it */
+    _Atomic uint64_t claim;       /* gen << 32 | next part */
+    st_task_fn fn;                /* valid while gen's parts are unfinished */
     void *ctx;
-    atomic_int sleepers;
+    atomic_uint parked; /* a worker is (about to be) asleep on gen */
     atomic_bool stop;
-    _Alignas(64) atomic_int remaining; /* workers still running the current job */
+    _Alignas(64) atomic_uint done; /* parts finished; the caller waits (futex) on it */
+    atomic_uint caller_asleep;
     _Alignas(64) int n;
     worker_arg *args;
     pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
 };
 
 int st_n_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
+}
+
+static void futex_wait(atomic_uint *word, unsigned expected) {
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake_all(atomic_uint *word) {
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* Claims and runs parts of job g until none is left. */
+static void run_parts(st_pool *p, unsigned g) {
+    const uint64_t tag = (uint64_t)g << 32;
+    uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
+    while ((v & ~(uint64_t)0xffffffffu) == tag && (uint32_t)v < (uint32_t)p->n) {
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        p->fn(p->ctx, (int)(uint32_t)v, p->n);
+        unsigned d = atomic_fetch_add(&p->done, 1) + 1; /* seq_cst: pairs with caller_asleep */
+        if (d == (unsigned)p->n && atomic_load(&p->caller_asleep))
+            futex_wake_all(&p->done);
+        v = atomic_load_explicit(&p->claim, memory_order_acquire);
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -56,25 +88,27 @@ static void *worker_main(void *arg) {
     unsigned seen = 0;
     for (;;) {
         unsigned g;
-        int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < ST_SPIN_ITERS) {
-                ST_PAUSE();
+        double t0 = 0.0;
+        for (int spins = 0; (g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen;) {
+            ST_PAUSE();
+            if (++spins % ST_SPIN_CHECK)
                 continue;
+            double t = st_time_now();
+            if (t0 == 0.0) {
+                t0 = t;
+            } else if (t - t0 > ST_WORKER_SPIN_S) {
+                /* seq_cst store then the futex's own check of gen: either the caller sees
+                 * parked and wakes us, or the kernel sees the new gen and returns at once. */
+                atomic_store(&p->parked, 1);
+                if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+                    futex_wait(&p->gen, seen);
+                t0 = 0.0;
             }
-            pthread_mutex_lock(&p->mu);
-            atomic_fetch_add(&p->sleepers, 1);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
-                pthread_cond_wait(&p->cv, &p->mu);
-            atomic_fetch_sub(&p->sleepers, 1);
-            pthread_mutex_unlock(&p->mu);
-            spins = 0;
         }
         if (atomic_load(&p->stop))
             return NULL;
         seen = g;
-        p->fn(p->ctx, wa->ith, p->n);
-        atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_release);
+        run_parts(p, g);
     }
 }
 
@@ -92,8 +126,6 @@ st_status st_pool_create(int n_threads, st_pool **out) {
         return st_fail(ST_ERR_NOMEM, "thread pool: out of memory");
     memset(p, 0, sizeof *p);
     p->n = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
     if (n_threads > 1) {
         p->threads = st_calloc((size_t)n_threads, sizeof *p->threads);
         p->args = st_calloc((size_t)n_threads, sizeof *p->args);
@@ -123,21 +155,33 @@ void st_pool_run(st_pool *p, st_task_fn fn, void *ctx) {
         fn(ctx, 0, 1);
         return;
     }
+    /* Every part of the previous job is finished (we waited for it), so no thread reads fn. */
+    const unsigned g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->remaining, p->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: pairs with the sleepers check */
-    if (atomic_load(&p->sleepers) > 0) {
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-    }
-    fn(ctx, 0, p->n);
-    for (int spins = 0; atomic_load_explicit(&p->remaining, memory_order_acquire) > 0;) {
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
+    atomic_store(&p->gen, g); /* seq_cst: pairs with parked */
+    if (atomic_load_explicit(&p->parked, memory_order_relaxed) && atomic_exchange(&p->parked, 0))
+        futex_wake_all(&p->gen);
+    run_parts(p, g);
+    /* Parts claimed by workers may still be running. */
+    double t0 = 0.0;
+    for (int spins = 0;;) {
+        unsigned d = atomic_load_explicit(&p->done, memory_order_acquire);
+        if (d == (unsigned)p->n)
+            break;
         ST_PAUSE();
-        if (++spins == ST_SPIN_ITERS) {
-            sched_yield();
-            spins = 0;
+        if (++spins % ST_SPIN_CHECK)
+            continue;
+        double t = st_time_now();
+        if (t0 == 0.0) {
+            t0 = t;
+        } else if (t - t0 > ST_CALLER_SPIN_S) {
+            atomic_store(&p->caller_asleep, 1);
+            if (atomic_load(&p->done) == d)
+                futex_wait(&p->done, d);
+            atomic_store(&p->caller_asleep, 0);
         }
     }
 }
@@ -146,17 +190,13 @@ void st_pool_free(st_pool *p) {
     if (!p)
         return;
     if (p->threads) {
-        pthread_mutex_lock(&p->mu);
         atomic_store(&p->stop, true);
         atomic_fetch_add(&p->gen, 1);
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
+        futex_wake_all(&p->gen);
         for (int i = 1; i < p->n; i++)
             pthread_join(p->threads[i], NULL);
     }
     st_free(p->args);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
     st_free(p->threads);
     st_free_aligned(p);
 }

@@ -34,7 +34,9 @@ struct st_gguf {
     gguf_kv *kv;
     int64_t n_tensors;
     st_gguf_tensor *tensors;
-    size_t data_off; /* start of the tensor data blob */
+    st_name_index kv_index;     /* key -> index into kv */
+    st_name_index tensor_index; /* name -> index into tensors */
+    size_t data_off;            /* start of the tensor data blob */
 };
 
 /* A cursor over the buffer; every read checks the remaining length. */
@@ -300,9 +302,16 @@ void st_gguf_free(st_gguf *g) {
         for (int64_t i = 0; i < g->n_tensors; i++)
             st_free((char *)g->tensors[i].name);
     st_free(g->tensors);
+    st_name_index_free(&g->kv_index);
+    st_name_index_free(&g->tensor_index);
     st_mmap_close(&g->map);
     st_free(g->name);
     st_free(g);
+}
+
+static const char *kv_key(const void *kv, int64_t i) { return ((const gguf_kv *)kv)[i].key; }
+static const char *tensor_name(const void *t, int64_t i) {
+    return ((const st_gguf_tensor *)t)[i].name;
 }
 
 static st_status gguf_parse(st_gguf *g) {
@@ -325,11 +334,20 @@ static st_status gguf_parse(st_gguf *g) {
     int64_t nt, nkv;
     if ((s = rd(&c, &nt, 8, "tensor count")) || (s = rd(&c, &nkv, 8, "metadata count")))
         return s;
-    /* Each KV takes at least 8+1+4+1 bytes and each tensor info 8+1+4+8+4+8 bytes. */
-    if (nkv < 0 || (uint64_t)nkv > g->size / 14)
+    if (nkv < 0)
         return st_fail(ST_ERR_FORMAT, "%s: invalid metadata count %" PRId64, g->name, nkv);
-    if (nt < 0 || (uint64_t)nt > g->size / 33)
+    if (nt < 0)
         return st_fail(ST_ERR_FORMAT, "%s: invalid tensor count %" PRId64, g->name, nt);
+    /* Each KV takes at least 8+1+4+1 bytes and each tensor info 8+1+4+8+4+8 bytes: a count the
+     * rest of the file cannot hold is a truncated (or corrupt) header, refused before any
+     * allocation is sized from it. */
+    size_t left = g->size - c.off;
+    if ((uint64_t)nkv > left / 14 || (uint64_t)nt > (left - (size_t)nkv * 14) / 33)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: truncated file: the header declares %" PRId64
+                       " metadata entries and %" PRId64
+                       " tensors, more than the %zu bytes after it can hold",
+                       g->name, nkv, nt, left);
     g->kv = st_calloc((size_t)(nkv ? nkv : 1), sizeof *g->kv);
     g->tensors = st_calloc((size_t)(nt ? nt : 1), sizeof *g->tensors);
     if (!g->kv || !g->tensors)
@@ -338,11 +356,14 @@ static st_status gguf_parse(st_gguf *g) {
         g->n_kv = i + 1;
         if ((s = parse_kv(&c, &g->kv[i], i)))
             return s;
-        for (int64_t j = 0; j < i; j++)
-            if (strcmp(g->kv[j].key, g->kv[i].key) == 0)
-                return st_fail(ST_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->name,
-                               g->kv[i].key);
     }
+    int64_t dup;
+    if ((s = st_name_index_build(&g->kv_index, nkv, kv_key, g->kv, &dup))) {
+        st_error_prefix("%s", g->name);
+        return s;
+    }
+    if (dup >= 0)
+        return st_fail(ST_ERR_FORMAT, "%s: duplicate metadata key '%s'", g->name, g->kv[dup].key);
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
     int64_t ai = st_gguf_find(g, "general.alignment");
     if (ai >= 0) {
@@ -358,11 +379,14 @@ static st_status gguf_parse(st_gguf *g) {
         g->n_tensors = i + 1;
         if ((s = parse_tensor(&c, &g->tensors[i], i)))
             return s;
-        for (int64_t j = 0; j < i; j++)
-            if (strcmp(g->tensors[j].name, g->tensors[i].name) == 0)
-                return st_fail(ST_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->name,
-                               g->tensors[i].name);
     }
+    if ((s = st_name_index_build(&g->tensor_index, nt, tensor_name, g->tensors, &dup))) {
+        st_error_prefix("%s", g->name);
+        return s;
+    }
+    if (dup >= 0)
+        return st_fail(ST_ERR_FORMAT, "%s: duplicate tensor name '%s'", g->name,
+                       g->tensors[dup].name);
     if (nt == 0) {
         g->data_off = c.off; /* vocab-only file: no padding required after the KV section */
         return ST_OK;
@@ -454,10 +478,7 @@ uint32_t st_gguf_alignment(const st_gguf *g) { return g->alignment; }
 size_t st_gguf_data_offset(const st_gguf *g) { return g->data_off; }
 
 int64_t st_gguf_find(const st_gguf *g, const char *key) {
-    for (int64_t i = 0; i < g->n_kv; i++)
-        if (strcmp(g->kv[i].key, key) == 0)
-            return i;
-    return -1;
+    return st_name_index_find(&g->kv_index, key);
 }
 
 const char *st_gguf_key(const st_gguf *g, int64_t i) {
@@ -734,9 +755,23 @@ const st_gguf_tensor *st_gguf_tensor_at(const st_gguf *g, int64_t i) {
     return (i >= 0 && i < g->n_tensors) ? &g->tensors[i] : NULL;
 }
 
+const char *st_gguf_tensor_shape(const st_gguf_tensor *t, char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap == 0)
+        return buf;
+    buf[0] = 0;
+    for (uint32_t d = 0; d < t->n_dims && d < GGUF_MAX_DIMS && n < cap; d++) {
+        int k = snprintf(buf + n, cap - n, "%s%" PRId64, d ? ", " : "[", t->ne[d]);
+        if (k < 0)
+            return buf;
+        n += (size_t)k;
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
 const st_gguf_tensor *st_gguf_tensor_find(const st_gguf *g, const char *name) {
-    for (int64_t i = 0; i < g->n_tensors; i++)
-        if (strcmp(g->tensors[i].name, name) == 0)
-            return &g->tensors[i];
-    return NULL;
+    int64_t i = st_name_index_find(&g->tensor_index, name);
+    return i >= 0 ? &g->tensors[i] : NULL;
 }

@@ -16,4 +16,7 @@ size_t st_gguf_type_size(st_gguf_type t);
  * prefix the file and tensor. */
 st_status st_gguf_tensor_size(uint32_t type, uint32_t n_dims, const int64_t *ne, st_status bad_type,
                               st_status bad_shape, size_t *out);
+
+/* Writes a tensor's shape as "[ne0, ne1, ...]" (n_dims entries) into buf; returns buf. */
+const char *st_gguf_tensor_shape(const st_gguf_tensor *t, char *buf, size_t cap);
 #endif

@@ -337,9 +337,10 @@ ST_INLINE __m512i load_qpair(const char *ra, const char *rbp, int64_t b, const i
     } else {
         const st_block_q8_0 *pa = (const st_block_q8_0 *)ra + b,
                             *pb = (const st_block_q8_0 *)rbp + b;
-        v = _mm512_mask_loadu_epi8(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)pa->q)),
-            (__mmask64)0xffffffff00000000ULL, pb->q - 32);
+        /* two 32-byte loads: a masked 64-byte load from pb->q - 32 reads the same bytes but
+         * forms a pointer before the array (undefined behaviour; UBSan's bounds check says so) */
+        v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)pa->q)),
+                               _mm256_loadu_si256((const __m256i *)pb->q), 1);
         memcpy(&da, &pa->d, 2);
         memcpy(&db, &pb->d, 2);
     }

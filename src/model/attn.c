@@ -175,5 +175,11 @@ static void attn_task(void *ctx, int ith, int nth) {
 
 void st_attn_layer(st_session *s, const st_fwd *f, int32_t layer) {
     attn_job aj = {s, f, layer};
-    st_pool_run(s->pool, attn_task, &aj);
+    int64_t macs = 0; /* scores and values: 2 x keys x n_head x head_dim */
+    for (int32_t i = 0; i < f->n; i++)
+        macs += 2 * (int64_t)tok_n(f, i) * s->m->hp.n_head * s->m->hp.head_dim;
+    if (macs < ST_MIN_PARALLEL_MACS)
+        attn_task(&aj, 0, 1);
+    else
+        st_pool_run(s->pool, attn_task, &aj);
 }

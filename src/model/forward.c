@@ -120,7 +120,7 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
     }
     /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles (16-row blocks of
      * packed weights). */
-    const int nth = st_pool_size(s->pool);
+    const int nth = rows * w[0]->n_in * M < ST_MIN_PARALLEL_MACS ? 1 : st_pool_size(s->pool);
     const int64_t tile = w[0]->packed ? ST_PACK_ROWS : 8;
     j.chunk = nth == 1 ? rows : (rows / (8 * nth) + tile - 1) & ~(tile - 1);
     if (j.chunk < tile)
@@ -143,7 +143,10 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
         j.x[i] = a == ACT_Q8 ? (const void *)s->xq : a == ACT_Q8K ? (const void *)s->xk : x;
         j.ldx[i] = a == ACT_Q8 ? K / ST_QK : a == ACT_Q8K ? K / ST_QK_K : K;
     }
-    st_pool_run(s->pool, mm_task, &j);
+    if (nth == 1)
+        mm_task(&j, 0, 1);
+    else
+        st_pool_run(s->pool, mm_task, &j);
 }
 
 static void matmul1(st_session *s, const st_wt *w, float *y, const float *x, int64_t M) {

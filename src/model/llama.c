@@ -54,11 +54,11 @@ static st_status get_matrix(const st_gguf *g, const char *name, int64_t n_in, in
     if (!is_matrix_type(t->type))
         return st_fail(ST_ERR_UNSUPPORTED, "%s: tensor '%s' has unsupported type %s",
                        st_gguf_name(g), name, st_dtype_name(t->type));
+    char shape[96];
     if (t->n_dims > 2 || t->ne[0] != n_in || t->ne[1] != n_out)
-        return st_fail(ST_ERR_FORMAT,
-                       "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64
-                       ", %" PRId64 "]",
-                       st_gguf_name(g), name, t->ne[0], t->ne[1], n_in, n_out);
+        return st_fail(
+            ST_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected [%" PRId64 ", %" PRId64 "]",
+            st_gguf_name(g), name, st_gguf_tensor_shape(t, shape, sizeof shape), n_in, n_out);
     /* The kernels read float and block fields in place (a file with general.alignment 1 or 2,
      * or a buffer at an odd address, can misplace them). */
     const uintptr_t align = t->type == ST_DTYPE_F32 ? 4 : 2;
@@ -83,9 +83,10 @@ static st_status get_vector(const st_gguf *g, const char *name, int64_t n, float
     if (t->type != ST_DTYPE_F32 && t->type != ST_DTYPE_F16 && t->type != ST_DTYPE_BF16)
         return st_fail(ST_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, expected f32/f16/bf16",
                        st_gguf_name(g), name, st_dtype_name(t->type));
+    char shape[96];
     if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has %" PRId64 " elements, expected %" PRId64,
-                       st_gguf_name(g), name, t->ne[0], n);
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected [%" PRId64 "]",
+                       st_gguf_name(g), name, st_gguf_tensor_shape(t, shape, sizeof shape), n);
     *out = st_malloc((size_t)n * sizeof(float));
     if (!*out)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory", st_gguf_name(g));

@@ -75,6 +75,12 @@ typedef struct st_fwd {
                            * st_session_logits instead of computing logits */
 } st_fwd;
 
+/* A parallel region of fewer multiply-adds than this runs on the calling thread alone: handing
+ * part of it to a worker costs more (a few cache-line transfers, and on a busy machine a wait
+ * for a descheduled thread) than it saves. A model of stories260K's size then decodes as fast
+ * with two threads as with one. */
+enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
+
 /* Tokens per attention work item: their shared prefix is streamed once for all of them. */
 enum { ST_ATTN_TOKENS = 16 };
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs the libFuzzer targets (tests/fuzz/fuzz_*.c) for a bounded time each, built with clang,
+# AddressSanitizer and UndefinedBehaviorSanitizer in build-fuzz/. Each starts from its corpus in
+# build-fuzz/corpus/<target> (kept between runs, so coverage accumulates) plus seeds made here:
+# the shared GGUF files, small models written by spectree-mkmodel, the tokenizer test inputs.
+# A crash, leak, sanitizer report or an input slower than 30 s fails the run; the input is kept
+# in build-fuzz/crashes/. The targets run side by side.
+# Usage: scripts/fuzz.sh [SECONDS]   (default 60, or $ST_FUZZ_SECONDS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-${ST_FUZZ_SECONDS:-60}}
+shared=${ST_SHARED_DIR:-$(cd .. && pwd)/shared}
+jobs=$(nproc)
+out=build-fuzz
+
+CC=clang cmake -S . -B $out -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_FUZZ=ON -DST_SANITIZE=ON \
+    -DST_WERROR=ON -DST_SHARED_DIR="$shared" >/dev/null
+cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize >/dev/null
+
+rm -rf $out/seeds
+mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/corpus/gguf $out/corpus/tokenize $out/crashes
+cp "$shared"/models/stories260K.gguf "$shared"/vectors/tokenizer/*.gguf $out/seeds/gguf/
+head -c 4096 "$shared"/models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
+if [ -x build/spectree-mkmodel ]; then # small whole models, one per weight type
+    for t in f32 f16 bf16 q8_0 q4_0; do
+        build/spectree-mkmodel $out/seeds/gguf/tiny-$t.gguf --vocab "$shared"/models/stories260K.gguf \
+            --dim 32 --ff 64 --layers 1 --heads 4 --kv-heads 2 --type $t --ctx 64 >/dev/null 2>&1
+    done
+fi
+cp "$shared"/vectors/tokenizer/*.inp $out/seeds/tokenize/
+cp README.md $out/seeds/tokenize/
+
+# Texts past 4 KiB add little to the tokenizers' coverage and slow each run down.
+declare -A max_len=([gguf]=0 [tokenize]=4096)
+pids=()
+for t in gguf tokenize; do
+    ST_SHARED_DIR="$shared" ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        $out/fuzz_$t -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+        -max_len=${max_len[$t]} -artifact_prefix=$out/crashes/$t- $out/corpus/$t $out/seeds/$t \
+        >$out/fuzz_$t.log 2>&1 &
+    pids+=($!)
+done
+rc=0
+i=0
+for t in gguf tokenize; do
+    if wait "${pids[$i]}"; then
+        echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' $out/fuzz_$t.log |
+            grep -o '[0-9]*$') runs in ${secs}s, corpus $(ls $out/corpus/$t | wc -l) inputs"
+    else
+        echo "fuzz_$t FAILED (input kept in $out/crashes/); the end of its log:" >&2
+        tail -n 40 $out/fuzz_$t.log >&2
+        rc=1
+    fi
+    i=$((i + 1))
+done
+exit $rc
