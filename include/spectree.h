@@ -365,8 +365,13 @@ st_status st_detok_flush(st_detok *d, char *out, size_t cap, size_t *n_out);
 
 typedef struct st_session st_session;
 
+/* The context a session gets when none is given, if the model's is longer (llama.cpp's default).
+ * A session's KV cache is sized for its context but committed as tokens use it; a context that
+ * cannot fit the machine's memory is refused at creation with the estimate. */
+#define ST_DEFAULT_N_CTX 4096
+
 typedef struct st_session_params {
-    int32_t n_ctx;     /* positions per sequence; 0 = the model's training context */
+    int32_t n_ctx;     /* positions per sequence; 0 = min(training context, ST_DEFAULT_N_CTX) */
     int32_t n_seq;     /* sequences held at once (default 1) */
     int32_t n_batch;   /* most tokens in one forward pass (default 64) */
     int32_t n_threads; /* threads incl. the caller; 0: all cores (1 below 16 MB of weights) */
@@ -797,7 +802,7 @@ typedef struct st_gen_params {
     st_sampler_params sampler; /* default st_sampler_default_params(); temp 0 = greedy */
     st_spec_params spec;       /* default st_spec_default_params(): plain decoding */
     int32_t n_threads;         /* 0: all cores (1 below 16 MB of weights), as st_session_params */
-    int32_t n_ctx;             /* positions per sequence; 0 = the model's training context */
+    int32_t n_ctx;             /* positions per sequence; 0 = as st_session_params */
 } st_gen_params;
 
 st_gen_params st_gen_default_params(void);

@@ -112,6 +112,25 @@ void st_free_aligned(void *p) { free(p); }
 
 enum { ST_PLAN_ALIGN = 64 };
 
+void *st_lazy_alloc(size_t size) {
+    void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    atomic_fetch_add(&st_n_allocs, 1);
+    return p;
+}
+
+void st_lazy_free(void *p, size_t size) {
+    if (p)
+        munmap(p, size ? size : 1);
+}
+
+size_t st_phys_mem(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+}
+
 void *st_plan_take(st_plan *p, size_t n, size_t elem) {
     size_t bytes, start = (p->off + ST_PLAN_ALIGN - 1) & ~(size_t)(ST_PLAN_ALIGN - 1);
     if (start < p->off || !st_mul_size(n, elem, &bytes) || !st_add_size(start, bytes, &p->off)) {

@@ -35,6 +35,13 @@ void *st_realloc(void *p, size_t size);
 void st_free(void *p);
 char *st_strdup(const char *s);
 char *st_strndup(const char *s, size_t n);
+/* Memory committed as it is used: an anonymous mapping whose pages the OS provides (zeroed) on
+ * first touch, so a buffer sized for a whole context costs only what the tokens use. Page
+ * aligned; NULL on failure; free with st_lazy_free and the same size. */
+void *st_lazy_alloc(size_t size);
+void st_lazy_free(void *p, size_t size);
+/* Bytes of physical memory of the machine (0 if unknown). */
+size_t st_phys_mem(void);
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with st_free_aligned. */
 void *st_malloc_aligned(size_t size, size_t align);
 void st_free_aligned(void *p);

@@ -124,7 +124,7 @@ static st_status gen_alloc(st_gen *g, int32_t n_ctx) {
 static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     const st_spec_params *sp = &g->p.spec;
     st_session_params ps = st_session_default_params();
-    ps.n_ctx = g->p.n_ctx > 0 ? g->p.n_ctx : g->m->hp.n_ctx_train;
+    ps.n_ctx = g->p.n_ctx;
     ps.n_threads = g->p.n_threads;
     ps.n_seq = g->bs;
     if (g->bs * N > ps.n_batch) /* every tree of a step in one forward pass */
@@ -136,7 +136,10 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
         g->PW = st_tree_parent_width(K, S);
     }
     st_status rc;
-    if ((rc = st_session_create(g->m, &ps, &g->s)) || (rc = gen_alloc(g, ps.n_ctx)))
+    if ((rc = st_session_create(g->m, &ps, &g->s)))
+        return rc;
+    ps.n_ctx = st_session_get_params(g->s)->n_ctx; /* the default resolved */
+    if ((rc = gen_alloc(g, ps.n_ctx)))
         return rc;
     if (sp->algo == ST_SPEC_NONE)
         return ST_OK;
@@ -241,7 +244,9 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     if (!(gp.sampler.temp >= 0.0f))
         return st_fail(ST_ERR_INVALID, "generate: sampler temp %g is negative",
                        (double)gp.sampler.temp);
-    const int32_t n_ctx = gp.n_ctx > 0 ? gp.n_ctx : m->hp.n_ctx_train;
+    const int32_t n_ctx = gp.n_ctx > 0                           ? gp.n_ctx
+                          : m->hp.n_ctx_train < ST_DEFAULT_N_CTX ? m->hp.n_ctx_train
+                                                                 : ST_DEFAULT_N_CTX;
     for (int32_t b = 0; b < bs; b++) {
         if (!prompts[b] || n_prompts[b] < 1)
             return st_fail(ST_ERR_INVALID, "generate: prompt %d is empty", b);

@@ -201,6 +201,12 @@ st_status st_forward(st_session *s, const st_fwd *f) {
                        (const char *)m->tok_embd.data +
                            (size_t)f->tokens[i] * m->tok_embd.row_bytes,
                        s->x + i * E, E);
+    for (int64_t i = 0; i < T; i++) /* RoPE angles of the batch's positions, in double */
+        for (int32_t j = 0; j < nrot2; j++) {
+            const double a = (double)f->pos[i] * s->rope_freq[j];
+            s->rope_cos[i * nrot2 + j] = (float)cos(a);
+            s->rope_sin[i * nrot2 + j] = (float)sin(a);
+        }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const st_layer *L = &m->layers[l];
         for (int64_t i = 0; i < T; i++)
@@ -209,8 +215,8 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         float *yqkv[3] = {s->q, s->kt, s->vt};
         matmuls(s, 3, wqkv, yqkv, s->xb, T);
         for (int64_t i = 0; i < T; i++) {
-            const float *cs = s->rope_cos + (int64_t)f->pos[i] * nrot2;
-            const float *sn = s->rope_sin + (int64_t)f->pos[i] * nrot2;
+            const float *cs = s->rope_cos + i * nrot2;
+            const float *sn = s->rope_sin + i * nrot2;
             rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn);
             rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn);
             memcpy(st_kv_k(s, f->seq[i], l) + (int64_t)f->kv_row[i] * KV, s->kt + i * KV,

@@ -89,11 +89,14 @@ struct st_session {
     st_session_params p;
     const st_kernels *kern;
     st_pool *pool;
-    int32_t *seq_len; /* (n_seq) */
-    float *k_cache;   /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) */
-    float *v_cache;   /* same */
-    float *rope_cos;  /* (n_ctx, n_rot/2) */
-    float *rope_sin;  /* (n_ctx, n_rot/2) */
+    int32_t *seq_len;  /* (n_seq) */
+    float *k_cache;    /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) */
+    float *v_cache;    /* same */
+    double *rope_freq; /* (n_rot/2) base^(-2j/n_rot) */
+    float *rope_cos;   /* (n_batch, n_rot/2) of the tokens of the current forward pass */
+    float *rope_sin;   /* (n_batch, n_rot/2) */
+    void *lazy;        /* the region of k_cache, v_cache and scores (st_lazy_alloc) */
+    size_t lazy_bytes;
     /* scratch for n_batch tokens */
     float *x;           /* (n_batch, n_embd) residual stream */
     float *xb;          /* (n_batch, n_embd) normed input */

@@ -1,8 +1,9 @@
 /*
- * session.c: a session over a model: the KV cache of n_seq sequences, the RoPE tables and the
- * scratch of a batch of n_batch tokens, all sized and allocated at creation (nothing is allocated
- * while decoding or verifying), the sequences' lengths, and prompt evaluation. The verify forward
- * and the KV commit are in kv.c.
+ * session.c: a session over a model: the KV cache of n_seq sequences and the attention scores,
+ * sized for the whole context but committed by the OS only as the tokens use them (st_lazy_alloc),
+ * and the scratch of a batch of n_batch tokens in one planned block; all sized and allocated at
+ * creation (nothing is allocated while decoding or verifying). Also the sequences' lengths and
+ * prompt evaluation. The verify forward and the KV commit are in kv.c.
  */
 #include "model/model.h"
 
@@ -19,23 +20,35 @@ void st_session_free(st_session *s) {
     if (!s)
         return;
     st_pool_free(s->pool);
-    st_free_aligned(s); /* the struct heads the one block that holds every buffer */
+    st_lazy_free(s->lazy, s->lazy_bytes);
+    st_free_aligned(s); /* the struct heads the one block that holds every other buffer */
 }
 
-/* The session's one block: the struct, then every buffer (the first pass sizes, the second
- * carves; core.h). n_threads is the pool's size; kv is n_seq * n_layer * n_ctx * KV floats. */
+/* The context-sized buffers, in one lazily committed region (the first pass sizes, the second
+ * carves; core.h): kv is n_seq * n_layer * n_ctx * KV floats. */
+static void session_lazy_layout(st_plan *pl, st_session *s, const st_model_hparams *hp,
+                                const st_session_params *p, size_t kv) {
+    s->k_cache = st_plan_take(pl, kv, sizeof(float));
+    s->v_cache = st_plan_take(pl, kv, sizeof(float));
+    s->scores = st_plan_take(pl,
+                             (size_t)p->n_threads * ST_ATTN_TOKENS *
+                                 (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p->n_ctx + 1),
+                             sizeof(float));
+}
+
+/* The session's one block: the struct, then every buffer of the batch (the first pass sizes,
+ * the second carves; core.h). n_threads is the pool's size. */
 static void session_layout(st_plan *pl, st_session *s, const st_model_hparams *hp,
-                           const st_session_params *p, size_t kv) {
+                           const st_session_params *p) {
     const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim,
                  KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, B = (size_t)p->n_batch,
-                 F = (size_t)hp->n_ff, C = (size_t)p->n_ctx, nrot2 = (size_t)hp->n_rot / 2;
+                 F = (size_t)hp->n_ff, nrot2 = (size_t)hp->n_rot / 2;
     const size_t qmax = E > F ? (E > Q ? E : Q) : (F > Q ? F : Q);
     st_plan_take(pl, 1, sizeof *s);
     s->seq_len = st_plan_take(pl, (size_t)p->n_seq, sizeof(int32_t));
-    s->k_cache = st_plan_take(pl, kv, sizeof(float));
-    s->v_cache = st_plan_take(pl, kv, sizeof(float));
-    s->rope_cos = st_plan_take(pl, C * nrot2, sizeof(float));
-    s->rope_sin = st_plan_take(pl, C * nrot2, sizeof(float));
+    s->rope_freq = st_plan_take(pl, nrot2, sizeof(double));
+    s->rope_cos = st_plan_take(pl, B * nrot2, sizeof(float));
+    s->rope_sin = st_plan_take(pl, B * nrot2, sizeof(float));
     s->x = st_plan_take(pl, B * E, sizeof(float));
     s->xb = st_plan_take(pl, B * E, sizeof(float));
     s->tmp = st_plan_take(pl, B * E, sizeof(float));
@@ -47,9 +60,6 @@ static void session_layout(st_plan *pl, st_session *s, const st_model_hparams *h
     s->hb2 = st_plan_take(pl, B * F, sizeof(float));
     s->xq = st_plan_take(pl, B * (qmax / ST_QK + 1), sizeof(st_block_q8x));
     s->xk = st_plan_take(pl, B * (qmax / ST_QK_K + 1), sizeof(st_block_q8k));
-    s->scores = st_plan_take(
-        pl, (size_t)p->n_threads * ST_ATTN_TOKENS * (size_t)(hp->n_head / hp->n_head_kv) * (C + 1),
-        sizeof(float));
     s->b_pos = st_plan_take(pl, B, sizeof(int32_t));
     s->b_seq = st_plan_take(pl, B, sizeof(int32_t));
     s->b_row = st_plan_take(pl, B, sizeof(int32_t));
@@ -66,7 +76,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     st_session_params p = pp ? *pp : st_session_default_params();
     const st_model_hparams *hp = &m->hp;
     if (p.n_ctx <= 0)
-        p.n_ctx = hp->n_ctx_train;
+        p.n_ctx = hp->n_ctx_train < ST_DEFAULT_N_CTX ? hp->n_ctx_train : ST_DEFAULT_N_CTX;
     if (p.n_seq <= 0)
         p.n_seq = 1;
     if (p.n_batch <= 0)
@@ -83,39 +93,50 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     p.n_threads = st_pool_size(pool);
     const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
     size_t kv_total = 0;
-    st_plan pl = {0};
+    /* the context-sized region: refused at once when it exceeds the machine's memory (it is
+     * committed only as tokens use it, but a context that cannot fit is a mistake) */
+    st_plan lz = {0};
     if (!st_mul_size((size_t)p.n_seq * (size_t)hp->n_layer, (size_t)p.n_ctx, &kv_total) ||
         !st_mul_size(kv_total, KV, &kv_total))
-        pl.overflow = true;
+        lz.overflow = true;
     st_session sizing;
-    session_layout(&pl, &sizing, hp, &p, kv_total);
-    st_session *s = st_plan_alloc(&pl);
-    if (!s) {
+    session_lazy_layout(&lz, &sizing, hp, &p, kv_total);
+    const size_t phys = st_phys_mem();
+    if (lz.overflow || (phys && lz.off > phys)) {
         st_pool_free(pool);
-        if (pl.overflow)
-            return st_fail(ST_ERR_NOMEM, "session: n_ctx %d, n_seq %d, n_batch %d: too large",
-                           p.n_ctx, p.n_seq, p.n_batch);
         return st_fail(ST_ERR_NOMEM,
-                       "session: out of memory for %zu MB (n_ctx %d, n_seq %d, n_batch %d: KV "
-                       "cache %zu MB)",
-                       pl.off >> 20, p.n_ctx, p.n_seq, p.n_batch, kv_total * 8 / (1024 * 1024));
+                       "session: a context of %d positions x %d sequences needs %.1f GB of KV "
+                       "cache and scores; this machine has %.1f GB (use a smaller -c)",
+                       p.n_ctx, p.n_seq, lz.overflow ? INFINITY : (double)lz.off / 1e9,
+                       (double)phys / 1e9);
     }
-    session_layout(&pl, s, hp, &p, kv_total);
+    st_plan pl = {0};
+    session_layout(&pl, &sizing, hp, &p);
+    st_session *s = st_plan_alloc(&pl);
+    void *lazy = s ? st_lazy_alloc(lz.off) : NULL;
+    if (!s || !lazy) {
+        st_free_aligned(s);
+        st_pool_free(pool);
+        return st_fail(ST_ERR_NOMEM,
+                       "session: out of memory for %zu MB of scratch and %zu MB of context "
+                       "(n_ctx %d, n_seq %d, n_batch %d)",
+                       pl.off >> 20, lz.off >> 20, p.n_ctx, p.n_seq, p.n_batch);
+    }
+    session_layout(&pl, s, hp, &p);
+    lz.base = lazy, lz.off = 0; /* carve the region (st_plan_alloc would touch every page) */
+    session_lazy_layout(&lz, s, hp, &p, kv_total);
+    s->lazy = lazy;
+    s->lazy_bytes = lz.off;
     s->m = m;
     s->kern = st_kernels_get();
     s->pool = pool;
     s->p = p;
     s->kv_layer_stride = (int64_t)p.n_ctx * (int64_t)KV;
     s->kv_seq_stride = s->kv_layer_stride * hp->n_layer;
-    /* RoPE tables in double precision: theta = pos * base^(-2j/n_rot). */
-    const size_t nrot2 = (size_t)hp->n_rot / 2;
-    for (int32_t pos = 0; pos < p.n_ctx; pos++)
-        for (size_t j = 0; j < nrot2; j++) {
-            double freq = pow((double)hp->rope_base, -2.0 * (double)j / (double)hp->n_rot);
-            double a = (double)pos * freq;
-            s->rope_cos[(size_t)pos * nrot2 + j] = (float)cos(a);
-            s->rope_sin[(size_t)pos * nrot2 + j] = (float)sin(a);
-        }
+    /* RoPE frequencies in double precision: theta = pos * base^(-2j/n_rot); the forward pass
+     * computes cos and sin of each token's angles (forward.c) */
+    for (int32_t j = 0; j < hp->n_rot / 2; j++)
+        s->rope_freq[j] = pow((double)hp->rope_base, -2.0 * (double)j / (double)hp->n_rot);
     *out = s;
     return ST_OK;
 }
