@@ -779,6 +779,18 @@ typedef struct st_spec_params {
 
 st_spec_params st_spec_default_params(void);
 
+/* Why a sequence stopped. */
+typedef enum st_stop_reason {
+    ST_STOP_NONE = 0,    /* not stopped (an error ended the call) */
+    ST_STOP_EOS = 1,     /* the model emitted an end-of-generation token */
+    ST_STOP_LENGTH = 2,  /* n_predict tokens were generated */
+    ST_STOP_STOP = 3,    /* the emit callback asked to stop (a stop string, a client) */
+    ST_STOP_CONTEXT = 4, /* the context is full */
+} st_stop_reason;
+
+/* "eos", "length", "stop", "context" (OpenAI's finish_reason words where they exist), "none". */
+const char *st_stop_reason_name(st_stop_reason r);
+
 /* Statistics of one st_generate call. Times in milliseconds. */
 typedef struct st_gen_stats {
     int64_t prompt_tokens, gen_tokens;
@@ -793,6 +805,7 @@ typedef struct st_gen_stats {
     int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and the largest tree N */
     int32_t auto_shape;  /* 1: `auto` chose each step's tree (at most N tokens) */
     int64_t tree_tokens; /* tokens of all verified trees (mean tree: / spec_steps) */
+    st_stop_reason stop_reason[ST_GEN_MAX_BATCH]; /* why each sequence ended ([0]: st_generate) */
 } st_gen_stats;
 
 /* Everything st_generate needs besides the model and the prompt. Start from
@@ -816,8 +829,10 @@ typedef int (*st_emit_fn)(void *user, int32_t token);
  * returns nonzero, or when the context is full. Whatever the drafter and tree shape, the
  * emitted tokens equal plain decoding with the same sampler parameters (greedy, or seeded
  * sampling with the position-coupled draw of st_sample). p NULL: the defaults; stats may be
- * NULL. Errors: ST_ERR_INVALID for bad parameters (a message names the field), ST_ERR_RANGE for
- * a prompt that does not fit the context, ST_ERR_NOMEM. */
+ * NULL (stats->stop_reason[0] says why generation ended). Errors: ST_ERR_INVALID for bad
+ * parameters (a message names the field), ST_ERR_RANGE for a prompt that does not fit the
+ * context, ST_ERR_FORMAT when the model's logits are not finite (NaN or +inf: broken weights;
+ * the message names the position), ST_ERR_NOMEM. */
 st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt,
                       const st_gen_params *p, st_emit_fn emit, void *user, st_gen_stats *stats);
 

@@ -342,12 +342,73 @@ static void test_prompt_input(void **state) {
     remove(path);
 }
 
+/* No silent truncation or surprise: the stop reason on stderr and in --json, a warning when
+ * the context fills, when -c exceeds the trained context, when K = 1 overrides N, and when
+ * speculative flags come without an algorithm; two unseeded runs get different seeds. */
+static void test_stop_reason_and_warnings(void **state) {
+    (void)state;
+    const char *m = tu_shared("models/stories260K.gguf");
+    char args[2048];
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 100 -c 16 --temp 0 --json",
+             m);
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "stopped: context"));
+    assert_non_null(strstr(r.err, "the context (16 positions) is full"));
+    assert_non_null(strstr(r.err, "\"stop_reason\": \"context\""));
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 5 --temp 0 --json", m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "\"stop_reason\": \"length\""));
+    assert_null(strstr(r.err, "warning"));
+    done(&r);
+    snprintf(args, sizeof args,
+             "generate -m %s -p 'Once upon a time' -n 60 --temp 0 --stop 'park' --json", m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "\"stop_reason\": \"stop\""));
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p 'Hi' -n 2 --temp 0 -c 4000", m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "above the model's trained context"));
+    done(&r);
+    snprintf(args, sizeof args,
+             "generate -m %s -p 'Hi' -n 2 --temp 0 --speculative-algorithm NGRAM "
+             "--speculative-eagle-topk 1 --speculative-num-steps 3 "
+             "--speculative-num-draft-tokens 8",
+             m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "N = S + 1 = 4"));
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p 'Hi' -n 2 --temp 0 --speculative-num-steps 3",
+             m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "no effect with --speculative-algorithm NONE"));
+    done(&r);
+    /* unseeded sampling: the seed has sub-second resolution */
+    char seed1[64] = "", seed2[64] = "";
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "generate -m %s -p 'Hi' -n 2", m);
+        r = run(args);
+        assert_int_equal(r.code, 0);
+        const char *sd = strstr(r.err, "seed: ");
+        assert_non_null(sd);
+        snprintf(i ? seed2 : seed1, sizeof seed1, "%.40s", sd);
+        done(&r);
+    }
+    assert_string_not_equal(seed1, seed2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_golden), cmocka_unit_test(test_stop_and_tokenize),
         cmocka_unit_test(test_bad_usage),       cmocka_unit_test(test_numeric_flags),
         cmocka_unit_test(test_option_names),    cmocka_unit_test(test_model_not_a_file),
-        cmocka_unit_test(test_prompt_input),
+        cmocka_unit_test(test_prompt_input),    cmocka_unit_test(test_stop_reason_and_warnings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

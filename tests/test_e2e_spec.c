@@ -15,6 +15,7 @@
 #include "spectree.h"
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,11 +373,91 @@ static void test_no_alloc_in_loop(void **state) {
     }
 }
 
+/* Non-finite numbers: a NaN in a norm weight is refused at load (every norm value is checked,
+ * and the first values of each matrix); a NaN deeper in a matrix passes that check but makes the
+ * logits NaN, which generation reports as an error naming the position instead of printing
+ * nothing. */
+static void test_non_finite(void **state) {
+    (void)state;
+    size_t size = 0;
+    char *buf = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    assert_non_null(buf);
+    st_gguf *g;
+    assert_int_equal(st_gguf_open_memory(buf, size, "nan.gguf", &g), ST_OK);
+    float *norm = (float *)st_gguf_tensor_find(g, "blk.2.ffn_norm.weight")->data;
+    const st_gguf_tensor *emb = st_gguf_tensor_find(
+        g, st_gguf_tensor_find(g, "output.weight") ? "output.weight" : "token_embd.weight");
+    assert_int_equal(emb->type, ST_DTYPE_F32);
+    float *deep = (float *)emb->data + 300 * emb->ne[0] + 7; /* row 300: past the load check */
+    st_gguf_free(g);
+    const float saved = norm[5];
+    norm[5] = NAN;
+    st_model *m = NULL;
+    assert_int_equal(st_model_load_memory(buf, size, "nan.gguf", &m), ST_ERR_FORMAT);
+    assert_non_null(strstr(st_last_error(), "blk.2.ffn_norm.weight"));
+    assert_non_null(strstr(st_last_error(), "non-finite"));
+    norm[5] = saved;
+    *deep = NAN;
+    assert_int_equal(st_model_load_memory(buf, size, "nan.gguf", &m), ST_OK);
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    st_gen_params gp = st_gen_default_params();
+    gp.n_predict = 8;
+    gp.sampler.temp = 0.0f;
+    rec got;
+    memset(&got, 0, sizeof got);
+    st_gen_stats gs;
+    assert_int_equal(st_generate(m, prompt, 5, &gp, record, &got, &gs), ST_ERR_FORMAT);
+    assert_non_null(strstr(st_last_error(), "position 5"));
+    assert_non_null(strstr(st_last_error(), "NaN"));
+    assert_int_equal(got.n, 0);
+    st_model_free(m);
+    free(buf);
+}
+
+/* Why generation stopped: length, the callback, the context. */
+static int stop_after_3(void *user, int32_t t) {
+    rec *r = user;
+    record(user, t);
+    return r->n >= 3;
+}
+
+static void test_stop_reasons(void **state) {
+    (void)state;
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    st_gen_params gp = st_gen_default_params();
+    gp.sampler.temp = 0.0f;
+    gp.n_predict = 6;
+    rec got;
+    st_gen_stats gs;
+    for (int algo = 0; algo < 2; algo++) {
+        gp.spec.algo = algo ? ST_SPEC_NGRAM : ST_SPEC_NONE;
+        gp.n_ctx = 0;
+        memset(&got, 0, sizeof got);
+        assert_int_equal(st_generate(model, prompt, 5, &gp, record, &got, &gs), ST_OK);
+        assert_int_equal(gs.stop_reason[0], ST_STOP_LENGTH);
+        assert_int_equal(got.n, 6);
+        memset(&got, 0, sizeof got);
+        assert_int_equal(st_generate(model, prompt, 5, &gp, stop_after_3, &got, &gs), ST_OK);
+        assert_int_equal(gs.stop_reason[0], ST_STOP_STOP);
+        assert_int_equal(got.n, 3);
+        gp.n_ctx = 9; /* room for 4 more positions */
+        gp.n_predict = 100;
+        memset(&got, 0, sizeof got);
+        assert_int_equal(st_generate(model, prompt, 5, &gp, record, &got, &gs), ST_OK);
+        assert_int_equal(gs.stop_reason[0], ST_STOP_CONTEXT);
+        assert_true(got.n >= 3 && got.n <= 5);
+        gp.n_predict = 6;
+    }
+    assert_string_equal(st_stop_reason_name(ST_STOP_CONTEXT), "context");
+    assert_string_equal(st_stop_reason_name(ST_STOP_EOS), "eos");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless_matrix), cmocka_unit_test(test_auto_and_stop),
         cmocka_unit_test(test_batch),           cmocka_unit_test(test_auto_draft_model),
         cmocka_unit_test(test_synthetic_draft), cmocka_unit_test(test_no_alloc_in_loop),
+        cmocka_unit_test(test_non_finite),      cmocka_unit_test(test_stop_reasons),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static void die_usage(const char *cmd, const char *msg) {
     fprintf(stderr, "spectree %s: %s (see 'spectree %s --help')\n", cmd, msg, cmd);
@@ -188,6 +189,7 @@ typedef struct gen_opts {
     st_sampler_params sp;
     st_spec_params spec;
     int seed_set, json, no_bos;
+    int spec_flags; /* a speculative flag other than the algorithm was given */
     const char *stops[MAX_STOPS];
     int n_stops;
 } gen_opts;
@@ -199,7 +201,10 @@ typedef struct printer {
     char pend[4096];
     size_t n_pend;
     int stopped;
-    int any; /* text was written to stdout */
+    int any;       /* text was written to stdout */
+    char *tok_buf; /* (st_detok_max_bytes) one token's text */
+    size_t tok_cap;
+    int64_t n_textless; /* generated ids the tokenizer has no text for (printed as U+FFFD) */
 } printer;
 
 static void printer_add(printer *p, const char *txt, size_t n, int final) {
@@ -241,11 +246,33 @@ static void printer_add(printer *p, const char *txt, size_t n, int final) {
 
 static int on_token(void *user, int32_t tok) {
     printer *p = user;
-    char buf[512];
     size_t nb = 0;
-    if (st_detok_push(&p->dt, tok, buf, sizeof buf, &nb) == ST_OK && nb)
-        printer_add(p, buf, nb, 0);
+    if (st_detok_push(&p->dt, tok, p->tok_buf, p->tok_cap, &nb) != ST_OK) {
+        p->n_textless++; /* an id past the tokenizer's vocabulary: not dropped silently */
+        printer_add(p, "\xEF\xBF\xBD", 3, 0);
+    } else if (nb) {
+        printer_add(p, p->tok_buf, nb, 0);
+    }
     return p->stopped;
+}
+
+/* Tokenizes text into *out (malloc'd, sized from what the tokenizer reports); 0 on success. */
+static int tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                        int32_t **out, int64_t *n) {
+    int64_t cap = (int64_t)len + 8;
+    for (int tries = 0; tries < 2; tries++) {
+        free(*out);
+        *out = malloc((size_t)(cap > 0 ? cap : 1) * sizeof **out);
+        if (!*out)
+            return -1;
+        st_status s = st_tokenize(tok, text, len, add_bos, *out, cap, n);
+        if (s == ST_OK)
+            return 0;
+        if (s != ST_ERR_RANGE)
+            return -1;
+        cap = *n; /* a vocabulary that splits a byte into several tokens */
+    }
+    return -1;
 }
 
 static int32_t parse_auto(const char *flag, const char *v, long lo, long hi) {
@@ -370,30 +397,37 @@ static int cmd_generate(int argc, char **argv) {
             o.draft_path = optarg;
             break;
         case O_STEPS:
+            o.spec_flags = 1;
             o.spec.num_steps = parse_auto("--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
             break;
         case O_EAGLE_TOPK:
+            o.spec_flags = 1;
             o.spec.topk = parse_auto("--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
             break;
         case O_NDRAFT:
+            o.spec_flags = 1;
             o.spec.num_draft_tokens =
                 parse_auto("--speculative-num-draft-tokens", optarg, 2, ST_SPEC_MAX_N);
             break;
         case O_BACKEND:
+            o.spec_flags = 1;
             if (st_attn_backend_parse(optarg, &o.spec.backend) != ST_OK) {
                 fprintf(stderr, "spectree generate: %s\n", st_last_error());
                 return 2;
             }
             break;
         case O_NG_MIN:
+            o.spec_flags = 1;
             parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_min_match = (int32_t)v;
             break;
         case O_NG_MAX:
+            o.spec_flags = 1;
             parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_max_match = (int32_t)v;
             break;
         case O_NG_BREADTH:
+            o.spec_flags = 1;
             parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
             o.spec.ngram_breadth = (int32_t)v;
             break;
@@ -420,8 +454,21 @@ static int cmd_generate(int argc, char **argv) {
     if (o.spec.algo != ST_SPEC_STANDALONE && o.draft_path)
         die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
                               "STANDALONE");
-    if (!o.seed_set)
-        o.sp.seed = (uint64_t)time(NULL);
+    if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        o.sp.seed =
+            ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
+    }
+    if (o.spec.algo == ST_SPEC_NONE && o.spec_flags)
+        fprintf(stderr, "spectree: warning: speculative flags have no effect with "
+                        "--speculative-algorithm NONE\n");
+    if (o.spec.topk == 1 && o.spec.num_draft_tokens > 0 && o.spec.num_steps > 0 &&
+        o.spec.num_draft_tokens != o.spec.num_steps + 1)
+        fprintf(stderr,
+                "spectree: warning: --speculative-eagle-topk 1 drafts a chain: N = S + 1 = %d "
+                "(--speculative-num-draft-tokens %d ignored, as SGLang does)\n",
+                o.spec.num_steps + 1, o.spec.num_draft_tokens);
 
     st_model *m = NULL, *dm = NULL;
     int32_t *toks = NULL;
@@ -453,13 +500,24 @@ static int cmd_generate(int argc, char **argv) {
     }
     o.spec.draft_model = dm;
     const st_tokenizer *tok = st_model_tokenizer(m);
-    int64_t cap = (int64_t)plen + 8, n_prompt = 0;
-    toks = malloc((size_t)cap * sizeof *toks);
+    int64_t n_prompt = 0;
     int add_bos = !o.no_bos && st_tokenizer_add_bos_default(tok);
-    if (!toks || st_tokenize(tok, prompt, plen, add_bos, toks, cap, &n_prompt) != ST_OK) {
+    if (tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
     }
+    /* room for one more token (an empty prompt starts from BOS) */
+    int32_t *grown = realloc(toks, (size_t)(n_prompt + 1) * sizeof *toks);
+    if (!grown) {
+        fprintf(stderr, "spectree: out of memory\n");
+        goto done;
+    }
+    toks = grown;
+    if (o.ctx > 0 && o.ctx > st_model_get_hparams(m)->n_ctx_train)
+        fprintf(stderr,
+                "spectree: warning: -c %ld is above the model's trained context (%d): quality "
+                "may degrade past it\n",
+                o.ctx, st_model_get_hparams(m)->n_ctx_train);
     if (n_prompt == 0) { /* an empty prompt without BOS: start from BOS anyway */
         int32_t bos = st_tokenizer_bos(tok);
         if (bos < 0) {
@@ -468,7 +526,12 @@ static int cmd_generate(int argc, char **argv) {
         }
         toks[n_prompt++] = bos;
     }
-    printer pr = {.o = &o};
+    printer pr = {.o = &o, .tok_cap = st_detok_max_bytes(tok)};
+    pr.tok_buf = malloc(pr.tok_cap);
+    if (!pr.tok_buf) {
+        fprintf(stderr, "spectree: out of memory\n");
+        goto done;
+    }
     st_detok_init(&pr.dt, tok);
     st_detok_set_prev(&pr.dt, toks[n_prompt - 1]);
     st_gen_stats gs;
@@ -478,16 +541,18 @@ static int cmd_generate(int argc, char **argv) {
     gp.spec = o.spec;
     gp.n_threads = (int32_t)o.threads;
     gp.n_ctx = (int32_t)o.ctx;
-    if (st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs) != ST_OK) {
+    st_status gst = st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs);
+    if (gst != ST_OK) {
         if (pr.any)
             fputc('\n', stdout);
         fprintf(stderr, "spectree: %s\n", st_last_error());
+        free(pr.tok_buf);
         goto done;
     }
-    char buf[512];
     size_t nb = 0;
-    if (!pr.stopped && st_detok_flush(&pr.dt, buf, sizeof buf, &nb) == ST_OK && nb)
-        printer_add(&pr, buf, nb, 1);
+    if (!pr.stopped && st_detok_flush(&pr.dt, pr.tok_buf, pr.tok_cap, &nb) == ST_OK && nb)
+        printer_add(&pr, pr.tok_buf, nb, 1);
+    free(pr.tok_buf);
     if (!pr.stopped)
         printer_add(&pr, "", 0, 1);
     fputc('\n', stdout);
@@ -496,8 +561,22 @@ static int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
     fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
             gs.prompt_ms, gs.prompt_tok_s);
-    fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.gen_tokens,
-            gs.gen_ms, gs.gen_tok_s);
+    fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s), stopped: %s\n",
+            gs.gen_tokens, gs.gen_ms, gs.gen_tok_s, st_stop_reason_name(gs.stop_reason[0]));
+    if (gs.stop_reason[0] == ST_STOP_CONTEXT)
+        fprintf(stderr,
+                "spectree: warning: the context (%ld positions) is full; generation stopped "
+                "after %" PRId64 " of %ld tokens (use -c)\n",
+                o.ctx > 0 ? o.ctx
+                : st_model_get_hparams(m)->n_ctx_train < ST_DEFAULT_N_CTX
+                    ? (long)st_model_get_hparams(m)->n_ctx_train
+                    : (long)ST_DEFAULT_N_CTX,
+                gs.gen_tokens, o.n_predict);
+    if (pr.n_textless)
+        fprintf(stderr,
+                "spectree: warning: %" PRId64 " generated tokens have no text in the tokenizer "
+                "(ids past its vocabulary), printed as U+FFFD\n",
+                pr.n_textless);
     if (o.spec.algo != ST_SPEC_NONE) {
         const double mean_tree = gs.spec_steps ? (double)gs.tree_tokens / gs.spec_steps : 0.0;
         fprintf(stderr,
@@ -528,9 +607,10 @@ static int cmd_generate(int argc, char **argv) {
             stderr,
             "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
             "\"num_steps\": %d, \"num_draft_tokens\": %d, \"auto\": %s, \"tree_tokens\": %" PRId64
-            ", \"attention_backend\": \"%s\"}\n",
+            ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\"}\n",
             gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
-            gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend));
+            gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend),
+            st_stop_reason_name(gs.stop_reason[0]));
     }
     rc = 0;
 done:

@@ -178,6 +178,7 @@ static st_status gen_prefill(st_gen *g, const int32_t *const *prompts, const int
         int32_t next;
         if (g->p.n_predict == 0) {
             g->done[b] = 1;
+            g->stats->stop_reason[b] = ST_STOP_LENGTH;
             continue;
         }
         if ((rc = st_gen_target_token(g, g->logits, n_prompts[b], &next)))
@@ -195,8 +196,10 @@ static st_status gen_loop(st_gen *g) {
         g->na = 0;
         for (int32_t b = 0; b < g->bs; b++) {
             const int32_t L = st_session_seq_len(g->s, b);
-            if (!g->done[b] && L + 1 >= n_ctx)
+            if (!g->done[b] && L + 1 >= n_ctx) {
                 g->done[b] = 1;
+                g->stats->stop_reason[b] = ST_STOP_CONTEXT;
+            }
             if (!g->done[b]) {
                 g->seqs[g->na++] = b;
                 maxL = L > maxL ? L : maxL;

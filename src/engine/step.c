@@ -9,18 +9,50 @@
  */
 #include "engine/engine.h"
 
+#include <math.h>
+
 st_status st_gen_target_token(st_gen *g, const float *lg, int64_t pos, int32_t *out) {
+    for (int32_t i = 0; i < g->V; i++) /* NaN or +inf: broken weights, never a token */
+        if (lg[i] != lg[i] || lg[i] == INFINITY)
+            return st_fail(ST_ERR_FORMAT,
+                           "generate: the logits at position %lld are not finite (token %d is "
+                           "%s): the model's weights or activations are broken",
+                           (long long)pos, i, lg[i] != lg[i] ? "NaN" : "+inf");
     return st_sample(lg, g->V, &g->p.sampler, pos, g->scratch, out);
+}
+
+/* Ends sequence b for reason r; returns 1. */
+static int finish(st_gen *g, int32_t b, st_stop_reason r) {
+    g->done[b] = 1;
+    g->stats->stop_reason[b] = r;
+    return 1;
 }
 
 int st_gen_push(st_gen *g, int32_t b, int32_t tok) {
     if (st_tokenizer_is_eog(g->m->tok, tok))
-        return g->done[b] = 1;
+        return finish(g, b, ST_STOP_EOS);
     g->hist[b][g->n_hist[b]++] = tok;
     g->n_gen[b]++;
-    if ((g->emit && g->emit(g->user, b, tok)) || g->n_gen[b] >= g->p.n_predict)
-        g->done[b] = 1;
-    return g->done[b];
+    if (g->emit && g->emit(g->user, b, tok))
+        return finish(g, b, ST_STOP_STOP);
+    if (g->n_gen[b] >= g->p.n_predict)
+        return finish(g, b, ST_STOP_LENGTH);
+    return 0;
+}
+
+const char *st_stop_reason_name(st_stop_reason r) {
+    switch (r) {
+    case ST_STOP_EOS:
+        return "eos";
+    case ST_STOP_LENGTH:
+        return "length";
+    case ST_STOP_STOP:
+        return "stop";
+    case ST_STOP_CONTEXT:
+        return "context";
+    default:
+        return "none";
+    }
 }
 
 /* The verify walk's target (st_target_fn): node x's logits, computed now from the states the
