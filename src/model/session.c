@@ -29,6 +29,7 @@ void st_session_free(st_session *s) {
                     s->b_row,    s->b_prefix, s->b_extra_off, s->b_extra, (void *)s->b_pmask};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         st_free_aligned(bufs[i]);
+    st_free_aligned(s->cat);
     st_free(s);
 }
 
@@ -104,6 +105,8 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->vt = alloc_f(B * KV, sizeof(float), &ok);
     s->hb = alloc_f(B * F, sizeof(float), &ok);
     s->hb2 = alloc_f(B * F, sizeof(float), &ok);
+    if (m->fc.data) /* an EAGLE head's [embedding; feature] rows */
+        s->cat = alloc_f(B * 2 * E, sizeof(float), &ok);
     s->xq = alloc_f(B * (qmax / ST_QK + 1), sizeof(st_block_q8x), &ok);
     s->scores = alloc_f((size_t)p.n_threads * ST_ATTN_TOKENS *
                             (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p.n_ctx + 1),
@@ -154,8 +157,8 @@ st_status st_session_seq_truncate(st_session *s, int32_t seq, int32_t len) {
     return ST_OK;
 }
 
-st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
-                          float *logits, int32_t n_logits) {
+st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
+                                 float *logits, int32_t n_logits, st_state_fn fn, void *user) {
     if (!s || !tokens || n < 1)
         return st_fail(ST_ERR_INVALID, "eval: need at least one token");
     if (seq < 0 || seq >= s->p.n_seq)
@@ -191,12 +194,20 @@ st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int
                     .kv_row = s->b_row,
                     .n_prefix = s->b_prefix,
                     .logits_from = from,
-                    .logits = logits ? logits + (int64_t)(done + from - first) * V : NULL};
+                    .logits = logits ? logits + (int64_t)(done + from - first) * V : NULL,
+                    .defer_logits = fn != NULL}; /* every token's state normed and kept */
         st_status st = st_forward(s, &f);
+        for (int32_t i = 0; i < c && fn && !st; i++)
+            st = fn(user, L + done + i, st_session_state(s, i));
         if (st)
             return st;
         done += c;
         s->seq_len[seq] = L + done;
     }
     return ST_OK;
+}
+
+st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
+                          float *logits, int32_t n_logits) {
+    return st_session_eval_states(s, seq, tokens, n, logits, n_logits, NULL, NULL);
 }
