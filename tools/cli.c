@@ -78,8 +78,9 @@ static const char *generate_help =
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
     "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
-    "      --speculative-algorithm {NONE,STANDALONE,NGRAM}   drafter (default NONE)\n"
-    "      --speculative-draft-model-path PATH   draft model for STANDALONE (same vocabulary)\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE}   drafter (default NONE)\n"
+    "      --speculative-draft-model-path PATH   STANDALONE: a draft model (same vocabulary);\n"
+    "                       EAGLE: an EAGLE-1/2 head directory (config.json, safetensors)\n"
     "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
     "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
     "chain)\n"
@@ -322,11 +323,12 @@ static int cmd_generate(int argc, char **argv) {
         die_usage("generate", "-m MODEL is required");
     if (!o.prompt)
         die_usage("generate", "-p PROMPT is required");
-    if (o.spec.algo == ST_SPEC_STANDALONE && !o.draft_path)
-        die_usage("generate", "STANDALONE needs --speculative-draft-model-path");
-    if (o.spec.algo != ST_SPEC_STANDALONE && o.draft_path)
+    const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || o.spec.algo == ST_SPEC_EAGLE;
+    if (model_drafter && !o.draft_path)
+        die_usage("generate", "STANDALONE and EAGLE need --speculative-draft-model-path");
+    if (!model_drafter && o.draft_path)
         die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
-                              "STANDALONE");
+                              "STANDALONE or EAGLE");
     if (!o.seed_set)
         o.sp.seed = (uint64_t)time(NULL);
 
@@ -334,7 +336,10 @@ static int cmd_generate(int argc, char **argv) {
     int32_t *toks = NULL;
     int rc = 1;
     if (st_model_load(o.model, &m) != ST_OK ||
-        (o.draft_path && st_model_load(o.draft_path, &dm) != ST_OK)) {
+        (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
+         st_model_load(o.draft_path, &dm) != ST_OK) ||
+        (o.draft_path && o.spec.algo == ST_SPEC_EAGLE &&
+         st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
     }
