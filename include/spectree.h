@@ -759,15 +759,19 @@ typedef enum st_spec_algo {
     ST_SPEC_NONE = 0,       /* plain decoding */
     ST_SPEC_STANDALONE = 1, /* a draft model with the target's vocabulary */
     ST_SPEC_NGRAM = 2,      /* n-gram lookup in the prompt and the generated text */
+    ST_SPEC_EAGLE = 3,      /* an EAGLE-1/2 head over the target's hidden states */
 } st_spec_algo;
 
-/* "NONE", "STANDALONE", "NGRAM" (case-insensitive); ST_ERR_INVALID otherwise. */
+/* "NONE", "STANDALONE", "NGRAM", "EAGLE" (case-insensitive); ST_ERR_UNSUPPORTED for "EAGLE3",
+ * ST_ERR_INVALID otherwise. */
 st_status st_spec_algo_parse(const char *name, st_spec_algo *out);
 const char *st_spec_algo_name(st_spec_algo a);
 
 typedef struct st_spec_params {
     st_spec_algo algo;
-    const st_model *draft_model; /* STANDALONE: borrowed, must outlive the call */
+    const st_model *draft_model; /* STANDALONE: a draft model; EAGLE: a head loaded for this
+                                  * target by st_eagle_head_load; borrowed, must outlive the
+                                  * call */
     int32_t num_steps;           /* S: draft depth; 0 = auto */
     int32_t topk;                /* K: branching; 0 = auto; K = 1 forces N = S + 1 */
     int32_t num_draft_tokens;    /* N: verified nodes incl. the root (<= ST_SPEC_MAX_N); 0 = auto */
@@ -790,6 +794,22 @@ typedef enum st_stop_reason {
 
 /* "eos", "length", "stop", "context" (OpenAI's finish_reason words where they exist), "none". */
 const char *st_stop_reason_name(st_stop_reason r);
+
+/* Loads an EAGLE-1/2 draft head (Li et al., EAGLE, 2024) for `target` from a checkpoint
+ * directory as published: config.json (a Llama config with num_hidden_layers 1, hidden_size and
+ * vocab_size equal to the target's, optional "bias" and rope_theta, default 10000) and
+ * model.safetensors, or shards with model.safetensors.index.json, holding fc.weight [H, 2H],
+ * fc.bias [H] (unless "bias": false), layers.0.self_attn.{q,k,v,o}_proj.weight,
+ * layers.0.post_attention_layernorm.weight, layers.0.mlp.{gate,up,down}_proj.weight, and
+ * optionally layers.0.input_layernorm.weight and embed_tokens.weight [V, H] (else the target's
+ * embedding is used); F32, F16 or BF16. The output layer is the target's. The weights are
+ * copied (the files are closed on return); the target is borrowed and must outlive the head.
+ * Use it as st_spec_params.draft_model with ST_SPEC_EAGLE; free it with st_model_free. Errors
+ * (one line naming the file and the key): ST_ERR_IO (no config.json or safetensors),
+ * ST_ERR_FORMAT (a missing, unexpected or misshapen tensor, a bad or mismatched config field, a
+ * truncated file), ST_ERR_UNSUPPORTED (another dtype, more than one layer, rope_scaling),
+ * ST_ERR_NOMEM. */
+st_status st_eagle_head_load(const char *dir, const st_model *target, st_model **out);
 
 /* Statistics of one st_generate call. Times in milliseconds. */
 typedef struct st_gen_stats {

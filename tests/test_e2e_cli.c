@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "io/safetensors.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -80,10 +81,24 @@ static void test_generate_golden(void **state) {
         "--speculative-num-draft-tokens 8 --attention-backend dense",
         "--speculative-algorithm STANDALONE --speculative-draft-model-path %s "
         "--speculative-eagle-topk 1 --speculative-num-steps 3",
+        "--speculative-algorithm EAGLE --speculative-draft-model-path %s "
+        "--speculative-eagle-topk 2 --speculative-num-steps 3",
     };
-    for (int i = 0; i < 4; i++) {
+    /* a random EAGLE-1 head for stories260K in the published layout */
+    char head[1024];
+    snprintf(head, sizeof head, "%s/cli_eagle_head", ST_BUILD_DIR);
+    const tu_head h = {.n_embd = 64,
+                       .n_vocab = 512,
+                       .n_head = 8,
+                       .n_head_kv = 4,
+                       .n_ff = 96,
+                       .dtype = ST_SF_F16,
+                       .seed = 3,
+                       .scale = 1.0f};
+    assert_int_equal(tu_write_eagle_head(head, &h), 0);
+    for (int i = 0; i < 5; i++) {
         char alg[1024];
-        snprintf(alg, sizeof alg, algos[i], tu_shared("models/stories260K.gguf"));
+        snprintf(alg, sizeof alg, algos[i], i == 4 ? head : tu_shared("models/stories260K.gguf"));
         snprintf(args, sizeof args,
                  "generate -m %s -p 'Once upon a time' -n 199 --temp 0 --json -t 2 %s",
                  tu_shared("models/stories260K.gguf"), alg);
@@ -149,6 +164,9 @@ static void test_bad_usage(void **state) {
         "generate -m %s -p hi --bogus",
         "generate -m %s -p hi --speculative-algorithm MAGIC",
         "generate -m %s -p hi --speculative-algorithm EAGLE",
+        "generate -m %s -p hi --speculative-algorithm EAGLE3",
+        "generate -m %s -p hi --speculative-algorithm EAGLE --speculative-draft-model-path /tmp",
+        "generate -m %s -p hi --speculative-algorithm NGRAM --speculative-draft-model-path /tmp",
         "generate -m %s -p hi --speculative-algorithm STANDALONE",
         "generate -m %s -p hi --speculative-algorithm NGRAM --speculative-num-steps 0",
         "generate -m %s -p hi --speculative-algorithm NGRAM --speculative-eagle-topk 2 "

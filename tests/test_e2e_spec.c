@@ -1,9 +1,11 @@
 /*
  * test_e2e_spec.c: speculation is invisible (DESIGN.md invariant 1). On stories260K, for
- * several prompts, every drafter (NGRAM; STANDALONE with stories260K as its own draft), tree
- * shapes K in {1, 2, 4}, S in {1, 3, 6}, N in {2, 4, 8, 16, 32}, both attention backends and 1
- * or 2 threads, greedy and seeded sampling: the generated tokens equal plain decoding with the
- * same seed. With the model as its own draft and K = 1, greedy decoding accepts every draft.
+ * several prompts, every drafter (NGRAM; STANDALONE with stories260K as its own draft; EAGLE
+ * with random heads in the published layout written here, F32 and F16), tree shapes K in
+ * {1, 2, 4} (and 10 for EAGLE), S in {1, 3, 6}, N in {2, 4, 8, 16, 32} and auto, both attention
+ * backends and 1 or 2 threads, greedy and seeded sampling, single sequences and batches: the
+ * generated tokens equal plain decoding with the same seed. With the model as its own draft
+ * and K = 1, greedy decoding accepts every draft.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "io/safetensors.h"
+#include "model/model.h"
 #include "spectree.h"
 #include "testutil.h"
 
@@ -21,14 +25,66 @@
 #include <string.h>
 
 static st_model *model;
+/* EAGLE heads for stories260K: EAGLE-1's own layout in F32 (fc bias, no input norm, the
+ * target's embedding) and an F16 one with an input norm and its own embedding */
+static st_model *head32, *head16;
+/* an F32 "bigram" head (tu_head.embed_values): token y's row is the target's state after
+ * [BOS, y], so it drafts what the target predicts after y alone; accepted often */
+static st_model *headbi;
+static float bigram[512 * 64]; /* (n_vocab, n_embd) */
+
+static st_status keep_state(void *user, int64_t pos, const float *state) {
+    if (pos == 1)
+        memcpy(user, state, 64 * sizeof(float));
+    return ST_OK;
+}
+
+static st_model *write_head(const char *name, int f16, const float *embed_values) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", ST_BUILD_DIR, name);
+    tu_head h = {.n_embd = 64,
+                 .n_vocab = 512,
+                 .n_head = 8,
+                 .n_head_kv = 4,
+                 .n_ff = 128,
+                 .dtype = f16 ? ST_SF_F16 : ST_SF_F32,
+                 .seed = f16 ? 2 : 1,
+                 .scale = 2.0f,
+                 .no_bias = f16,
+                 .input_norm = f16,
+                 .embed = f16,
+                 .embed_values = embed_values};
+    st_model *head = NULL;
+    if (tu_write_eagle_head(dir, &h) != 0 || st_eagle_head_load(dir, model, &head) != ST_OK)
+        return NULL;
+    return head;
+}
 
 static int setup(void **state) {
     (void)state;
-    return st_model_load(tu_shared("models/stories260K.gguf"), &model) == ST_OK ? 0 : -1;
+    if (st_model_load(tu_shared("models/stories260K.gguf"), &model) != ST_OK)
+        return -1;
+    head32 = write_head("test_e2e_eagle_f32", 0, NULL);
+    head16 = write_head("test_e2e_eagle_f16", 1, NULL);
+    st_session *s = NULL;
+    if (st_session_create(model, NULL, &s) != ST_OK)
+        return -1;
+    for (int32_t y = 0; y < 512; y++) {
+        const int32_t two[2] = {1, y};
+        if (st_session_seq_reset(s, 0) != ST_OK ||
+            st_session_eval_states(s, 0, two, 2, NULL, 0, keep_state, bigram + y * 64) != ST_OK)
+            return -1;
+    }
+    st_session_free(s);
+    headbi = write_head("test_e2e_eagle_bigram", 0, bigram);
+    return head32 && head16 && headbi ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
+    st_model_free(headbi);
+    st_model_free(head16);
+    st_model_free(head32);
     st_model_free(model);
     return 0;
 }
@@ -74,6 +130,7 @@ static void test_lossless_matrix(void **state) {
     st_sampler_params greedy = {.temp = 0.0f};
     st_sampler_params sampled = {.temp = 0.8f, .top_p = 0.9f, .top_k = 40, .min_p = 0.0f};
     int runs = 0;
+    int64_t eagle_accepted = 0;
     for (int p = 0; p < 3; p++)
         for (int smp = 0; smp < 2; smp++) {
             st_sampler_params sp = smp ? sampled : greedy;
@@ -83,7 +140,7 @@ static void test_lossless_matrix(void **state) {
             st_spec_params none = st_spec_default_params();
             run(prompts[p], np[p], &sp, &none, 1, &plain, &gs);
             assert_int_equal(plain.n, N_GEN);
-            for (int algo = 0; algo < 2; algo++)
+            for (int algo = 0; algo < 3; algo++)
                 for (size_t ki = 0; ki < 3; ki++)
                     for (size_t si = 0; si < 3; si++)
                         for (size_t ni = 0; ni < 5; ni++) {
@@ -93,8 +150,10 @@ static void test_lossless_matrix(void **state) {
                             if (K > 1 && N - 1 > K + (S - 1) * K * K)
                                 continue;
                             st_spec_params spec = st_spec_default_params();
-                            spec.algo = algo ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
-                            spec.draft_model = model;
+                            spec.algo = algo == 2   ? ST_SPEC_EAGLE
+                                        : algo == 1 ? ST_SPEC_STANDALONE
+                                                    : ST_SPEC_NGRAM;
+                            spec.draft_model = algo == 2 ? (p == 1 ? head32 : headbi) : model;
                             spec.ngram_min_match = 1; /* draft as often as possible */
                             spec.topk = K;
                             spec.num_steps = S;
@@ -113,10 +172,15 @@ static void test_lossless_matrix(void **state) {
                             assert_true(gs.spec_steps > 0);
                             if (algo == 1 && K == 1 && !smp) /* self-draft chain: all accepted */
                                 assert_int_equal(gs.accept_hist[S], gs.spec_steps);
+                            for (int k = 1; algo == 2 && k <= S; k++)
+                                eagle_accepted += gs.accept_hist[k];
                             runs++;
                         }
         }
-    print_message("%d speculative runs matched plain decoding\n", runs);
+    print_message("%d speculative runs matched plain decoding; EAGLE accepted drafts in %lld "
+                  "steps\n",
+                  runs, (long long)eagle_accepted);
+    assert_true(eagle_accepted > 0); /* the accepted paths' states were handed over too */
 }
 
 /* auto shapes with the controller, and both backends with all options on one config */
@@ -128,10 +192,10 @@ static void test_auto_and_stop(void **state) {
     st_gen_stats gs;
     st_spec_params spec = st_spec_default_params();
     run(prompt, 5, &sp, &spec, 2, &plain, &gs);
-    for (int algo = 1; algo <= 2; algo++) {
+    for (int algo = 1; algo <= 3; algo++) {
         spec = st_spec_default_params();
-        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
-        spec.draft_model = model;
+        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : algo == 2 ? ST_SPEC_NGRAM : ST_SPEC_EAGLE;
+        spec.draft_model = algo == 3 ? head32 : model;
         run(prompt, 5, &sp, &spec, 2, &got, &gs);
         assert_int_equal(got.n, plain.n);
         assert_memory_equal(got.toks, plain.toks, sizeof(int32_t) * (size_t)plain.n);
@@ -153,7 +217,7 @@ static void test_auto_and_stop(void **state) {
     st_spec_algo a;
     assert_int_equal(st_spec_algo_parse("ngram", &a), ST_OK);
     assert_int_equal(a, ST_SPEC_NGRAM);
-    assert_int_equal(st_spec_algo_parse("EAGLE", &a), ST_ERR_UNSUPPORTED);
+    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_ERR_UNSUPPORTED);
     assert_int_equal(st_spec_algo_parse("bogus", &a), ST_ERR_INVALID);
 }
 
@@ -209,6 +273,53 @@ static void test_batch(void **state) {
             assert_memory_equal(got.r[b].toks, one.toks, sizeof(int32_t) * (size_t)one.n);
         }
     }
+}
+
+/* EAGLE in batches of three sequences (one verify pass for all trees, one head session per
+ * sequence): the bigram and the F16 head, fixed shapes up to K = 10 and auto, greedy and sampled,
+ * both backends, 1 and 2 threads; every sequence equals its own plain decoding. */
+static void test_eagle_batch(void **state) {
+    (void)state;
+    const int32_t p0[] = {1, 403, 407, 261, 378}, p1[] = {1, 300, 301, 302, 303, 304, 305},
+                  p2[] = {1, 265};
+    const int32_t *prompts[3] = {p0, p1, p2};
+    const int64_t np[3] = {5, 7, 2};
+    const int shapes[][3] = {{1, 4, 0}, {2, 3, 6}, {4, 4, 12}, {10, 2, 16}, {0, 0, 0}};
+    int runs = 0;
+    for (int cfg = 0; cfg < 2 * 2 * 5; cfg++) {
+        const int smp = cfg & 1, f16 = (cfg >> 1) & 1, sh = cfg >> 2;
+        st_sampler_params sp = {.temp = smp ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 9};
+        st_spec_params spec = st_spec_default_params();
+        spec.algo = ST_SPEC_EAGLE;
+        spec.draft_model = f16 ? head16 : headbi;
+        spec.backend = (cfg + sh) % 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+        spec.topk = shapes[sh][0];
+        spec.num_steps = shapes[sh][1];
+        spec.num_draft_tokens = shapes[sh][2];
+        const int threads = 1 + (cfg >> 1) % 2;
+        brec got;
+        memset(&got, 0, sizeof got);
+        st_gen_stats gs;
+        assert_int_equal(st_generate_batch(model, 3, prompts, np,
+                                           GEN_PARAMS(N_GEN, &sp, &spec, threads, CTX), record_seq,
+                                           &got, &gs),
+                         ST_OK);
+        if (spec.topk) /* fixed shapes verify every step's drafts */
+            assert_true(gs.spec_steps > 0);
+        for (int b = 0; b < 3; b++) {
+            rec one;
+            st_spec_params none = st_spec_default_params();
+            run(prompts[b], (int)np[b], &sp, &none, 1, &one, &gs);
+            if (got.r[b].n != one.n ||
+                memcmp(got.r[b].toks, one.toks, sizeof(int32_t) * (size_t)one.n))
+                fail_msg("EAGLE batch mismatch: sequence %d, %s head, K %d S %d N %d, %s, %s, "
+                         "%d threads",
+                         b, f16 ? "F16" : "F32", spec.topk, spec.num_steps, spec.num_draft_tokens,
+                         smp ? "sampled" : "greedy", st_attn_backend_name(spec.backend), threads);
+            runs++;
+        }
+    }
+    print_message("%d EAGLE batch sequences matched plain decoding\n", runs);
 }
 
 /* STANDALONE with a small synthetic draft model of the same vocabulary written by
@@ -348,18 +459,18 @@ static int count_allocs(void *user, int32_t t) {
 static void test_no_alloc_in_loop(void **state) {
     (void)state;
     const int32_t prompt[] = {1, 403, 407, 261, 378};
-    for (int algo = 0; algo < 4; algo++) { /* algo 3: NGRAM with auto shapes */
+    for (int algo = 0; algo < 6; algo++) { /* 3: NGRAM with auto shapes; 4, 5: EAGLE */
         st_sampler_params sp = {
             .temp = algo == 2 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 1};
         st_spec_params spec = st_spec_default_params();
-        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
-        spec.draft_model = model;
+        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : algo >= 4 ? ST_SPEC_EAGLE : ST_SPEC_NGRAM;
+        spec.draft_model = algo == 4 ? headbi : algo == 5 ? head16 : model;
         spec.ngram_min_match = 1;
         spec.topk = 2;
         spec.num_steps = 3;
         spec.num_draft_tokens = 6;
         spec.backend = algo == 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
-        if (algo == 3)
+        if (algo == 3 || algo == 5)
             spec.topk = spec.num_steps = spec.num_draft_tokens = 0;
         alloc_rec a = {0, 0, 0};
         st_gen_stats gs;
@@ -367,7 +478,7 @@ static void test_no_alloc_in_loop(void **state) {
                                      count_allocs, &a, &gs),
                          ST_OK);
         assert_true(a.n > 10);
-        if (algo < 3)
+        if (algo < 3 || algo == 4)
             assert_true(gs.spec_steps > 0);
         assert_int_equal(a.last, a.first);
     }
@@ -454,10 +565,15 @@ static void test_stop_reasons(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lossless_matrix), cmocka_unit_test(test_auto_and_stop),
-        cmocka_unit_test(test_batch),           cmocka_unit_test(test_auto_draft_model),
-        cmocka_unit_test(test_synthetic_draft), cmocka_unit_test(test_no_alloc_in_loop),
-        cmocka_unit_test(test_non_finite),      cmocka_unit_test(test_stop_reasons),
+        cmocka_unit_test(test_lossless_matrix),
+        cmocka_unit_test(test_auto_and_stop),
+        cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_eagle_batch),
+        cmocka_unit_test(test_auto_draft_model),
+        cmocka_unit_test(test_synthetic_draft),
+        cmocka_unit_test(test_no_alloc_in_loop),
+        cmocka_unit_test(test_non_finite),
+        cmocka_unit_test(test_stop_reasons),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

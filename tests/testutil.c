@@ -1,8 +1,15 @@
 /* testutil.c: helpers shared by the test programs. */
+#define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 const char *tu_shared(const char *rel) {
     static char bufs[4][4096];
@@ -37,4 +44,108 @@ char *tu_read_file(const char *path, size_t *size) {
             *size = (size_t)n;
     }
     return buf;
+}
+
+static float tu_uniform(uint64_t *s) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return (float)((*s * 0x2545F4914F6CDD1DULL) >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
+}
+
+int tu_write_eagle_head(const char *dir, const tu_head *h) {
+    const int64_t E = h->n_embd, hd = h->n_embd / h->n_head, Q = (int64_t)h->n_head * hd,
+                  KV = (int64_t)h->n_head_kv * hd, F = h->n_ff, V = h->n_vocab;
+    struct {
+        const char *name;
+        int64_t rows, cols; /* cols 0: a vector */
+        int present;
+    } spec[] = {
+        {"embed_tokens.weight", V, E, h->embed || h->embed_values},
+        {"fc.weight", E, 2 * E, 1},
+        {"fc.bias", E, 0, !h->no_bias && !h->embed_values},
+        {"layers.0.input_layernorm.weight", E, 0, h->input_norm},
+        {"layers.0.self_attn.q_proj.weight", Q, E, 1},
+        {"layers.0.self_attn.k_proj.weight", KV, E, 1},
+        {"layers.0.self_attn.v_proj.weight", KV, E, 1},
+        {"layers.0.self_attn.o_proj.weight", E, Q, 1},
+        {"layers.0.post_attention_layernorm.weight", E, 0, 1},
+        {"layers.0.mlp.gate_proj.weight", F, E, 1},
+        {"layers.0.mlp.up_proj.weight", F, E, 1},
+        {"layers.0.mlp.down_proj.weight", E, F, 1},
+        {h->extra ? h->extra : "", 4, 0, h->extra != NULL},
+    };
+    enum { N_SPEC = sizeof spec / sizeof spec[0] };
+    st_sf_tensor t[N_SPEC];
+    int64_t shapes[N_SPEC][2];
+    void *bufs[N_SPEC] = {0};
+    int n = 0, rc = -1;
+    uint64_t rng = h->seed * 0x9E3779B97F4A7C15ULL + 1;
+    for (int i = 0; i < N_SPEC; i++) {
+        if (!spec[i].present || (h->skip && !strcmp(h->skip, spec[i].name)))
+            continue;
+        const int vec = spec[i].cols == 0;
+        int64_t rows = spec[i].rows, cols = vec ? 1 : spec[i].cols;
+        if (h->bad_shape && !strcmp(h->bad_shape, spec[i].name))
+            rows += 1;
+        const int64_t ne = rows * cols;
+        const int i32 = h->bad_dtype && !strcmp(h->bad_dtype, spec[i].name);
+        const st_sf_dtype dt = i32 ? ST_SF_I32 : (st_sf_dtype)h->dtype;
+        const size_t es = (size_t)st_sf_dtype_bits(dt) / 8;
+        char *b = malloc((size_t)ne * es);
+        if (!b)
+            goto done;
+        bufs[n] = b;
+        const float a = h->scale / sqrtf((float)cols);
+        for (int64_t j = 0; j < ne; j++) {
+            /* norms near 1, the bias small, matrices uniform */
+            float v = vec ? (strstr(spec[i].name, "norm") ? 1.0f + 0.2f * tu_uniform(&rng)
+                                                          : 0.1f * tu_uniform(&rng))
+                          : a * tu_uniform(&rng);
+            if (h->embed_values && i == 0)
+                v = h->embed_values[j];
+            else if (h->embed_values && i == 1) /* fc = [I | 0.1 I] */
+                v = j % cols == j / cols ? 1.0f : j % cols == j / cols + E ? 0.1f : 0.0f;
+            else if (h->embed_values &&
+                     (strstr(spec[i].name, "o_proj") || strstr(spec[i].name, "down_proj")))
+                v = 0.0f;
+            if (dt == ST_SF_F32 || dt == ST_SF_I32)
+                memcpy(b + (size_t)j * 4, &v, 4);
+            else {
+                uint16_t u = dt == ST_SF_F16 ? st_f32_to_fp16(v) : st_f32_to_bf16(v);
+                memcpy(b + (size_t)j * 2, &u, 2);
+            }
+        }
+        shapes[n][0] = rows;
+        shapes[n][1] = cols;
+        t[n] = (st_sf_tensor){.name = spec[i].name,
+                              .dtype = dt,
+                              .n_dims = vec ? 1 : 2,
+                              .shape = shapes[n],
+                              .n_elem = ne,
+                              .data = b,
+                              .size = (size_t)ne * es};
+        n++;
+    }
+    char path[4096];
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_safetensors_write(path, t, n) != ST_OK)
+        goto done;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        goto done;
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": %d, "
+            "\"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+            "\"num_hidden_layers\": 1, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05, "
+            "\"hidden_act\": \"silu\"%s}\n",
+            h->n_embd, h->n_ff, h->n_head, h->n_head_kv, h->n_vocab,
+            h->no_bias || h->embed_values ? ", \"bias\": false" : "");
+    rc = fclose(f) == 0 ? 0 : -1;
+done:
+    for (int i = 0; i < N_SPEC; i++)
+        free(bufs[i]);
+    return rc;
 }

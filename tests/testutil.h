@@ -9,4 +9,26 @@
 const char *tu_shared(const char *rel);
 /* Reads a whole file; returns a malloc'd buffer (NUL-terminated) or NULL. */
 char *tu_read_file(const char *path, size_t *size);
+
+/* A synthetic EAGLE-1/2 head in the published layout (FORMATS.md §d.1), random weights. */
+typedef struct tu_head {
+    int32_t n_embd, n_vocab, n_head, n_head_kv, n_ff;
+    int dtype;      /* st_sf_dtype of every tensor: ST_SF_F32, ST_SF_F16 or ST_SF_BF16 */
+    uint64_t seed;  /* of the weights */
+    float scale;    /* weights uniform in [-scale, scale] / sqrt(n_in) */
+    int no_bias;    /* no fc.bias and "bias": false in config.json */
+    int input_norm; /* with layers.0.input_layernorm.weight */
+    int embed;      /* with embed_tokens.weight */
+    /* a "bigram" head: embed_tokens = embed_values (n_vocab, n_embd), fc = [I | 0.1 I], no
+     * bias, o_proj and down_proj zero, so its output is the token's row plus a tenth of the
+     * feature (a head that drafts what embed_values' rows predict) */
+    const float *embed_values;
+    /* malformed heads: a tensor left out, one not in the layout added, one with a wrong shape,
+     * one stored as I32 (names, or NULL) */
+    const char *skip, *extra, *bad_shape, *bad_dtype;
+} tu_head;
+
+/* Creates directory dir (if needed) with config.json and model.safetensors of head h; returns 0
+ * on success. */
+int tu_write_eagle_head(const char *dir, const tu_head *h);
 #endif

@@ -82,15 +82,21 @@ static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
 
 /* A model path must be a regular file: opening a FIFO would block until some writer came, and
  * a directory (a Hugging Face checkpoint) is not readable yet. Prints why and returns 0 if not. */
-static int model_path_ok(const char *path) {
+/* dir_ok: an EAGLE head, a checkpoint directory. */
+static int model_path_ok(const char *path, int dir_ok) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "spectree: %s: cannot open: %s\n", path, strerror(errno));
         return 0;
     }
-    if (S_ISREG(st.st_mode))
+    if (dir_ok ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode))
         return 1;
-    if (S_ISDIR(st.st_mode))
+    if (dir_ok)
+        fprintf(stderr,
+                "spectree: %s: not a directory; an EAGLE head is a checkpoint directory "
+                "(config.json, model.safetensors)\n",
+                path);
+    else if (S_ISDIR(st.st_mode))
         fprintf(stderr,
                 "spectree: %s: is a directory; expected a GGUF file (checkpoint directories are "
                 "not supported yet)\n",
@@ -166,8 +172,9 @@ static const char *generate_help =
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
     "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
-    "      --speculative-algorithm {NONE,STANDALONE,NGRAM}   drafter (default NONE)\n"
-    "      --speculative-draft-model-path PATH   draft model for STANDALONE (same vocabulary)\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE}   drafter (default NONE)\n"
+    "      --speculative-draft-model-path PATH   STANDALONE: a draft model (same vocabulary);\n"
+    "                       EAGLE: an EAGLE-1/2 head directory (config.json, safetensors)\n"
     "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
     "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
     "chain)\n"
@@ -449,11 +456,12 @@ static int cmd_generate(int argc, char **argv) {
         die_usage("generate", "-p PROMPT or -f FILE is required");
     if (o.prompt && o.prompt_file)
         die_usage("generate", "give the prompt with -p or with -f, not both");
-    if (o.spec.algo == ST_SPEC_STANDALONE && !o.draft_path)
-        die_usage("generate", "STANDALONE needs --speculative-draft-model-path");
-    if (o.spec.algo != ST_SPEC_STANDALONE && o.draft_path)
+    const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || o.spec.algo == ST_SPEC_EAGLE;
+    if (model_drafter && !o.draft_path)
+        die_usage("generate", "STANDALONE and EAGLE need --speculative-draft-model-path");
+    if (!model_drafter && o.draft_path)
         die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
-                              "STANDALONE");
+                              "STANDALONE or EAGLE");
     if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -475,7 +483,8 @@ static int cmd_generate(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t plen = 0;
     int rc = 1;
-    if (!model_path_ok(o.model) || (o.draft_path && !model_path_ok(o.draft_path)))
+    if (!model_path_ok(o.model, 0) ||
+        (o.draft_path && !model_path_ok(o.draft_path, o.spec.algo == ST_SPEC_EAGLE)))
         return 1;
     if (o.prompt_file) {
         FILE *f = fopen(o.prompt_file, "rb");
@@ -494,7 +503,10 @@ static int cmd_generate(int argc, char **argv) {
         return 1;
     const char *prompt = prompt_buf ? prompt_buf : o.prompt;
     if (st_model_load(o.model, &m) != ST_OK ||
-        (o.draft_path && st_model_load(o.draft_path, &dm) != ST_OK)) {
+        (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
+         st_model_load(o.draft_path, &dm) != ST_OK) ||
+        (o.draft_path && o.spec.algo == ST_SPEC_EAGLE &&
+         st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
     }
@@ -665,7 +677,7 @@ static int cmd_tokenize(int argc, char **argv) {
     if (argc - optind != 1)
         die_usage("tokenize", "expected exactly one TEXT argument");
     const char *text = argv[optind];
-    if (!model_path_ok(model))
+    if (!model_path_ok(model, 0))
         return 1;
     st_gguf *g = NULL;
     st_tokenizer *tok = NULL;
@@ -729,7 +741,7 @@ static int cmd_info(int argc, char **argv) {
         die_usage("info", "-m MODEL is required");
     if (optind < argc)
         die_usage("info", "unexpected argument");
-    if (!model_path_ok(model))
+    if (!model_path_ok(model, 0))
         return 1;
     st_gguf *g = NULL;
     if (st_gguf_open(model, &g) != ST_OK) {

@@ -20,6 +20,10 @@ struct st_drafter {
      * (the engine verifies at most that many drafted nodes). */
     st_status (*propose)(st_drafter *d, const int32_t *hist, int64_t n_hist, int64_t K, int64_t S,
                          float *scores, int32_t *tokens, int64_t *level_parents, int64_t *n_real);
+    /* The target's final-normed state (n_embd) at committed position pos, called by the engine
+     * for every committed position in increasing order (the prompt's after prefill, then each
+     * step's), before the next target forward pass; NULL for drafters that read no states. */
+    st_status (*observe)(st_drafter *d, int64_t pos, const float *state);
     void (*free)(st_drafter *d);
     double ms;     /* time spent drafting, accumulated by the drafter */
     int64_t evals; /* tokens the drafter's model evaluated (0 for model-free drafters) */
@@ -46,6 +50,14 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
  * KV cache, top-K expansion per level with cumulative probabilities, and draft-tree attention
  * to each node's real ancestors. */
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
+                                  int32_t n_threads, int64_t max_k, int64_t max_s,
+                                  st_drafter **out);
+
+/* EAGLE-1/2 drafter (SGLang EAGLE with EAGLE-2's dynamic tree): the head from
+ * st_eagle_head_load for this target, with its own KV cache and the same expansion and
+ * real-ancestor attention as the draft-model drafter; it reads the target's states through
+ * observe. Keeps one state per position (n_ctx + 1 rows of n_embd floats). */
+st_status st_drafter_eagle_create(const st_model *head, const st_model *target, int32_t n_ctx,
                                   int32_t n_threads, int64_t max_k, int64_t max_s,
                                   st_drafter **out);
 

@@ -1,9 +1,17 @@
 /*
- * model_drafter.c: the draft-model drafter (SGLang's STANDALONE algorithm with EAGLE-2's
- * dynamic tree, Li et al. 2024): a small model with the target's vocabulary expands the top-K
- * tokens of each of the K best nodes per level, scoring paths by cumulative probability. Unlike
- * SGLang (issue #7523), every draft node attends to its real ancestors: each level is one
- * forward pass whose tokens see the committed prefix plus their own ancestor rows.
+ * model_drafter.c: the drafters that run a model of their own with EAGLE-2's dynamic tree (Li
+ * et al. 2024): the top-K tokens of each of the K best nodes per level are expanded, paths
+ * scored by cumulative probability. Unlike SGLang (issue #7523), every draft node attends to
+ * its real ancestors: each level is one forward pass whose tokens see the committed prefix plus
+ * their own ancestor rows. Two kinds of model:
+ * - STANDALONE: a small model with the target's vocabulary; its rows [0, L] hold the committed
+ *   tokens including the root, and level i's nodes sit at position L + i.
+ * - EAGLE-1/2 (Li et al., EAGLE, 2024; SafeAILab/EAGLE cnets1.py): a head whose position t reads
+ *   (embedding of x_{t+1}, the target's final-normed state f_t) and outputs h_t, the predicted
+ *   state of position t+1, whose logits (the target's output layer) predict x_{t+2}. Its rows
+ *   [0, L) are committed (row L-1 pairs the root with f_{L-1} and gives level 0); level i's
+ *   nodes sit at position L + i - 1 and read their parent's h in place of a target state. The
+ *   engine hands every committed position's state over through `observe`.
  */
 #include "draft/drafter.h"
 
@@ -13,9 +21,18 @@
 typedef struct mdraft {
     st_drafter base;
     st_session *s; /* the draft model's session (sequence 0) */
+    int eagle;     /* an EAGLE head (see the top of the file) */
     int64_t max_k, max_s;
     int32_t valid; /* rows [0, valid) of the draft KV hold committed tokens */
     int32_t n_vocab;
+    int32_t nb;     /* tokens of one forward pass: the session's n_batch */
+    int32_t n_ctx;  /* positions */
+    int64_t n_embd; /* EAGLE: width of a state */
+    int32_t n_feat; /* EAGLE: the target's states of positions [0, n_feat) are in feat */
+    float *feat;    /* EAGLE: (n_ctx + 1, n_embd) the target's state at each position (one row
+                     * per position for now; only [valid, L) is read by a step) */
+    float *fin;     /* EAGLE: (max_k, n_embd) a level's input features: the parents' outputs */
+    float *hout;    /* EAGLE: (max_k, n_embd) a level's outputs */
     float *logits;  /* (max_k, n_vocab) */
     float *probs;   /* (n_vocab) */
     int32_t *anc;   /* (max_k, max_s) ancestor rows of each expanded node of the level */
@@ -25,7 +42,7 @@ typedef struct mdraft {
     float *score;   /* (max_k) cumulative score of each expanded node */
     int32_t *tok;   /* (max_k) */
     int32_t *toks;  /* (max_k) batch tokens */
-    int32_t *pos, *seq, *row, *npre; /* (max_k) each */
+    int32_t *pos, *seq, *row, *npre; /* (nb) each */
     int32_t *eoff;                   /* (max_k + 1) */
     int32_t *erow;                   /* (max_k, max_s + 1) */
     int64_t *pick;                   /* (max_k) expanded candidates of a level */
@@ -75,26 +92,93 @@ static st_status catch_up(mdraft *g, const int32_t *hist, int32_t upto) {
     return ST_OK;
 }
 
+/* EAGLE: evaluates head rows [start, L) (row t: token hist[t+1] with the target's state f_t),
+ * up to nb per forward pass, from the first row not yet valid (at least row L-1, whose logits
+ * are level 0's). The root's output h becomes the input feature of every level-1 node. */
+static st_status eagle_catch_up(mdraft *g, const int32_t *hist, int32_t L, int64_t K) {
+    if (g->n_feat < L)
+        return st_fail(ST_ERR_INVALID,
+                       "EAGLE: the target's states of positions %d..%d were not observed",
+                       g->n_feat, L - 1);
+    const int32_t start = g->valid < L ? g->valid : L - 1;
+    int32_t last = 0;
+    for (int32_t t0 = start; t0 < L;) {
+        const int32_t c = L - t0 < g->nb ? L - t0 : g->nb;
+        for (int32_t i = 0; i < c; i++) {
+            g->pos[i] = g->row[i] = t0 + i;
+            g->seq[i] = 0;
+            g->npre[i] = t0 + i + 1;
+        }
+        st_fwd f = {.n = c,
+                    .tokens = hist + t0 + 1,
+                    .pos = g->pos,
+                    .seq = g->seq,
+                    .kv_row = g->row,
+                    .n_prefix = g->npre,
+                    .features = g->feat + (int64_t)t0 * g->n_embd,
+                    .logits_from = t0 + c == L ? c - 1 : c,
+                    .logits = g->logits};
+        st_status st = st_forward(g->s, &f);
+        if (st)
+            return st;
+        t0 += c;
+        last = c - 1;
+    }
+    g->base.evals += L - start;
+    g->valid = L;
+    const float *h = st_session_state(g->s, last);
+    for (int64_t k = 0; k < K; k++)
+        memcpy(g->fin + k * g->n_embd, h, (size_t)g->n_embd * sizeof(float));
+    return ST_OK;
+}
+
+/* STANDALONE: evaluates the committed tokens hist[valid, L) causally, then the root at row L
+ * (committed next step, so it stays valid), whose logits are level 0's. */
+static st_status standalone_catch_up(mdraft *g, const int32_t *hist, int32_t L) {
+    st_status st = catch_up(g, hist, L);
+    if (st || (st = st_session_eval(g->s, 0, &hist[L], 1, g->logits, 1)))
+        return st;
+    g->valid = L + 1;
+    g->base.evals += 1;
+    return ST_OK;
+}
+
+/* A pool with no drafts (every score -INFINITY), as the engine expects one laid out. */
+static void no_drafts(mdraft *g, int64_t K, int64_t S, float *scores, int32_t *tokens,
+                      int64_t *level_parents) {
+    const int64_t M = st_tree_n_candidates(K, S), lpw = st_tree_level_parents_width(K, S);
+    for (int64_t i = 0; i < M; i++) {
+        scores[i] = -INFINITY;
+        tokens[i] = 0;
+    }
+    level_parents[0] = -1;
+    for (int64_t c = 0; c < K; c++)
+        level_parents[1 + c] = c;
+    for (int64_t i = 1, lp = K + 1; i < S; i++, lp += K)
+        st_draft_expand_level(scores, K, i, level_parents + lp, lpw - lp, g->pick);
+}
+
 static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hist, int64_t K,
                                 int64_t S, float *scores, int32_t *tokens, int64_t *level_parents,
                                 int64_t *n_real) {
     mdraft *g = (mdraft *)d;
     double t0 = st_time_now();
+    const char *what = g->eagle ? "EAGLE" : "draft model";
     if (K > g->max_k || S > g->max_s || n_hist < 1)
-        return st_fail(ST_ERR_INVALID, "draft model: K %lld / S %lld above its limits",
-                       (long long)K, (long long)S);
+        return st_fail(ST_ERR_INVALID, "%s: K %lld / S %lld above its limits", what, (long long)K,
+                       (long long)S);
     const int32_t L = (int32_t)n_hist - 1, V = g->n_vocab;
-    if (L + 1 + K * S > g->s->p.n_ctx)
-        return st_fail(ST_ERR_RANGE, "draft model: context full");
-    st_status st = catch_up(g, hist, L);
+    if (L + 1 + K * S > g->n_ctx)
+        return st_fail(ST_ERR_RANGE, "%s: context full", what);
+    if (g->eagle && L < 1) { /* no target state yet: nothing to draft from */
+        no_drafts(g, K, S, scores, tokens, level_parents);
+        *n_real = 0;
+        return ST_OK;
+    }
+    st_status st = g->eagle ? eagle_catch_up(g, hist, L, K) : standalone_catch_up(g, hist, L);
     if (st)
         return st;
-    /* the root at row L: committed next step, so it stays valid */
-    st = st_session_eval(g->s, 0, &hist[L], 1, g->logits, 1);
-    if (st)
-        return st;
-    g->valid = L + 1;
-    d->evals += 1 + K * (S - 1);
+    d->evals += K * (S - 1);
     int64_t M = st_tree_n_candidates(K, S);
     for (int64_t i = 0; i < M; i++) {
         scores[i] = -INFINITY;
@@ -108,17 +192,19 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         g->tok[c] = tokens[c];
         g->nanc[c] = 0;
     }
-    int32_t next_row = L + 1;
+    /* the draft rows follow the committed ones; level i's nodes share position first + i - 1 */
+    const int32_t first = g->valid;
+    int32_t next_row = first;
     int64_t lp = K + 1, lpw = st_tree_level_parents_width(K, S);
     for (int64_t i = 1; i < S; i++) {
         /* one forward pass over the K expanded nodes of level i-1 */
         int32_t e = 0;
         for (int64_t k = 0; k < K; k++) {
             g->toks[k] = g->tok[k];
-            g->pos[k] = L + (int32_t)i;
+            g->pos[k] = first + (int32_t)i - 1;
             g->seq[k] = 0;
             g->row[k] = next_row + (int32_t)k;
-            g->npre[k] = L + 1;
+            g->npre[k] = first;
             g->eoff[k] = e;
             for (int32_t a = 0; a < g->nanc[k]; a++)
                 g->erow[e++] = g->anc[k * g->max_s + a];
@@ -133,10 +219,14 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
                     .n_prefix = g->npre,
                     .extra_off = g->eoff,
                     .extra_rows = g->erow,
+                    .features = g->eagle ? g->fin : NULL,
                     .logits_from = 0,
                     .logits = g->logits};
         if ((st = st_forward(g->s, &f)))
             return st;
+        for (int64_t k = 0; g->eagle && k < K; k++) /* each node's h, for its children */
+            memcpy(g->hout + k * g->n_embd, st_session_state(g->s, k),
+                   (size_t)g->n_embd * sizeof(float));
         const int64_t base = st_tree_level_base(K, i);
         for (int64_t p = 0; p < K; p++) {
             topk_probs(g->logits + p * V, V, K, g->probs, tokens + base + p * K,
@@ -154,6 +244,9 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
             g->nanc2[k] = g->nanc[p] + 1;
             g->score[k] = g->pick[k] >= 0 ? scores[base + best] : -INFINITY;
             g->tok[k] = tokens[base + best];
+            if (g->eagle)
+                memcpy(g->fin + k * g->n_embd, g->hout + p * g->n_embd,
+                       (size_t)g->n_embd * sizeof(float));
         }
         /* level_parents slots past the last needed level are never read */
         memcpy(g->anc, g->anc2, (size_t)(K * g->max_s) * sizeof *g->anc);
@@ -163,6 +256,21 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
     }
     *n_real = M;
     d->ms += (st_time_now() - t0) * 1e3;
+    return ST_OK;
+}
+
+/* EAGLE: the target's state at committed position pos (positions come in increasing order; a
+ * position seen again replaces its state and invalidates the head rows from it on). */
+static st_status eagle_observe(st_drafter *d, int64_t pos, const float *state) {
+    mdraft *g = (mdraft *)d;
+    if (!state || pos < 0 || pos > g->n_feat || pos > g->n_ctx)
+        return st_fail(ST_ERR_INVALID,
+                       "EAGLE: target state of position %lld out of order (next is %d)",
+                       (long long)pos, g->n_feat);
+    memcpy(g->feat + pos * g->n_embd, state, (size_t)g->n_embd * sizeof(float));
+    g->n_feat = (int32_t)pos + 1;
+    if (g->valid > (int32_t)pos)
+        g->valid = (int32_t)pos;
     return ST_OK;
 }
 
@@ -177,9 +285,14 @@ static void mdraft_free(st_drafter *d) {
 
 /* The arrays of g in one planned block (st_plan: a sizing pass, then a carving pass). */
 static void mdraft_layout(mdraft *g, st_plan *p) {
-    const size_t K = (size_t)g->max_k, S = (size_t)g->max_s, V = (size_t)g->n_vocab;
+    const size_t K = (size_t)g->max_k, S = (size_t)g->max_s, V = (size_t)g->n_vocab,
+                 B = (size_t)g->nb > K ? (size_t)g->nb : K, E = (size_t)g->n_embd,
+                 P = g->eagle ? (size_t)g->n_ctx + 1 : 0, H = g->eagle ? K * E : 0;
     g->logits = st_plan_take(p, K * V, sizeof *g->logits);
     g->probs = st_plan_take(p, V, sizeof *g->probs);
+    g->feat = st_plan_take(p, P * E, sizeof *g->feat);
+    g->fin = st_plan_take(p, H, sizeof *g->fin);
+    g->hout = st_plan_take(p, H, sizeof *g->hout);
     g->anc = st_plan_take(p, K * S, sizeof *g->anc);
     g->anc2 = st_plan_take(p, K * S, sizeof *g->anc2);
     g->nanc = st_plan_take(p, K, sizeof *g->nanc);
@@ -187,22 +300,68 @@ static void mdraft_layout(mdraft *g, st_plan *p) {
     g->score = st_plan_take(p, K, sizeof *g->score);
     g->tok = st_plan_take(p, K, sizeof *g->tok);
     g->toks = st_plan_take(p, K, sizeof *g->toks);
-    g->pos = st_plan_take(p, K, sizeof *g->pos);
-    g->seq = st_plan_take(p, K, sizeof *g->seq);
-    g->row = st_plan_take(p, K, sizeof *g->row);
-    g->npre = st_plan_take(p, K, sizeof *g->npre);
+    g->pos = st_plan_take(p, B, sizeof *g->pos);
+    g->seq = st_plan_take(p, B, sizeof *g->seq);
+    g->row = st_plan_take(p, B, sizeof *g->row);
+    g->npre = st_plan_take(p, B, sizeof *g->npre);
     g->eoff = st_plan_take(p, K + 1, sizeof *g->eoff);
     g->erow = st_plan_take(p, K * (S + 1), sizeof *g->erow);
     g->pick = st_plan_take(p, K, sizeof *g->pick);
+}
+
+/* The drafter over a draft model or an EAGLE head (eagle), its checks done by the caller. */
+static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, int32_t n_threads,
+                            int64_t max_k, int64_t max_s, st_drafter **out) {
+    mdraft *g = st_calloc(1, sizeof *g);
+    if (!g)
+        return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
+    g->base.propose = mdraft_propose;
+    g->base.observe = eagle ? eagle_observe : NULL;
+    g->base.free = mdraft_free;
+    g->eagle = eagle;
+    g->max_k = max_k;
+    g->max_s = max_s;
+    g->n_vocab = draft->hp.n_vocab;
+    g->n_embd = draft->hp.n_embd;
+    st_session_params sp = st_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_threads = n_threads;
+    /* n_batch: the session's default (64) covers a level of K <= ST_SPEC_MAX_K nodes */
+    st_status st = st_session_create(draft, &sp, &g->s);
+    if (st) {
+        st_free(g);
+        return st;
+    }
+    g->nb = st_session_get_params(g->s)->n_batch;
+    g->n_ctx = st_session_get_params(g->s)->n_ctx;
+    st_plan pl = {0};
+    mdraft_layout(g, &pl);
+    if (!(g->mem = st_plan_alloc(&pl))) {
+        mdraft_free(&g->base);
+        return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
+    }
+    mdraft_layout(g, &pl);
+    *out = &g->base;
+    return ST_OK;
+}
+
+static st_status check_limits(const char *what, int64_t max_k, int64_t max_s) {
+    if (max_k < 1 || max_k > ST_SPEC_MAX_K || max_s < 1 || max_s > ST_SPEC_MAX_S)
+        return st_fail(ST_ERR_INVALID, "%s: K must be in 1..%d and S in 1..%d", what, ST_SPEC_MAX_K,
+                       ST_SPEC_MAX_S);
+    return ST_OK;
 }
 
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
                                   int32_t n_threads, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
     *out = NULL;
-    if (max_k < 1 || max_k > ST_SPEC_MAX_K || max_s < 1 || max_s > ST_SPEC_MAX_S)
-        return st_fail(ST_ERR_INVALID, "draft model: K must be in 1..%d and S in 1..%d",
-                       ST_SPEC_MAX_K, ST_SPEC_MAX_S);
+    st_status st = check_limits("draft model", max_k, max_s);
+    if (st)
+        return st;
+    if (draft->fc.data)
+        return st_fail(ST_ERR_INVALID,
+                       "draft model: this is an EAGLE head (use the EAGLE algorithm)");
     const st_tokenizer *td = st_model_tokenizer(draft), *tt = st_model_tokenizer(target);
     int32_t nd = st_tokenizer_n_vocab(td), nt = st_tokenizer_n_vocab(tt);
     if (nd != nt || draft->hp.n_vocab != target->hp.n_vocab)
@@ -216,30 +375,22 @@ st_status st_drafter_model_create(const st_model *draft, const st_model *target,
                            "draft model: vocabulary mismatch at token %d ('%.*s' vs '%.*s')", i,
                            (int)(la > 32 ? 32 : la), a, (int)(lb > 32 ? 32 : lb), b);
     }
-    mdraft *g = st_calloc(1, sizeof *g);
-    if (!g)
-        return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
-    g->base.propose = mdraft_propose;
-    g->base.free = mdraft_free;
-    g->max_k = max_k;
-    g->max_s = max_s;
-    g->n_vocab = draft->hp.n_vocab;
-    st_session_params sp = st_session_default_params();
-    sp.n_ctx = n_ctx;
-    sp.n_threads = n_threads;
-    /* n_batch: the session's default (64) covers a level of K <= ST_SPEC_MAX_K nodes */
-    st_status st = st_session_create(draft, &sp, &g->s);
-    if (st) {
-        st_free(g);
+    return mdraft_new(draft, 0, n_ctx, n_threads, max_k, max_s, out);
+}
+
+st_status st_drafter_eagle_create(const st_model *head, const st_model *target, int32_t n_ctx,
+                                  int32_t n_threads, int64_t max_k, int64_t max_s,
+                                  st_drafter **out) {
+    *out = NULL;
+    st_status st = check_limits("EAGLE", max_k, max_s);
+    if (st)
         return st;
-    }
-    st_plan pl = {0};
-    mdraft_layout(g, &pl);
-    if (!(g->mem = st_plan_alloc(&pl))) {
-        mdraft_free(&g->base);
-        return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
-    }
-    mdraft_layout(g, &pl);
-    *out = &g->base;
-    return ST_OK;
+    if (!head->fc.data)
+        return st_fail(ST_ERR_INVALID, "EAGLE: the draft model is not an EAGLE head (load it with "
+                                       "st_eagle_head_load)");
+    if (head->target != target)
+        return st_fail(ST_ERR_INVALID,
+                       "EAGLE: the head was loaded for another target model (its embedding and "
+                       "output layer are that model's)");
+    return mdraft_new(head, 1, n_ctx, n_threads, max_k, max_s, out);
 }

@@ -16,21 +16,26 @@ st_status st_spec_algo_parse(const char *name, st_spec_algo *out) {
         *out = ST_SPEC_STANDALONE;
     else if (name && !strcasecmp(name, "NGRAM"))
         *out = ST_SPEC_NGRAM;
-    else if (name && (!strcasecmp(name, "EAGLE") || !strcasecmp(name, "EAGLE3")))
+    else if (name && !strcasecmp(name, "EAGLE"))
+        *out = ST_SPEC_EAGLE;
+    else if (name && !strcasecmp(name, "EAGLE3"))
         return st_fail(ST_ERR_UNSUPPORTED,
                        "speculative algorithm '%s' is not supported yet "
-                       "(NONE, STANDALONE, NGRAM)",
+                       "(NONE, STANDALONE, NGRAM, EAGLE)",
                        name);
     else
         return st_fail(ST_ERR_INVALID,
                        "unknown speculative algorithm '%s' (NONE, STANDALONE, "
-                       "NGRAM)",
+                       "NGRAM, EAGLE)",
                        name ? name : "(null)");
     return ST_OK;
 }
 
 const char *st_spec_algo_name(st_spec_algo a) {
-    return a == ST_SPEC_STANDALONE ? "STANDALONE" : a == ST_SPEC_NGRAM ? "NGRAM" : "NONE";
+    return a == ST_SPEC_STANDALONE ? "STANDALONE"
+           : a == ST_SPEC_NGRAM    ? "NGRAM"
+           : a == ST_SPEC_EAGLE    ? "EAGLE"
+                                   : "NONE";
 }
 
 st_spec_params st_spec_default_params(void) {
@@ -147,6 +152,9 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
         if (sp->algo == ST_SPEC_NGRAM)
             rc = st_drafter_ngram_create(sp->ngram_min_match, sp->ngram_max_match,
                                          sp->ngram_breadth, K, S, ps.n_ctx + 1, &g->dr[b]);
+        else if (sp->algo == ST_SPEC_EAGLE)
+            rc = st_drafter_eagle_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
+                                         &g->dr[b]);
         else
             rc = st_drafter_model_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
                                          &g->dr[b]);
@@ -155,8 +163,10 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     }
     const int autotune =
         sp->topk == 0 || sp->num_steps == 0 || (sp->topk != 1 && sp->num_draft_tokens == 0);
+    /* a model drafter's bytes read per token (an EAGLE head's include the target's output
+     * layer) over the target's */
     const double wr =
-        sp->algo == ST_SPEC_STANDALONE
+        sp->algo == ST_SPEC_STANDALONE || sp->algo == ST_SPEC_EAGLE
             ? (double)st_model_weight_bytes(sp->draft_model) / (double)st_model_weight_bytes(g->m)
             : 0.0;
     g->stats->auto_shape = autotune;
@@ -166,13 +176,22 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     return ST_OK;
 }
 
-/* Evaluates each prompt and samples its first token. */
+/* Hands a prompt token's state to the drafter that reads the target's states (st_state_fn). */
+static st_status observe_prompt(void *user, int64_t pos, const float *state) {
+    st_drafter *d = user;
+    return d->observe(d, pos, state);
+}
+
+/* Evaluates each prompt (its states to a drafter that reads them) and samples its first
+ * token. */
 static st_status gen_prefill(st_gen *g, const int32_t *const *prompts, const int64_t *n_prompts) {
     for (int32_t b = 0; b < g->bs; b++) {
         memcpy(g->hist[b], prompts[b], (size_t)n_prompts[b] * sizeof(int32_t));
         g->n_hist[b] = n_prompts[b];
         g->stats->prompt_tokens += n_prompts[b];
-        st_status rc = st_session_eval(g->s, b, prompts[b], (int32_t)n_prompts[b], g->logits, 1);
+        st_drafter *d = g->dr[b] && g->dr[b]->observe ? g->dr[b] : NULL;
+        st_status rc = st_session_eval_states(g->s, b, prompts[b], (int32_t)n_prompts[b], g->logits,
+                                              1, d ? observe_prompt : NULL, d);
         if (rc)
             return rc;
         int32_t next;
@@ -262,9 +281,12 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     st_status rc;
     if (gp.spec.algo != ST_SPEC_NONE && (rc = resolve_shape(&gp.spec, &K, &S, &N)))
         return rc;
-    if (gp.spec.algo == ST_SPEC_STANDALONE && !gp.spec.draft_model)
-        return st_fail(ST_ERR_INVALID, "generate: STANDALONE needs a draft model "
-                                       "(--speculative-draft-model-path)");
+    if ((gp.spec.algo == ST_SPEC_STANDALONE || gp.spec.algo == ST_SPEC_EAGLE) &&
+        !gp.spec.draft_model)
+        return st_fail(ST_ERR_INVALID,
+                       "generate: %s needs a draft model "
+                       "(--speculative-draft-model-path)",
+                       st_spec_algo_name(gp.spec.algo));
     st_gen_stats st0;
     st_gen g;
     memset(&g, 0, sizeof g);

@@ -74,6 +74,11 @@ static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
     st_status rc = st_session_commit(g->s, b, n, acc, k + 1);
     if (rc)
         return rc;
+    /* the accepted nodes' states (positions L .. L+k) to a drafter that reads them */
+    for (int64_t i = 0; i <= k && g->dr[b]->observe; i++)
+        if ((rc = g->dr[b]->observe(g->dr[b], g->seq_lens[a] + i,
+                                    st_session_state(g->s, o + acc[i]))))
+            return rc;
     const int64_t before = g->n_gen[b];
     for (int64_t i = 1; i <= k + 1; i++)
         if (st_gen_push(g, b, i <= k ? g->tree_tokens[o + acc[i]] : g->pred[o + acc[k]]))
@@ -155,6 +160,9 @@ st_status st_gen_plain_step(st_gen *g, int64_t *emitted) {
         return rc;
     g->verify_s += st_time_now() - t0;
     for (int32_t a = 0; a < na; a++) {
+        st_drafter *d = g->dr[g->seqs[a]];
+        if (d && d->observe && (rc = d->observe(d, g->seq_lens[a], st_session_state(g->s, a))))
+            return rc;
         int32_t next;
         if ((rc = st_gen_target_token(g, g->logits + (size_t)a * (size_t)g->V, g->seq_lens[a] + 1,
                                       &next)))

@@ -21,6 +21,23 @@ static void rmsnorm(const st_kernels *k, float *y, const float *x, const float *
         y[i] = (x[i] * scale) * w[i];
 }
 
+/* RMSNorm with weight w, or a plain copy where the model has no norm there (an EAGLE-1 head has
+ * none before its layer and none after it). */
+static void norm_or_copy(const st_kernels *k, float *y, const float *x, const float *w, int64_t n,
+                         float eps) {
+    if (w)
+        rmsnorm(k, y, x, w, n, eps);
+    else
+        memcpy(y, x, (size_t)n * sizeof(float));
+}
+
+/* The embedding row of token t (the target's, for an EAGLE head that shares it). */
+static void embed_row(const st_model *m, int32_t t, float *out) {
+    st_dequant_row(m->tok_embd.type,
+                   (const char *)m->tok_embd.data + (size_t)t * m->tok_embd.row_bytes, out,
+                   m->hp.n_embd);
+}
+
 /* Rotates adjacent pairs (2j, 2j+1) of each head (GGUF/llama.cpp NORMAL mode). */
 static void rope(float *v, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs,
                  const float *sn) {
@@ -155,6 +172,8 @@ static void matmul1(st_session *s, const st_wt *w, float *y, const float *x, int
 
 static st_status check_fwd(const st_session *s, const st_fwd *f) {
     const st_model_hparams *hp = &s->m->hp;
+    if (s->m->fc.data && (!f->features || !s->cat))
+        return st_fail(ST_ERR_INVALID, "forward: an EAGLE head needs the target's features");
     if (f->n < 1 || f->n > s->p.n_batch)
         return st_fail(ST_ERR_INVALID, "forward: %d tokens (must be 1..%d)", f->n, s->p.n_batch);
     if (f->logits_from < 0 || f->logits_from > f->n)
@@ -196,11 +215,21 @@ st_status st_forward(st_session *s, const st_fwd *f) {
     const int64_t E = hp->n_embd, hd = hp->head_dim, Q = (int64_t)hp->n_head * hd,
                   KV = (int64_t)hp->n_head_kv * hd, F = hp->n_ff, T = f->n;
     const int32_t nrot2 = hp->n_rot / 2;
-    for (int64_t i = 0; i < T; i++)
-        st_dequant_row(m->tok_embd.type,
-                       (const char *)m->tok_embd.data +
-                           (size_t)f->tokens[i] * m->tok_embd.row_bytes,
-                       s->x + i * E, E);
+    if (m->fc.data) {
+        /* an EAGLE head: x = fc([embedding; feature]) + bias (the order of the published code) */
+        for (int64_t i = 0; i < T; i++) {
+            embed_row(m, f->tokens[i], s->cat + i * 2 * E);
+            memcpy(s->cat + i * 2 * E + E, f->features + i * E, (size_t)E * sizeof(float));
+        }
+        matmul1(s, &m->fc, s->x, s->cat, T);
+        if (m->fc_bias)
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t j = 0; j < E; j++)
+                    s->x[i * E + j] += m->fc_bias[j];
+    } else {
+        for (int64_t i = 0; i < T; i++)
+            embed_row(m, f->tokens[i], s->x + i * E);
+    }
     for (int64_t i = 0; i < T; i++) /* RoPE angles of the batch's positions, in double */
         for (int32_t j = 0; j < nrot2; j++) {
             const double a = (double)f->pos[i] * s->rope_freq[j];
@@ -210,7 +239,7 @@ st_status st_forward(st_session *s, const st_fwd *f) {
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const st_layer *L = &m->layers[l];
         for (int64_t i = 0; i < T; i++)
-            rmsnorm(k, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
+            norm_or_copy(k, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
         const st_wt *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->kt, s->vt};
         matmuls(s, 3, wqkv, yqkv, s->xb, T);
@@ -240,15 +269,23 @@ st_status st_forward(st_session *s, const st_fwd *f) {
     }
     int64_t n_out = T - f->logits_from;
     s->n_deferred = 0;
-    if ((f->logits && n_out > 0) || f->defer_logits) {
+    s->n_states = 0;
+    if ((f->logits && n_out > 0) || f->defer_logits || f->hidden) {
         for (int64_t i = 0; i < T; i++)
-            rmsnorm(k, s->xb + i * E, s->x + i * E, m->out_norm, E, hp->rms_eps);
+            norm_or_copy(k, s->xb + i * E, s->x + i * E, m->out_norm, E, hp->rms_eps);
+        s->n_states = (int32_t)T;
+        if (f->hidden)
+            memcpy(f->hidden, s->xb, (size_t)(T * E) * sizeof(float));
         if (f->logits && n_out > 0)
             matmul1(s, &m->output, f->logits, s->xb + f->logits_from * E, n_out);
         else if (f->defer_logits)
             s->n_deferred = (int32_t)T;
     }
     return ST_OK;
+}
+
+const float *st_session_state(const st_session *s, int64_t i) {
+    return s && i >= 0 && i < s->n_states ? s->xb + i * s->m->hp.n_embd : NULL;
 }
 
 st_status st_session_logits(st_session *s, int64_t i, float *logits) {

@@ -201,6 +201,7 @@ void st_model_free(st_model *m) {
     }
     st_free(m->layers);
     st_free(m->out_norm);
+    st_free_aligned(m->owned);
     st_tokenizer_free(m->tok);
     st_gguf_free(m->gguf);
     st_free(m);
@@ -323,7 +324,8 @@ const st_model_hparams *st_model_get_hparams(const st_model *m) { return &m->hp;
 const st_tokenizer *st_model_tokenizer(const st_model *m) { return m->tok; }
 
 size_t st_model_weight_bytes(const st_model *m) {
-    size_t total = (size_t)m->output.n_out * m->output.row_bytes;
+    size_t total = (size_t)m->output.n_out * m->output.row_bytes +
+                   (size_t)m->fc.n_out * m->fc.row_bytes; /* an EAGLE head's input projection */
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
         const st_layer *L = &m->layers[l];
         const st_wt *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};

@@ -52,6 +52,13 @@ struct st_model {
     st_wt output;     /* (n_vocab, n_embd); = tok_embd when tied */
     st_layer *layers; /* (n_layer) */
     st_tokenizer *tok;
+    /* an EAGLE head (src/draft/eagle_load.c) has an input projection over [embedding; feature] and
+     * no norms where attn_norm / out_norm are NULL; plain models have fc.data NULL */
+    st_wt fc;               /* (n_embd, 2*n_embd) */
+    float *fc_bias;         /* (n_embd) or NULL */
+    void *owned;            /* an EAGLE head's weights: one 64-byte-aligned block, or NULL */
+    const st_model *target; /* an EAGLE head: the model it was loaded for (its embedding and
+                             * output layer are borrowed from it), else NULL */
 };
 
 /* What a token of a forward pass attends to: the rows [0, n_prefix) of its sequence's KV (each
@@ -69,6 +76,8 @@ typedef struct st_fwd {
     const uint8_t *const *prefix_mask; /* (n) pointers to n_prefix bytes, or NULL */
     const int32_t *extra_off;          /* (n+1) or NULL when no token has extra rows */
     const int32_t *extra_rows;         /* CSR values */
+    const float *features;             /* (n, n_embd): EAGLE heads' input features, else NULL */
+    float *hidden;                     /* (n, n_embd) out, or NULL: the final-normed states */
     int32_t logits_from;               /* tokens i >= logits_from get logits ... */
     float *logits;                     /* ... in row i - logits_from, (n - logits_from, n_vocab) */
     int32_t defer_logits; /* keep the final-normed states of all n tokens in the session for
@@ -101,6 +110,8 @@ struct st_session {
     float *x;           /* (n_batch, n_embd) residual stream */
     float *xb;          /* (n_batch, n_embd) normed input */
     int32_t n_deferred; /* rows of xb that hold final-normed states for st_session_logits */
+    int32_t n_states;   /* rows of xb that hold the last forward's final-normed states */
+    float *cat;         /* (n_batch, 2*n_embd) an EAGLE head's [embedding; feature] rows */
     float *q;           /* (n_batch, n_head*head_dim) */
     float *kt;          /* (n_batch, n_head_kv*head_dim) */
     float *vt;          /* (n_batch, n_head_kv*head_dim) */
@@ -122,6 +133,20 @@ struct st_session {
 
 /* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */
 st_status st_forward(st_session *s, const st_fwd *f);
+
+/* The final-normed state of token i of the last forward pass that normed them (a verify with
+ * deferred logits, a plain step, an eval with logits or hidden states): the feature an EAGLE
+ * head reads. Valid until the next forward pass; NULL for i out of range. */
+const float *st_session_state(const st_session *s, int64_t i);
+
+/* Receives the final-normed state (n_embd) of the token at position pos: the target's features
+ * an EAGLE drafter reads. */
+typedef st_status (*st_state_fn)(void *user, int64_t pos, const float *state);
+
+/* st_session_eval that also hands every evaluated token's final-normed state to fn (NULL: none),
+ * chunk by chunk in increasing position order, before the next chunk's forward pass. */
+st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
+                                 float *logits, int32_t n_logits, st_state_fn fn, void *user);
 
 /* Attention of layer `layer` for the f->n tokens of a forward pass: reads s->q and the KV cache,
  * writes s->att (attn.c). */

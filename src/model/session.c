@@ -38,8 +38,9 @@ static void session_lazy_layout(st_plan *pl, st_session *s, const st_model_hpara
 
 /* The session's one block: the struct, then every buffer of the batch (the first pass sizes,
  * the second carves; core.h). n_threads is the pool's size. */
-static void session_layout(st_plan *pl, st_session *s, const st_model_hparams *hp,
+static void session_layout(st_plan *pl, st_session *s, const st_model *m,
                            const st_session_params *p) {
+    const st_model_hparams *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim,
                  KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, B = (size_t)p->n_batch,
                  F = (size_t)hp->n_ff, nrot2 = (size_t)hp->n_rot / 2;
@@ -58,6 +59,8 @@ static void session_layout(st_plan *pl, st_session *s, const st_model_hparams *h
     s->vt = st_plan_take(pl, B * KV, sizeof(float));
     s->hb = st_plan_take(pl, B * F, sizeof(float));
     s->hb2 = st_plan_take(pl, B * F, sizeof(float));
+    /* an EAGLE head's [embedding; feature] rows */
+    s->cat = m->fc.data ? st_plan_take(pl, B * 2 * E, sizeof(float)) : NULL;
     s->xq = st_plan_take(pl, B * (qmax / ST_QK + 1), sizeof(st_block_q8x));
     s->xk = st_plan_take(pl, B * (qmax / ST_QK_K + 1), sizeof(st_block_q8k));
     s->b_pos = st_plan_take(pl, B, sizeof(int32_t));
@@ -111,7 +114,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
                        (double)phys / 1e9);
     }
     st_plan pl = {0};
-    session_layout(&pl, &sizing, hp, &p);
+    session_layout(&pl, &sizing, m, &p);
     st_session *s = st_plan_alloc(&pl);
     void *lazy = s ? st_lazy_alloc(lz.off) : NULL;
     if (!s || !lazy) {
@@ -122,7 +125,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
                        "(n_ctx %d, n_seq %d, n_batch %d)",
                        pl.off >> 20, lz.off >> 20, p.n_ctx, p.n_seq, p.n_batch);
     }
-    session_layout(&pl, s, hp, &p);
+    session_layout(&pl, s, m, &p);
     lz.base = lazy, lz.off = 0; /* carve the region (st_plan_alloc would touch every page) */
     session_lazy_layout(&lz, s, hp, &p, kv_total);
     s->lazy = lazy;
@@ -162,8 +165,8 @@ st_status st_session_seq_truncate(st_session *s, int32_t seq, int32_t len) {
     return ST_OK;
 }
 
-st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
-                          float *logits, int32_t n_logits) {
+st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
+                                 float *logits, int32_t n_logits, st_state_fn fn, void *user) {
     if (!s || !tokens || n < 1)
         return st_fail(ST_ERR_INVALID, "eval: need at least one token");
     if (seq < 0 || seq >= s->p.n_seq)
@@ -199,12 +202,20 @@ st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int
                     .kv_row = s->b_row,
                     .n_prefix = s->b_prefix,
                     .logits_from = from,
-                    .logits = logits ? logits + (int64_t)(done + from - first) * V : NULL};
+                    .logits = logits ? logits + (int64_t)(done + from - first) * V : NULL,
+                    .defer_logits = fn != NULL}; /* every token's state normed and kept */
         st_status st = st_forward(s, &f);
+        for (int32_t i = 0; i < c && fn && !st; i++)
+            st = fn(user, L + done + i, st_session_state(s, i));
         if (st)
             return st;
         done += c;
         s->seq_len[seq] = L + done;
     }
     return ST_OK;
+}
+
+st_status st_session_eval(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
+                          float *logits, int32_t n_logits) {
+    return st_session_eval_states(s, seq, tokens, n, logits, n_logits, NULL, NULL);
 }

@@ -105,6 +105,10 @@ class Model:
         return v.reshape(-1)
 
     def step(self, tok, pos):
+        return self.out @ self.hidden(tok, pos)
+
+    def hidden(self, tok, pos):
+        """The final-normed state of token tok at position pos (what EAGLE heads read)."""
         t = self.t
         x = t["token_embd.weight"][tok].copy()
         g = self.n_head // self.n_kv
@@ -130,7 +134,7 @@ class Model:
             a = t[p + "ffn_gate.weight"] @ xb
             b = t[p + "ffn_up.weight"] @ xb
             x = x + t[p + "ffn_down.weight"] @ (a / (1 + np.exp(-a)) * b)
-        return self.out @ self.norm(x, t["output_norm.weight"])
+        return self.norm(x, t["output_norm.weight"])
 
 
 def main():

@@ -1,0 +1,311 @@
+/*
+ * eagle_load.c: an EAGLE-1/2 head as published (Li et al., EAGLE, 2024; FORMATS.md §d.1):
+ * config.json and safetensors (one file or shards) become an st_model of one decoder layer with
+ * an input projection over [embedding; feature], no input norm unless the checkpoint has one and
+ * no final norm. The embedding (unless the checkpoint has its own) and the output layer are the
+ * target's, borrowed. Every weight is copied into one 64-byte-aligned block (safetensors data
+ * may be unaligned, and the files are closed after loading), with the q/k rows permuted from
+ * Hugging Face's half-split RoPE layout to the adjacent pairs the forward pass rotates.
+ */
+#include "draft/drafter.h"
+#include "io/safetensors.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+/* One tensor of the layout: rows x cols (cols 0: a vector of rows elements). */
+typedef struct head_tensor {
+    const char *name;
+    int64_t rows, cols;
+    int required;
+    int32_t rope_heads; /* q/k: heads whose rows are permuted (0: copied as is) */
+    const st_sf_tensor *t;
+    void *copy; /* its bytes in the owned block */
+} head_tensor;
+
+enum {
+    HT_EMBD,
+    HT_FC,
+    HT_FC_BIAS,
+    HT_ATTN_NORM,
+    HT_Q,
+    HT_K,
+    HT_V,
+    HT_O,
+    HT_FFN_NORM,
+    HT_GATE,
+    HT_UP,
+    HT_DOWN,
+    HT_N
+};
+
+static void shape_str(const st_sf_tensor *t, char *buf, size_t cap) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int32_t i = 0; i < t->n_dims && i < 4 && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "%s]", t->n_dims > 4 ? ", ..." : "");
+}
+
+/* Reads an integer field in [lo, hi] (def when absent and optional). */
+static st_status cfg_int(const st_hf_config *c, const char *path, const char *key, int optional,
+                         int64_t def, int64_t lo, int64_t hi, int32_t *out) {
+    int64_t v = def;
+    if (!optional || st_hf_config_has(c, key)) {
+        st_status st = st_hf_config_get_int(c, key, &v);
+        if (st)
+            return st;
+    }
+    if (v < lo || v > hi)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: %s = %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]", path, key,
+                       v, lo, hi);
+    *out = (int32_t)v;
+    return ST_OK;
+}
+
+/* The head's hyper-parameters from config.json, checked against the target. */
+static st_status read_config(const char *dir, const st_model *target, st_model_hparams *hp,
+                             bool *bias) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    st_hf_config *c = NULL;
+    st_status st = st_hf_config_open(path, &c);
+    if (st)
+        return st;
+    const int32_t big = 1 << 24;
+    int32_t n_layer = 0, n_vocab = 0;
+    if ((st = cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
+        (st = cfg_int(c, path, "vocab_size", 0, 0, 1, big, &n_vocab)) ||
+        (st = cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &n_layer)) ||
+        (st = cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
+        (st = cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
+                      &hp->n_head_kv)) ||
+        (st = cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536, &hp->head_dim)) ||
+        (st = cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
+        goto done;
+    if (hp->n_embd != target->hp.n_embd) {
+        st = st_fail(ST_ERR_FORMAT, "%s: hidden_size %d does not match the target's %d", path,
+                     hp->n_embd, target->hp.n_embd);
+        goto done;
+    }
+    if (n_vocab != target->hp.n_vocab) {
+        st = st_fail(ST_ERR_FORMAT, "%s: vocab_size %d does not match the target's %d", path,
+                     n_vocab, target->hp.n_vocab);
+        goto done;
+    }
+    if (n_layer != 1) {
+        st = st_fail(ST_ERR_UNSUPPORTED,
+                     "%s: num_hidden_layers = %d; only one-layer EAGLE-1/2 heads are supported",
+                     path, n_layer);
+        goto done;
+    }
+    if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim % 2 != 0) {
+        st = st_fail(ST_ERR_FORMAT,
+                     "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d, or "
+                     "head_dim %d is odd",
+                     path, hp->n_head, hp->n_head_kv, hp->head_dim);
+        goto done;
+    }
+    if (st_hf_config_has(c, "rope_scaling")) {
+        st = st_fail(ST_ERR_UNSUPPORTED, "%s: rope_scaling is not supported yet", path);
+        goto done;
+    }
+    double eps = 1e-6, theta = 10000.0; /* LlamaConfig's default; EAGLE's RoPE default (§d) */
+    *bias = true;                       /* EAGLE's loader defaults the fc bias to true */
+    if ((st_hf_config_has(c, "rms_norm_eps") &&
+         (st = st_hf_config_get_float(c, "rms_norm_eps", &eps))) ||
+        (st_hf_config_has(c, "rope_theta") &&
+         (st = st_hf_config_get_float(c, "rope_theta", &theta))) ||
+        (st_hf_config_has(c, "bias") && (st = st_hf_config_get_bool(c, "bias", bias))))
+        goto done;
+    if (!(eps >= 0.0 && eps < 1.0) || !(theta > 1.0 && theta < 1e30)) {
+        st = st_fail(ST_ERR_FORMAT, "%s: rms_norm_eps %g or rope_theta %g is invalid", path, eps,
+                     theta);
+        goto done;
+    }
+    hp->rms_eps = (float)eps;
+    hp->rope_base = (float)theta;
+    hp->n_vocab = target->hp.n_vocab;
+    hp->n_layer = 1;
+    hp->n_rot = hp->head_dim;
+    hp->n_ctx_train = target->hp.n_ctx_train;
+done:
+    st_hf_config_free(c);
+    return st;
+}
+
+/* Finds and checks every tensor of the layout; any other tensor is an error. */
+static st_status find_tensors(const st_safetensors *sf, head_tensor *ht, bool bias) {
+    for (int64_t i = 0; i < st_safetensors_n_tensors(sf); i++) {
+        const st_sf_tensor *t = st_safetensors_tensor_at(sf, i);
+        int known = 0;
+        for (int k = 0; k < HT_N && !known; k++)
+            known = strcmp(t->name, ht[k].name) == 0;
+        const size_t n = strlen(t->name), m = strlen(".rotary_emb.inv_freq");
+        if (n >= m && strcmp(t->name + n - m, ".rotary_emb.inv_freq") == 0)
+            continue; /* HF exports may keep RoPE's table: recomputed, not read */
+        if (!known)
+            return st_fail(ST_ERR_FORMAT, "%s: unexpected tensor '%s' in an EAGLE-1/2 head",
+                           t->file, t->name);
+        if (!bias && strcmp(t->name, "fc.bias") == 0)
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: tensor 'fc.bias' present but config.json says \"bias\": false",
+                           t->file);
+    }
+    for (int k = 0; k < HT_N; k++) {
+        head_tensor *h = &ht[k];
+        h->t = st_safetensors_find(sf, h->name);
+        if (!h->t) {
+            if (!h->required)
+                continue;
+            return st_safetensors_get(sf, h->name, &h->t); /* the error naming it */
+        }
+        st_dtype dt;
+        st_status st = st_sf_tensor_dtype(h->t, &dt);
+        if (st)
+            return st;
+        const int32_t nd = h->cols ? 2 : 1;
+        if (h->t->n_dims != nd || h->t->shape[0] != h->rows ||
+            (nd == 2 && h->t->shape[1] != h->cols)) {
+            char got[128];
+            shape_str(h->t, got, sizeof got);
+            if (nd == 2)
+                return st_fail(ST_ERR_FORMAT,
+                               "%s: tensor '%s' has shape %s, expected [%" PRId64 ", %" PRId64 "]",
+                               h->t->file, h->name, got, h->rows, h->cols);
+            return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected [%" PRId64 "]",
+                           h->t->file, h->name, got, h->rows);
+        }
+    }
+    return ST_OK;
+}
+
+/* Copies a tensor's bytes; q/k rows go from HF's half-split order to adjacent pairs: per head,
+ * row 2j takes HF row j and row 2j+1 HF row j + head_dim/2 (FORMATS.md §b.6). */
+static void copy_tensor(const head_tensor *h) {
+    const char *src = h->t->data;
+    char *dst = h->copy;
+    if (!h->rope_heads) {
+        memcpy(dst, src, h->t->size);
+        return;
+    }
+    const size_t rb = h->t->size / (size_t)h->rows;
+    const int64_t hd = h->rows / h->rope_heads;
+    for (int64_t head = 0; head < h->rope_heads; head++)
+        for (int64_t j = 0; j < hd / 2; j++)
+            for (int64_t t = 0; t < 2; t++)
+                memcpy(dst + (size_t)(head * hd + 2 * j + t) * rb,
+                       src + (size_t)(head * hd + t * (hd / 2) + j) * rb, rb);
+}
+
+static void set_wt(st_wt *w, const head_tensor *h) {
+    st_dtype dt = ST_DTYPE_F32;
+    st_sf_tensor_dtype(h->t, &dt); /* checked in find_tensors */
+    w->data = h->copy;
+    w->type = dt;
+    w->n_out = h->rows;
+    w->n_in = h->cols;
+    w->row_bytes = st_row_bytes(dt, h->cols);
+    w->packed = NULL;
+}
+
+/* A float copy of a vector tensor (from its aligned copy). */
+static float *vector_of(const head_tensor *h, float *into) {
+    st_dtype dt = ST_DTYPE_F32;
+    st_sf_tensor_dtype(h->t, &dt);
+    float *v = into ? into : st_malloc((size_t)h->rows * sizeof(float));
+    if (v)
+        st_dequant_row(dt, h->copy, v, h->rows);
+    return v;
+}
+
+st_status st_eagle_head_load(const char *dir, const st_model *target, st_model **out) {
+    if (!dir || !target || !out)
+        return st_fail(ST_ERR_INVALID, "st_eagle_head_load: NULL argument");
+    *out = NULL;
+    if (target->fc.data)
+        return st_fail(ST_ERR_INVALID, "st_eagle_head_load: the target is itself an EAGLE head");
+    st_model *m = st_calloc(1, sizeof *m);
+    st_safetensors *sf = NULL;
+    if (!m)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", dir);
+    st_model_hparams *hp = &m->hp;
+    bool bias = true;
+    st_status st = read_config(dir, target, hp, &bias);
+    if (st || (st = st_safetensors_open(dir, &sf)))
+        goto fail;
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim,
+                  KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    head_tensor ht[HT_N] = {
+        [HT_EMBD] = {"embed_tokens.weight", V, E, 0, 0, NULL, NULL},
+        [HT_FC] = {"fc.weight", E, 2 * E, 1, 0, NULL, NULL},
+        [HT_FC_BIAS] = {"fc.bias", E, 0, bias, 0, NULL, NULL},
+        [HT_ATTN_NORM] = {"layers.0.input_layernorm.weight", E, 0, 0, 0, NULL, NULL},
+        [HT_Q] = {"layers.0.self_attn.q_proj.weight", Q, E, 1, hp->n_head, NULL, NULL},
+        [HT_K] = {"layers.0.self_attn.k_proj.weight", KV, E, 1, hp->n_head_kv, NULL, NULL},
+        [HT_V] = {"layers.0.self_attn.v_proj.weight", KV, E, 1, 0, NULL, NULL},
+        [HT_O] = {"layers.0.self_attn.o_proj.weight", E, Q, 1, 0, NULL, NULL},
+        [HT_FFN_NORM] = {"layers.0.post_attention_layernorm.weight", E, 0, 1, 0, NULL, NULL},
+        [HT_GATE] = {"layers.0.mlp.gate_proj.weight", F, E, 1, 0, NULL, NULL},
+        [HT_UP] = {"layers.0.mlp.up_proj.weight", F, E, 1, 0, NULL, NULL},
+        [HT_DOWN] = {"layers.0.mlp.down_proj.weight", E, F, 1, 0, NULL, NULL},
+    };
+    if ((st = find_tensors(sf, ht, bias)))
+        goto fail;
+    /* one block: every tensor's bytes, then the fc bias as floats (st_plan: a sizing pass,
+     * then a carving pass) */
+    st_plan pl = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && !(m->owned = st_plan_alloc(&pl)))
+            break;
+        for (int k = 0; k < HT_N; k++)
+            if (ht[k].t)
+                ht[k].copy = st_plan_take(&pl, ht[k].t->size, 1);
+        if (ht[HT_FC_BIAS].t)
+            m->fc_bias = st_plan_take(&pl, (size_t)E, sizeof(float));
+    }
+    m->layers = st_calloc(1, sizeof *m->layers);
+    if (!m->owned || !m->layers) {
+        st = st_fail(ST_ERR_NOMEM, "%s: out of memory for the head's weights", dir);
+        goto fail;
+    }
+    for (int k = 0; k < HT_N; k++)
+        if (ht[k].t)
+            copy_tensor(&ht[k]);
+    st_layer *L = &m->layers[0];
+    set_wt(&m->fc, &ht[HT_FC]);
+    set_wt(&L->wq, &ht[HT_Q]);
+    set_wt(&L->wk, &ht[HT_K]);
+    set_wt(&L->wv, &ht[HT_V]);
+    set_wt(&L->wo, &ht[HT_O]);
+    set_wt(&L->w_gate, &ht[HT_GATE]);
+    set_wt(&L->w_up, &ht[HT_UP]);
+    set_wt(&L->w_down, &ht[HT_DOWN]);
+    if (ht[HT_FC_BIAS].t)
+        vector_of(&ht[HT_FC_BIAS], m->fc_bias);
+    L->ffn_norm = vector_of(&ht[HT_FFN_NORM], NULL);
+    if (!L->ffn_norm ||
+        (ht[HT_ATTN_NORM].t && !(L->attn_norm = vector_of(&ht[HT_ATTN_NORM], NULL)))) {
+        st = st_fail(ST_ERR_NOMEM, "%s: out of memory for the head's weights", dir);
+        goto fail;
+    }
+    if (ht[HT_EMBD].t) {
+        set_wt(&m->tok_embd, &ht[HT_EMBD]);
+    } else {
+        m->tok_embd = target->tok_embd;
+        m->tok_embd.packed = NULL;
+    }
+    m->output = target->output; /* borrowed: never packed or freed by the head */
+    m->output.packed = NULL;
+    hp->wtype = L->wq.type;
+    m->target = target;
+    st_safetensors_free(sf);
+    *out = m;
+    return ST_OK;
+fail:
+    st_safetensors_free(sf);
+    st_model_free(m);
+    return st;
+}

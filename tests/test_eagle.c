@@ -1,0 +1,348 @@
+/*
+ * test_eagle.c: EAGLE-1/2 heads in the published layout (FORMATS.md §d.1) over stories260K.
+ * - Heads written here (F32, F16, BF16; with and without fc.bias, input norm and their own
+ *   embedding) load, and the head's forward pass (a causal catch-up over a prompt with the
+ *   target's states, then a draft step fed its own output) matches an independent numpy
+ *   implementation in Hugging Face's layout (tests/oracle/eagle_ref.py) within 1e-4 relative.
+ * - Every malformed checkpoint is a one-line error naming the file and the key.
+ * - The engine refuses a head used with another target, as STANDALONE, or a plain model as
+ *   EAGLE.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "spectree.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static st_model *target;
+static char tmp_dir[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/st_eagle_XXXXXX", ST_BUILD_DIR);
+    if (!mkdtemp(tmp_dir))
+        return -1;
+    return st_model_load(tu_shared("models/stories260K.gguf"), &target) == ST_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    st_model_free(target);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *head_dir(const char *name) {
+    static char bufs[4][512];
+    static int k;
+    char *b = bufs[k++ & 3];
+    snprintf(b, 512, "%s/%s", tmp_dir, name);
+    return b;
+}
+
+/* stories260K's shapes: 64 wide, 8 heads over 4 KV heads, 512 tokens. */
+static tu_head base_head(void) {
+    tu_head h = {.n_embd = 64,
+                 .n_vocab = 512,
+                 .n_head = 8,
+                 .n_head_kv = 4,
+                 .n_ff = 96,
+                 .dtype = ST_SF_F32,
+                 .seed = 1,
+                 .scale = 1.0f};
+    return h;
+}
+
+static void check_hparams(const st_model *h) {
+    const st_model_hparams *hp = st_model_get_hparams(h);
+    assert_int_equal(hp->n_layer, 1);
+    assert_int_equal(hp->n_embd, 64);
+    assert_int_equal(hp->n_vocab, 512);
+    assert_int_equal(hp->n_head, 8);
+    assert_int_equal(hp->n_head_kv, 4);
+    assert_int_equal(hp->head_dim, 8);
+    assert_int_equal(hp->n_ff, 96);
+    assert_true(fabsf(hp->rope_base - 10000.0f) < 1e-3f);
+    assert_true(h->output.data == target->output.data && !h->output.packed);
+}
+
+static st_status collect_state(void *user, int64_t pos, const float *state) {
+    float *feat = user;
+    memcpy(feat + pos * 64, state, 64 * sizeof(float));
+    return ST_OK;
+}
+
+/* The head's logits over a prompt and one draft step, against the numpy oracle. */
+static void compare_oracle(const char *dir, const st_model *head) {
+    enum { NP = 9, E = 64, V = 512, DRAFT = 77 };
+    const int32_t toks[NP] = {1, 403, 407, 261, 378, 432, 383, 286, 300};
+    static float feat[NP * E], logits[NP * V], want[NP * V];
+    st_session *ts = NULL, *hs = NULL;
+    assert_int_equal(st_session_create(target, NULL, &ts), ST_OK);
+    assert_int_equal(st_session_eval_states(ts, 0, toks, NP, NULL, 0, collect_state, feat), ST_OK);
+    st_session_params hp = st_session_default_params();
+    hp.n_ctx = 64;
+    assert_int_equal(st_session_create(head, &hp, &hs), ST_OK);
+    int32_t pos[NP], seq[NP] = {0}, npre[NP];
+    for (int32_t i = 0; i < NP; i++)
+        pos[i] = i, npre[i] = i + 1;
+    st_fwd f = {.n = NP - 1,
+                .tokens = toks + 1,
+                .pos = pos,
+                .seq = seq,
+                .kv_row = pos,
+                .n_prefix = npre,
+                .features = feat,
+                .logits = logits};
+    assert_int_equal(st_forward(hs, &f), ST_OK);
+    float h[E];
+    memcpy(h, st_session_state(hs, NP - 2), sizeof h);
+    const int32_t dt = DRAFT;
+    st_fwd g = {.n = 1,
+                .tokens = &dt,
+                .pos = pos + NP - 1,
+                .seq = seq,
+                .kv_row = pos + NP - 1,
+                .n_prefix = npre + NP - 1,
+                .features = h,
+                .logits = logits + (NP - 1) * V};
+    assert_int_equal(st_forward(hs, &g), ST_OK);
+    char cmd[4096];
+    int k = snprintf(cmd, sizeof cmd, "%s %s/tests/oracle/eagle_ref.py %s %s %d", ST_PYTHON3,
+                     ST_SOURCE_DIR, tu_shared("models/stories260K.gguf"), dir, DRAFT);
+    for (int i = 0; i < NP; i++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k, " %d", toks[i]);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int n = 0;
+    while (n < NP * V && fscanf(p, "%f", &want[n]) == 1)
+        n++;
+    assert_int_equal(pclose(p), 0);
+    assert_int_equal(n, NP * V);
+    double worst = 0.0;
+    for (int r = 0; r < NP; r++) {
+        double mx = 0.0, err = 0.0;
+        for (int j = 0; j < V; j++) {
+            mx = fmax(mx, fabs(want[r * V + j]));
+            err = fmax(err, fabs((double)logits[r * V + j] - want[r * V + j]));
+        }
+        worst = fmax(worst, err / mx);
+    }
+    print_message("%s: worst relative logit error vs the oracle %.3g\n", dir, worst);
+    assert_true(worst < 1e-4);
+    st_session_free(hs);
+    st_session_free(ts);
+}
+
+static void test_load_and_oracle(void **state) {
+    (void)state;
+    for (int v = 0; v < 3; v++) {
+        tu_head h = base_head();
+        h.seed = 10 + (uint64_t)v;
+        if (v == 1) { /* F16, no bias, an input norm and its own embedding */
+            h.dtype = ST_SF_F16;
+            h.no_bias = 1;
+            h.input_norm = 1;
+            h.embed = 1;
+        } else if (v == 2) {
+            h.dtype = ST_SF_BF16;
+        }
+        const char *dir = head_dir(v == 0 ? "f32" : v == 1 ? "f16" : "bf16");
+        assert_int_equal(tu_write_eagle_head(dir, &h), 0);
+        st_model *head = NULL;
+        if (st_eagle_head_load(dir, target, &head) != ST_OK)
+            fail_msg("load: %s", st_last_error());
+        check_hparams(head);
+        assert_true((head->fc_bias != NULL) == !h.no_bias);
+        assert_true((head->layers[0].attn_norm != NULL) == (h.input_norm != 0));
+        assert_true((head->tok_embd.data == target->tok_embd.data) == !h.embed);
+        assert_null(head->out_norm);
+        compare_oracle(dir, head);
+        st_model_free(head);
+    }
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Loading dir fails with status want and an error holding each of the texts. */
+static void expect_error(const char *dir, st_status want, const char *a, const char *b) {
+    st_model *head = (st_model *)1;
+    st_status got = st_eagle_head_load(dir, target, &head);
+    const char *msg = st_last_error();
+    print_message("  %s\n", msg);
+    assert_null(head);
+    if (got != want || !strstr(msg, a) || (b && !strstr(msg, b)) || strchr(msg, '\n'))
+        fail_msg("%s: status %d (want %d): %s", dir, got, want, msg);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    char path[1024];
+    tu_head h = base_head();
+    const char *dir;
+
+    h.skip = "layers.0.mlp.up_proj.weight";
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("missing"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "missing", "layers.0.mlp.up_proj.weight");
+
+    h = base_head();
+    h.skip = "fc.bias"; /* required unless "bias": false */
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("nobias"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "nobias", "fc.bias");
+
+    h = base_head();
+    h.extra = "layers.1.input_layernorm.weight";
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("extra"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "extra/model.safetensors", "layers.1.input_layernorm.weight");
+
+    h = base_head();
+    h.no_bias = 1;
+    h.extra = "fc.bias"; /* present although config.json says no bias */
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("biasfalse"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "biasfalse/model.safetensors", "fc.bias");
+
+    h = base_head();
+    h.bad_shape = "layers.0.self_attn.k_proj.weight";
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("shape"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "shape/model.safetensors",
+                 "'layers.0.self_attn.k_proj.weight' has shape [33, 64], expected [32, 64]");
+
+    h = base_head();
+    h.bad_shape = "layers.0.post_attention_layernorm.weight";
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("shape1"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "shape1/model.safetensors", "expected [64]");
+
+    h = base_head();
+    h.bad_dtype = "fc.weight";
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("dtype"), &h), 0);
+    expect_error(dir, ST_ERR_UNSUPPORTED, "dtype/model.safetensors", "'fc.weight' has dtype I32");
+
+    h = base_head();
+    h.n_embd = 32;
+    h.n_head = 4;
+    h.n_head_kv = 4;
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("hidden"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "hidden/config.json", "hidden_size 32");
+
+    h = base_head();
+    h.n_vocab = 500;
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("vocab"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "vocab/config.json", "vocab_size 500");
+
+    /* an embedding with a vocabulary other than the config's */
+    h = base_head();
+    h.embed = 1;
+    h.bad_shape = "embed_tokens.weight";
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("embed"), &h), 0);
+    expect_error(dir, ST_ERR_FORMAT, "embed/model.safetensors", "'embed_tokens.weight'");
+
+    /* truncated data: the reader's error names the file */
+    h = base_head();
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("trunc"), &h), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(truncate(path, sb.st_size - 100), 0);
+    expect_error(dir, ST_ERR_FORMAT, "trunc/model.safetensors", NULL);
+
+    /* config.json: two layers, a wrong type, rope scaling, none at all */
+    h = base_head();
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("cfg"), &h), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_attention_heads\": 8, "
+                     "\"num_hidden_layers\": 2, \"vocab_size\": 512}");
+    expect_error(dir, ST_ERR_UNSUPPORTED, "cfg/config.json", "num_hidden_layers = 2");
+    write_text(path, "{\"hidden_size\": \"64\", \"intermediate_size\": 96, "
+                     "\"num_attention_heads\": 8, \"num_hidden_layers\": 1, \"vocab_size\": 512}");
+    expect_error(dir, ST_ERR_FORMAT, "cfg/config.json", "hidden_size");
+    write_text(path, "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_attention_heads\": 8, "
+                     "\"num_hidden_layers\": 1, \"vocab_size\": 512, \"rope_scaling\": "
+                     "{\"type\": \"linear\", \"factor\": 2.0}}");
+    expect_error(dir, ST_ERR_UNSUPPORTED, "cfg/config.json", "rope_scaling");
+    write_text(path, "{\"hidden_size\": 64, \"num_attention_heads\": 8, "
+                     "\"num_hidden_layers\": 1, \"vocab_size\": 512}");
+    expect_error(dir, ST_ERR_FORMAT, "cfg/config.json", "intermediate_size");
+    remove(path);
+    expect_error(dir, ST_ERR_IO, "cfg/config.json", NULL);
+    /* no safetensors */
+    dir = head_dir("empty");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_attention_heads\": 8, "
+                     "\"num_hidden_layers\": 1, \"vocab_size\": 512}");
+    expect_error(dir, ST_ERR_IO, "empty", NULL);
+}
+
+static int ignore(void *user, int32_t t) {
+    (void)user;
+    (void)t;
+    return 0;
+}
+
+/* The engine checks that the head belongs to the target and the algorithm to the model. */
+static void test_engine_checks(void **state) {
+    (void)state;
+    tu_head h = base_head();
+    const char *dir = head_dir("engine");
+    assert_int_equal(tu_write_eagle_head(dir, &h), 0);
+    st_model *head = NULL, *other = NULL;
+    assert_int_equal(st_eagle_head_load(dir, target, &head), ST_OK);
+    assert_int_equal(st_model_load(tu_shared("models/stories260K.gguf"), &other), ST_OK);
+    const int32_t prompt[] = {1, 403, 407};
+    st_gen_params p = st_gen_default_params();
+    p.n_predict = 4;
+    p.sampler.temp = 0.0f;
+    p.spec.algo = ST_SPEC_EAGLE;
+    p.spec.draft_model = head;
+    p.spec.topk = 1;
+    p.spec.num_steps = 2;
+    assert_int_equal(st_generate(target, prompt, 3, &p, ignore, NULL, NULL), ST_OK);
+    assert_int_equal(st_generate(other, prompt, 3, &p, ignore, NULL, NULL), ST_ERR_INVALID);
+    assert_non_null(strstr(st_last_error(), "another target"));
+    p.spec.draft_model = other;
+    assert_int_equal(st_generate(target, prompt, 3, &p, ignore, NULL, NULL), ST_ERR_INVALID);
+    assert_non_null(strstr(st_last_error(), "not an EAGLE head"));
+    p.spec.algo = ST_SPEC_STANDALONE;
+    p.spec.draft_model = head;
+    assert_int_equal(st_generate(target, prompt, 3, &p, ignore, NULL, NULL), ST_ERR_INVALID);
+    assert_non_null(strstr(st_last_error(), "EAGLE head"));
+    p.spec.algo = ST_SPEC_EAGLE;
+    p.spec.draft_model = NULL;
+    assert_int_equal(st_generate(target, prompt, 3, &p, ignore, NULL, NULL), ST_ERR_INVALID);
+    st_spec_algo a;
+    assert_int_equal(st_spec_algo_parse("eagle", &a), ST_OK);
+    assert_int_equal(a, ST_SPEC_EAGLE);
+    assert_string_equal(st_spec_algo_name(a), "EAGLE");
+    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_ERR_UNSUPPORTED);
+    st_model_free(other);
+    st_model_free(head);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_and_oracle),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_engine_checks),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
