@@ -3,6 +3,8 @@
 # (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; runs the fuzz
 # targets for a minute each (scripts/fuzz.sh; ST_FUZZ_SECONDS=N to change); checks formatting.
 # Usage: scripts/test.sh [--quick]   (--quick: the plain run only)
+# Tests labelled `slow` (the Python EAGLE trainer, which uses no C kernel) run in the first pass
+# only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -18,11 +20,11 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 [ $quick -eq 1 ] && exit 0
 
 echo "== tests with the scalar reference kernels (ST_KERNELS=ref)"
-ST_KERNELS=ref ctest --test-dir build --output-on-failure -j"$jobs"
+ST_KERNELS=ref ctest --test-dir build --output-on-failure -j"$jobs" -LE slow
 
 if grep -q avx512 /proc/cpuinfo 2>/dev/null; then
     echo "== tests with the AVX2 kernels on an AVX-512 machine (ST_KERNELS=avx2)"
-    ST_KERNELS=avx2 ctest --test-dir build --output-on-failure -j"$jobs"
+    ST_KERNELS=avx2 ctest --test-dir build --output-on-failure -j"$jobs" -LE slow
 fi
 
 echo "== build with ASan+UBSan"
@@ -30,7 +32,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_SANITIZE=ON -DST
 cmake --build build-asan -j"$jobs" >/dev/null
 echo "== tests under ASan+UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
 
 echo "== fuzz targets, ${ST_FUZZ_SECONDS:-60} s each (clang, libFuzzer, ASan+UBSan)"
 bash scripts/fuzz.sh

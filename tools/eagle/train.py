@@ -1,0 +1,247 @@
+#!/usr/bin/python3
+"""Trains an EAGLE-1 draft head for a llama GGUF target by self-distillation.
+
+The target continues each prompt (greedy for the first sample of a prompt, sampled at --temp for
+the others); its post-final-norm hidden states f_t and its distributions are the training data.
+The head reads (f_t, token x_{t+1}) and predicts f_{t+1}: loss = SmoothL1(pred, f_{t+1}) +
+0.1 * cross-entropy of lm_head(pred) against softmax(lm_head(f_{t+1})) (EAGLE's train/main.py:
+v_w 1.0, p_w 0.1, AdamW betas (0.9, 0.95), gradient values clipped at 0.5, optional uniform noise
+on the input features). Writes DIR/config.json and DIR/model.safetensors in EAGLE's published
+layout (FORMATS.md d.1; q/k rows in Hugging Face's half-split RoPE order).
+
+Deterministic for a given --seed and --threads.
+"""
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import eagle_lib as el  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def positive(kind):
+    def parse(s):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a %s" % (s, kind.__name__))
+        if not v > 0 or (kind is float and not math.isfinite(v)):
+            raise argparse.ArgumentTypeError("%r must be positive" % s)
+        return v
+    return parse
+
+
+def non_negative_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % s)
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError("%r must be >= 0" % s)
+    return v
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="train.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--target", required=True, help="the target model (llama GGUF: F32/F16/BF16/Q8_0)")
+    ap.add_argument("--out", required=True, help="output directory (created if missing)")
+    ap.add_argument("--prompts", default=os.path.join(HERE, "prompts.txt"),
+                    help="training prompts, one per line")
+    ap.add_argument("--gen-tokens", type=positive(int), default=160,
+                    help="tokens the target writes after the longest prompt")
+    ap.add_argument("--samples", type=positive(int), default=4,
+                    help="continuations per prompt: the first greedy, the others sampled at --temp")
+    ap.add_argument("--temp", type=non_negative_float, default=0.8,
+                    help="sampling temperature of the sampled continuations")
+    ap.add_argument("--epochs", type=positive(int), default=40, help="passes over the data")
+    ap.add_argument("--batch", type=positive(int), default=32, help="sequences per step")
+    ap.add_argument("--lr", type=positive(float), default=3e-3,
+                    help="peak learning rate (linear warm-up, cosine decay to 10%%)")
+    ap.add_argument("--warmup", type=int, default=200, help="warm-up steps")
+    ap.add_argument("--noise", type=non_negative_float, default=0.0,
+                    help="uniform noise of this width added to the input features (EAGLE: 0.2)")
+    ap.add_argument("--w-cls", type=non_negative_float, default=0.1,
+                    help="weight of the classification (soft cross-entropy) loss")
+    ap.add_argument("--seed", type=int, default=0, help="seed of data sampling and training")
+    ap.add_argument("--steps", type=positive(int), default=None,
+                    help="stop after this many optimizer steps (the schedule ends there)")
+    ap.add_argument("--threads", type=positive(int), default=1, help="torch CPU threads")
+    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
+                    help="storage type of model.safetensors")
+    ap.add_argument("--log-every", type=positive(int), default=50, help="steps between progress lines")
+    ap.add_argument("--eval", action="store_true",
+                    help="after training, report tau for chain drafting on --heldout prompts")
+    ap.add_argument("--heldout", default=os.path.join(HERE, "heldout.txt"),
+                    help="held-out prompts for --eval")
+    ap.add_argument("--eval-depth", type=positive(int), default=4, help="chain length S for --eval")
+    return ap.parse_args(argv)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_data(target, prompts, args, gen):
+    """Returns feats (N, T, H), toks (N, T), valid (N, T) bool: one row per continuation."""
+    total = max(len(p) for p in prompts) + args.gen_tokens
+    if total > target.n_ctx:
+        raise el.InputError("--gen-tokens %d plus the longest prompt (%d tokens) exceed the "
+                            "target's context of %d" % (args.gen_tokens, total - args.gen_tokens,
+                                                        target.n_ctx))
+    fs, ts, vs = [], [], []
+    for s in range(args.samples):
+        temp = 0.0 if s == 0 else args.temp
+        toks, feats = target.generate(prompts, total, temp, gen)
+        valid = torch.ones(len(prompts), total, dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            end = el.end_of_text(toks[b].tolist(), len(p), target.tok)
+            valid[b, end:] = False  # nothing after the end of the story
+        fs.append(feats)
+        ts.append(toks)
+        vs.append(valid)
+    return torch.cat(fs), torch.cat(ts), torch.cat(vs)
+
+
+def lr_at(step, total, args):
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = (step - args.warmup) / max(1, total - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def train(args):
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    t0 = time.time()
+    target = el.Target(args.target)
+    texts, prompts = el.read_prompts(args.prompts, target.tok)
+    if args.eval:
+        _, heldout = el.read_prompts(args.heldout, target.tok)
+    cfg = el.head_config(target)
+    log("target %s: dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, rope theta %g, lm_head %s" %
+        (args.target, target.dim, target.n_layer, target.n_head, target.n_kv, target.n_ff,
+         target.vocab, target.theta, "tied to token_embd" if target.tied else "output.weight"))
+
+    feats, toks, valid = build_data(target, prompts, args, gen)
+    # element t: input (f_t, x_{t+1}) at position t; target f_{t+1} and softmax(lm_head(f_{t+1}))
+    x_in, f_in, f_next = toks[:, 1:], feats[:, :-1], feats[:, 1:]
+    mask = valid[:, 1:].float()
+    N, T = x_in.shape
+    n_tok = int(mask.sum())
+    log("data: %d prompts x %d samples = %d sequences of %d positions, %d training pairs "
+        "(%.1f s)" % (len(prompts), args.samples, N, T + 1, n_tok, time.time() - t0))
+
+    head = el.Head(cfg, target.emb)
+    lm = target.out  # (V, H), frozen
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
+    steps_per_epoch = (N + args.batch - 1) // args.batch
+    total = args.epochs * steps_per_epoch
+    if args.steps is not None:
+        total = min(total, args.steps)
+    pos = torch.arange(T)
+    step, t1, first_loss, last_loss = 0, time.time(), None, None
+    acc_sum = loss_sum = cnt = 0.0
+    while step < total:
+        order = torch.randperm(N, generator=gen)
+        for i in range(0, N, args.batch):
+            if step >= total:
+                break
+            idx = order[i:i + args.batch]
+            m = mask[idx][:, :, None]
+            fi = f_in[idx]
+            if args.noise > 0:
+                fi = fi + (torch.rand(fi.shape, generator=gen) - 0.5) * args.noise
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total, args)
+            pred, _ = head(fi, x_in[idx], pos)
+            with torch.no_grad():
+                tgt_logits = f_next[idx] @ lm.T
+                tgt_p = torch.softmax(tgt_logits, -1)
+            out_logits = pred @ lm.T
+            denom = m.sum() + 1e-5
+            ploss = -(m * tgt_p * torch.log_softmax(out_logits, -1)).sum() / denom
+            vloss = (m * torch.nn.functional.smooth_l1_loss(pred, f_next[idx], reduction="none")
+                     .mean(-1, keepdim=True)).sum() / denom
+            loss = vloss + args.w_cls * ploss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
+            opt.step()
+            step += 1
+            with torch.no_grad():
+                hit = (out_logits.argmax(-1) == tgt_logits.argmax(-1)).float()
+                acc_sum += float((hit * m[:, :, 0]).sum())
+                cnt += float(m.sum())
+                loss_sum += float(loss)
+            if first_loss is None:
+                first_loss = float(loss)
+            if step % args.log_every == 0 or step == total:
+                last_loss = loss_sum / ((step - 1) % args.log_every + 1)
+                log("step %d/%d epoch %d loss %.5f (vloss %.5f ploss %.4f) acc %.4f lr %.2e "
+                    "%.1f s" % (step, total, (step - 1) // steps_per_epoch + 1, last_loss,
+                                float(vloss), float(ploss), acc_sum / max(cnt, 1),
+                                lr_at(step - 1, total, args), time.time() - t1))
+                acc_sum = loss_sum = cnt = 0.0
+    train_s = time.time() - t1
+    log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
+        (step, train_s, first_loss, last_loss))
+
+    os.makedirs(args.out, exist_ok=True)
+    dtype = {"f32": "F32", "f16": "F16", "bf16": "BF16"}[args.dtype]
+    el.write_safetensors(os.path.join(args.out, "model.safetensors"),
+                         {k: head.state()[k] for k in el.HEAD_KEYS}, dtype)
+    cfg["torch_dtype"] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[args.dtype]
+    cfg["spectree"] = {
+        "target": os.path.basename(args.target),
+        "target_sha256": el.sha256_file(args.target),
+        "command": "python3 tools/eagle/train.py " + shlex.join(sys.argv[1:]),
+        "seed": args.seed,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "rope_layout": "q_proj/k_proj rows in Hugging Face half-split order",
+        "training_pairs": n_tok,
+        "steps": step,
+        "loss_first": round(first_loss, 6),
+        "loss_last": round(last_loss, 6),
+    }
+    with open(os.path.join(args.out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
+
+    if args.eval:
+        t2 = time.time()
+        tau, cycles, hist = el.chain_tau(head, target, heldout, args.gen_tokens, args.eval_depth)
+        log("eval: tau %.3f at K=1 S=%d greedy over %d cycles on %d held-out prompts "
+            "(accepted drafts per cycle: %s) %.1f s" %
+            (tau, args.eval_depth, cycles, len(heldout), hist, time.time() - t2))
+        print("tau %.4f" % tau)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.warmup < 0:
+        el.die("--warmup must be >= 0")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        el.die("--out %s exists and is not a directory" % args.out)
+    try:
+        train(args)
+    except el.InputError as e:
+        el.die(str(e))
+
+
+if __name__ == "__main__":
+    main()
