@@ -851,7 +851,7 @@ typedef int (*st_emit_fn)(void *user, int32_t token);
  * sampling with the position-coupled draw of st_sample). p NULL: the defaults; stats may be
  * NULL (stats->stop_reason[0] says why generation ended). Errors: ST_ERR_INVALID for bad
  * parameters (a message names the field), ST_ERR_RANGE for a prompt that does not fit the
- * context, ST_ERR_FORMAT when the model's logits are not finite (NaN or +inf: broken weights;
+ * context, ST_ERR_FORMAT when the model's logits are not finite (NaN or infinite: broken weights;
  * the message names the position), ST_ERR_NOMEM. */
 st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt,
                       const st_gen_params *p, st_emit_fn emit, void *user, st_gen_stats *stats);
