@@ -82,6 +82,21 @@ static void run_parts(st_pool *p, unsigned g) {
     }
 }
 
+/* One turn of a wait loop: a pause, and every ST_SPIN_CHECK turns a look at the clock. True
+ * once the wait (which started at *t0, set on the first look) has spun longer than limit
+ * seconds: the caller then sleeps on a futex. */
+static bool spun_out(int *spins, double *t0, double limit) {
+    ST_PAUSE();
+    if (++*spins % ST_SPIN_CHECK)
+        return false;
+    const double t = st_time_now();
+    if (*t0 == 0.0) {
+        *t0 = t;
+        return false;
+    }
+    return t - *t0 > limit;
+}
+
 static void *worker_main(void *arg) {
     worker_arg *wa = arg;
     st_pool *p = wa->p;
@@ -90,20 +105,14 @@ static void *worker_main(void *arg) {
         unsigned g;
         double t0 = 0.0;
         for (int spins = 0; (g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen;) {
-            ST_PAUSE();
-            if (++spins % ST_SPIN_CHECK)
+            if (!spun_out(&spins, &t0, ST_WORKER_SPIN_S))
                 continue;
-            double t = st_time_now();
-            if (t0 == 0.0) {
-                t0 = t;
-            } else if (t - t0 > ST_WORKER_SPIN_S) {
-                /* seq_cst store then the futex's own check of gen: either the caller sees
-                 * parked and wakes us, or the kernel sees the new gen and returns at once. */
-                atomic_store(&p->parked, 1);
-                if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
-                    futex_wait(&p->gen, seen);
-                t0 = 0.0;
-            }
+            /* seq_cst store then the futex's own check of gen: either the caller sees parked
+             * and wakes us, or the kernel sees the new gen and returns at once. */
+            atomic_store(&p->parked, 1);
+            if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+                futex_wait(&p->gen, seen);
+            t0 = 0.0;
         }
         if (atomic_load(&p->stop))
             return NULL;
@@ -171,18 +180,12 @@ void st_pool_run(st_pool *p, st_task_fn fn, void *ctx) {
         unsigned d = atomic_load_explicit(&p->done, memory_order_acquire);
         if (d == (unsigned)p->n)
             break;
-        ST_PAUSE();
-        if (++spins % ST_SPIN_CHECK)
+        if (!spun_out(&spins, &t0, ST_CALLER_SPIN_S))
             continue;
-        double t = st_time_now();
-        if (t0 == 0.0) {
-            t0 = t;
-        } else if (t - t0 > ST_CALLER_SPIN_S) {
-            atomic_store(&p->caller_asleep, 1);
-            if (atomic_load(&p->done) == d)
-                futex_wait(&p->done, d);
-            atomic_store(&p->caller_asleep, 0);
-        }
+        atomic_store(&p->caller_asleep, 1);
+        if (atomic_load(&p->done) == d)
+            futex_wait(&p->done, d);
+        atomic_store(&p->caller_asleep, 0);
     }
 }
 

@@ -12,17 +12,9 @@
  * (i mod 8) in increasing i; attention scores of heads up to 16 take 16 key rows per step.
  * F32 with a single token (memory-bound, measured no better here) and all the other kernels
  * are the AVX2 ones.
- * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
- * the OS support these features (dispatch.c).
+ * The file is compiled for the ISA (CMakeLists.txt: *_avx512.c); it is only called when the
+ * CPU and the OS support these features (dispatch.c).
  */
-#if defined(__clang__)
-#pragma clang attribute push(                                                                      \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))),        \
-    apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
-#endif
-
 #include "kernels/kernels.h"
 #include "kernels/kernels_x86.h"
 
@@ -731,9 +723,6 @@ static void table_init(void) {
     st_kernels_avx512_table.softmax = softmax_avx512;
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
 
 #include <pthread.h>
 

@@ -4,17 +4,9 @@
  * then paired into 512-bit vectors; the integer dot
  * takes 64 quants per step with vpmaddubsw and vpdpwssd against the per-16 scales (one 128-bit
  * lane per 16 elements). The exact integers take the shared float step, in block order.
- * The file is compiled for the ISA by the pragma below; it is only called when the CPU and
- * the OS support these features (dispatch.c).
+ * The file is compiled for the ISA (CMakeLists.txt: *_avx512.c); it is only called when the
+ * CPU and the OS support these features (dispatch.c).
  */
-#if defined(__clang__)
-#pragma clang attribute push(                                                                      \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))),        \
-    apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
-#endif
-
 #include "kernels/kquant_x86.h"
 
 /* Word k of step i: the scale of sub-block 4i + k/8. */
@@ -95,7 +87,3 @@ ST_KQ_AVX512(q3_k, ST_DTYPE_Q3_K, 0)
 ST_KQ_AVX512(q4_k, ST_DTYPE_Q4_K, 1)
 ST_KQ_AVX512(q5_k, ST_DTYPE_Q5_K, 1)
 ST_KQ_AVX512(q6_k, ST_DTYPE_Q6_K, 0)
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
