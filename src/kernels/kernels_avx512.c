@@ -723,7 +723,6 @@ static void table_init(void) {
     st_kernels_avx512_table.softmax = softmax_avx512;
 }
 
-
 #include <pthread.h>
 
 const st_kernels *st_kernels_avx512_table_get(void) {
