@@ -13,12 +13,70 @@
 
 enum { MAX_DRAFTS = 8, MAX_REPS = 64 };
 
+/* The fixed (K, S, N) shapes of --sweep: chains and SGLang-like trees. */
+static const int sweep_shapes[][3] = {{1, 2, 3}, {1, 3, 4}, {1, 4, 5},  {1, 6, 7},
+                                      {2, 3, 6}, {2, 4, 8}, {2, 6, 12}, {4, 4, 12}};
+
+typedef struct e2e_result {
+    double plain, spec, ratio, tau; /* medians (tau: of the last repetition) */
+    int64_t steps, plain_steps;
+} e2e_result;
+
+/* Runs plain and speculative generation back to back, reps times after a warm-up. */
+static int measure(const st_model *m, const int32_t *ids, int64_t n_ids,
+                   const st_gen_params *gp_plain, const st_gen_params *gp_spec, int reps,
+                   e2e_result *out) {
+    double plain[MAX_REPS], specr[MAX_REPS], ratio[MAX_REPS];
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        st_gen_stats a, b;
+        if (st_generate(m, ids, n_ids, gp_plain, NULL, NULL, &a) != ST_OK ||
+            st_generate(m, ids, n_ids, gp_spec, NULL, NULL, &b) != ST_OK) {
+            fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+            return -1;
+        }
+        if (a.gen_tokens != b.gen_tokens) {
+            fprintf(stderr, "spectree-bench: speculative run emitted %lld tokens, plain %lld\n",
+                    (long long)b.gen_tokens, (long long)a.gen_tokens);
+            return -1;
+        }
+        if (r >= 0) {
+            plain[r] = a.gen_tok_s;
+            specr[r] = b.gen_tok_s;
+            ratio[r] = b.gen_tok_s / a.gen_tok_s;
+            out->tau = b.tau;
+            out->steps = b.spec_steps;
+            out->plain_steps = b.plain_steps;
+        }
+    }
+    out->plain = st_bench_median(plain, reps);
+    out->spec = st_bench_median(specr, reps);
+    out->ratio = st_bench_median(ratio, reps);
+    return 0;
+}
+
+static void report(int json, const char *model_path, const char *name, const char *shape,
+                   long n_gen, int reps, const e2e_result *e) {
+    if (json)
+        printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"shape\": \"%s\", \"gen_tokens\": %ld, "
+               "\"plain_tok_s\": %.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, "
+               "\"spec_steps\": %lld, \"plain_steps\": %lld, \"reps\": %d}\n",
+               model_path, name, shape, n_gen, e->plain, e->spec, e->ratio, e->tau,
+               (long long)e->steps, (long long)e->plain_steps, reps);
+    else
+        printf("%-28s %-10s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
+               "(%lld speculative + %lld plain steps)\n",
+               name, shape, e->plain, e->spec, e->ratio, e->tau, (long long)e->steps,
+               (long long)e->plain_steps);
+    fflush(stdout);
+}
+
 static const char *help =
     "usage: spectree-bench e2e [-m MODEL] [-p PROMPT] [-n N] [--reps R] [--draft PATH]... "
     "[--json]\n"
     "\n"
     "Plain vs speculative tokens/s in the same run for NGRAM, STANDALONE with the model as its\n"
-    "own draft, and STANDALONE with each --draft model, all with auto tree shapes. Greedy.\n"
+    "own draft, STANDALONE with each --draft model and EAGLE with each --eagle head, all with\n"
+    "auto tree shapes (and fixed ones with --sweep). Greedy.\n"
     "Each repetition runs plain and speculative back to back; the speed-up is the median of\n"
     "the per-repetition ratios (robust to a machine whose speed drifts), tok/s are medians.\n"
     "\n"
@@ -27,6 +85,10 @@ static const char *help =
     "  -n N               tokens per run (default 256)\n"
     "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
     "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
+    "      --eagle DIR    an EAGLE-1/2 head for the model (repeatable)\n"
+    "      --no-ngram     skip NGRAM\n"
+    "      --sweep        also run each drafter with fixed (K, S, N) shapes and print the best\n"
+    "                     fixed shape against auto\n"
     "      --ngram-min-match N, --ngram-max-match N  NGRAM's suffix match lengths (default:\n"
     "                     the engine's)\n"
     "      --no-self      skip STANDALONE with the model as its own draft\n"
@@ -38,7 +100,8 @@ int st_bench_e2e_main(int argc, char **argv) {
     const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
     const char *drafts[MAX_DRAFTS];
     int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0,
-        topk = 0, nsteps = 0;
+        topk = 0, nsteps = 0, no_ngram = 0, sweep = 0;
+    int is_eagle[MAX_DRAFTS] = {0};
     long n_gen = 256;
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
@@ -50,6 +113,9 @@ int st_bench_e2e_main(int argc, char **argv) {
                                        {"no-self", no_argument, 0, 's'},
                                        {"topk", required_argument, 0, 'k'},
                                        {"steps", required_argument, 0, 'S'},
+                                       {"eagle", required_argument, 0, 'E'},
+                                       {"no-ngram", no_argument, 0, 'N'},
+                                       {"sweep", no_argument, 0, 'W'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -72,11 +138,20 @@ int st_bench_e2e_main(int argc, char **argv) {
             reps = atoi(optarg);
             break;
         case 'd':
+        case 'E':
             if (n_drafts == MAX_DRAFTS) {
-                fprintf(stderr, "spectree-bench e2e: at most %d --draft models\n", MAX_DRAFTS);
+                fprintf(stderr, "spectree-bench e2e: at most %d --draft models and --eagle heads\n",
+                        MAX_DRAFTS);
                 return 2;
             }
+            is_eagle[n_drafts] = c == 'E';
             drafts[n_drafts++] = optarg;
+            break;
+        case 'N':
+            no_ngram = 1;
+            break;
+        case 'W':
+            sweep = 1;
             break;
         case 'j':
             json = 1;
@@ -129,7 +204,8 @@ int st_bench_e2e_main(int argc, char **argv) {
         return 1;
     }
     for (int i = 0; i < n_drafts; i++)
-        if (st_model_load(drafts[i], &dm[i]) != ST_OK) {
+        if ((is_eagle[i] ? st_eagle_head_load(drafts[i], m, &dm[i])
+                         : st_model_load(drafts[i], &dm[i])) != ST_OK) {
             fprintf(stderr, "spectree-bench: %s\n", st_last_error());
             goto done;
         }
@@ -146,7 +222,7 @@ int st_bench_e2e_main(int argc, char **argv) {
     /* configurations: 0 NGRAM, 1 self-draft, 2.. the --draft models */
     int n_cfg = 2 + n_drafts;
     for (int cfg = 0; cfg < n_cfg; cfg++) {
-        if (cfg == 1 && no_self)
+        if ((cfg == 1 && no_self) || (cfg == 0 && no_ngram))
             continue;
         st_spec_params spec = st_spec_default_params();
         if (ng_min)
@@ -157,7 +233,9 @@ int st_bench_e2e_main(int argc, char **argv) {
         spec.num_steps = nsteps;
         if (spec.ngram_max_match < spec.ngram_min_match)
             spec.ngram_max_match = spec.ngram_min_match;
-        spec.algo = cfg == 0 ? ST_SPEC_NGRAM : ST_SPEC_STANDALONE;
+        spec.algo = cfg == 0                        ? ST_SPEC_NGRAM
+                    : cfg >= 2 && is_eagle[cfg - 2] ? ST_SPEC_EAGLE
+                                                    : ST_SPEC_STANDALONE;
         spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
         const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : drafts[cfg - 2];
         st_gen_params gp_plain = st_gen_default_params(), gp_spec;
@@ -166,41 +244,38 @@ int st_bench_e2e_main(int argc, char **argv) {
         gp_plain.n_threads = threads;
         gp_spec = gp_plain;
         gp_spec.spec = spec;
-        double plain[MAX_REPS], specr[MAX_REPS], ratio[MAX_REPS], tau = 0;
-        int64_t steps = 0, plain_steps = 0;
-        for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-            st_gen_stats a, b;
-            if (st_generate(m, ids, n_ids, &gp_plain, NULL, NULL, &a) != ST_OK ||
-                st_generate(m, ids, n_ids, &gp_spec, NULL, NULL, &b) != ST_OK) {
-                fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+        e2e_result e;
+        if (measure(m, ids, n_ids, &gp_plain, &gp_spec, reps, &e))
+            goto done;
+        report(json, model_path, name, topk || nsteps ? "given" : "auto", n_gen, reps, &e);
+        if (!sweep)
+            continue;
+        const int n_shapes = (int)(sizeof sweep_shapes / sizeof sweep_shapes[0]);
+        double best = 0.0;
+        char best_shape[32] = "";
+        for (int k = 0; k < n_shapes; k++) {
+            gp_spec.spec.topk = sweep_shapes[k][0];
+            gp_spec.spec.num_steps = sweep_shapes[k][1];
+            gp_spec.spec.num_draft_tokens = sweep_shapes[k][2];
+            char shape[32];
+            snprintf(shape, sizeof shape, "%d/%d/%d", sweep_shapes[k][0], sweep_shapes[k][1],
+                     sweep_shapes[k][2]);
+            e2e_result f;
+            if (measure(m, ids, n_ids, &gp_plain, &gp_spec, reps, &f))
                 goto done;
-            }
-            if (a.gen_tokens != b.gen_tokens) {
-                fprintf(stderr, "spectree-bench: speculative run emitted %lld tokens, plain %lld\n",
-                        (long long)b.gen_tokens, (long long)a.gen_tokens);
-                goto done;
-            }
-            if (r >= 0) {
-                plain[r] = a.gen_tok_s;
-                specr[r] = b.gen_tok_s;
-                ratio[r] = b.gen_tok_s / a.gen_tok_s;
-                tau = b.tau;
-                steps = b.spec_steps;
-                plain_steps = b.plain_steps;
+            report(json, model_path, name, shape, n_gen, reps, &f);
+            if (f.ratio > best) {
+                best = f.ratio;
+                snprintf(best_shape, sizeof best_shape, "%s", shape);
             }
         }
-        double p = st_bench_median(plain, reps), s = st_bench_median(specr, reps),
-               q = st_bench_median(ratio, reps);
-        if (json)
-            printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"gen_tokens\": %ld, \"plain_tok_s\": "
-                   "%.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, \"spec_steps\": "
-                   "%lld, \"plain_steps\": %lld, \"reps\": %d}\n",
-                   model_path, name, n_gen, p, s, q, tau, (long long)steps, (long long)plain_steps,
-                   reps);
+        if (!json)
+            printf("%-28s best fixed K/S/N %s: speed-up %.3fx; auto %.3fx = %.1f%% of it\n", name,
+                   best_shape, best, e.ratio, 100.0 * e.ratio / best);
         else
-            printf("%-28s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
-                   "(%lld speculative + %lld plain steps)\n",
-                   name, p, s, q, tau, (long long)steps, (long long)plain_steps);
+            printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"best_fixed\": \"%s\", "
+                   "\"best_fixed_speedup\": %.3f, \"auto_speedup\": %.3f}\n",
+                   model_path, name, best_shape, best, e.ratio);
         fflush(stdout);
     }
     rc = 0;
