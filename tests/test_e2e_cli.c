@@ -36,22 +36,11 @@ static const char *golden =
     "said, \"I'm sorry, Lily. I didn't know what to do.\"\nLily didn't want to help her mom, so "
     "she";
 
-typedef struct result {
-    int code;
-    char *out, *err;
-} result;
+typedef tu_result result;
 
-/* Runs `spectree ARGS` through the shell with standard input from `in`, capturing stdout and
- * stderr in files. */
+/* Runs `spectree ARGS` with standard input from `in`. */
 static result run_in(const char *args, const char *in) {
-    char cmd[8192], fo[512], fe[512];
-    snprintf(fo, sizeof fo, "%s/cli_test.out", ST_BUILD_DIR);
-    snprintf(fe, sizeof fe, "%s/cli_test.err", ST_BUILD_DIR);
-    snprintf(cmd, sizeof cmd, "%s/spectree %s >%s 2>%s <%s", ST_BUILD_DIR, args, fo, fe, in);
-    int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
-    r.out = tu_read_file(fo, NULL);
-    r.err = tu_read_file(fe, NULL);
+    result r = tu_run("spectree", args, in);
     assert_non_null(r.out);
     assert_non_null(r.err);
     return r;
@@ -59,10 +48,7 @@ static result run_in(const char *args, const char *in) {
 
 static result run(const char *args) { return run_in(args, "/dev/null"); }
 
-static void done(result *r) {
-    free(r->out);
-    free(r->err);
-}
+static void done(result *r) { tu_result_free(r); }
 
 static int count_lines(const char *s) {
     int n = 0;

@@ -42,30 +42,17 @@ static const char *tmp(const char *name) {
     return b;
 }
 
-typedef struct result {
-    int code;
-    char *out, *err;
-} result;
+typedef tu_result result;
 
-/* Runs `build/PROG ARGS` through the shell, capturing stdout and stderr. */
+/* Runs `build/PROG ARGS`, capturing stdout and stderr. */
 static result run(const char *prog, const char *args) {
-    char cmd[8192], fo[600], fe[600];
-    snprintf(fo, sizeof fo, "%s/run.out", dir);
-    snprintf(fe, sizeof fe, "%s/run.err", dir);
-    snprintf(cmd, sizeof cmd, "%s/%s %s >%s 2>%s </dev/null", ST_BUILD_DIR, prog, args, fo, fe);
-    int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
-    r.out = tu_read_file(fo, NULL);
-    r.err = tu_read_file(fe, NULL);
+    result r = tu_run(prog, args, "/dev/null");
     assert_non_null(r.out);
     assert_non_null(r.err);
     return r;
 }
 
-static void done(result *r) {
-    free(r->out);
-    free(r->err);
-}
+static void done(result *r) { tu_result_free(r); }
 
 /* spectree-mkmodel OUT --inflate stories260K ARGS, which must succeed. */
 static void inflate(const char *out, const char *args) {

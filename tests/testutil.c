@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 const char *tu_shared(const char *rel) {
     static char bufs[4][4096];
@@ -148,4 +150,24 @@ done:
     for (int i = 0; i < N_SPEC; i++)
         free(bufs[i]);
     return rc;
+}
+
+tu_result tu_run(const char *prog, const char *args, const char *in) {
+    char cmd[8192], fo[600], fe[600];
+    snprintf(fo, sizeof fo, "%s/tu_run_%d.out", ST_BUILD_DIR, (int)getpid());
+    snprintf(fe, sizeof fe, "%s/tu_run_%d.err", ST_BUILD_DIR, (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s/%s %s >%s 2>%s <%s", ST_BUILD_DIR, prog, args, fo, fe, in);
+    int st = system(cmd);
+    tu_result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
+    r.out = tu_read_file(fo, NULL);
+    r.err = tu_read_file(fe, NULL);
+    remove(fo);
+    remove(fe);
+    return r;
+}
+
+void tu_result_free(tu_result *r) {
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
 }

@@ -31,4 +31,14 @@ typedef struct tu_head {
 /* Creates directory dir (if needed) with config.json and model.safetensors of head h; returns 0
  * on success. */
 int tu_write_eagle_head(const char *dir, const tu_head *h);
+
+/* The result of running one of the project's programs. */
+typedef struct tu_result {
+    int code;        /* exit status; 128 + signal when killed */
+    char *out, *err; /* what it printed (malloc'd; NULL if the capture could not be read) */
+} tu_result;
+/* Runs `BUILD_DIR/PROG ARGS` through the shell with standard input from the file `in`,
+ * capturing stdout and stderr (in files of the build folder named after this process). */
+tu_result tu_run(const char *prog, const char *args, const char *in);
+void tu_result_free(tu_result *r);
 #endif

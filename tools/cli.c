@@ -82,33 +82,29 @@ static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
 
 /* A model path must be a regular file: opening a FIFO would block until some writer came, and
  * a directory (a Hugging Face checkpoint) is not readable yet. Prints why and returns 0 if not. */
-/* dir_ok: an EAGLE head, a checkpoint directory. */
+/* A model path worth opening: an EAGLE head is a directory (dir_ok), a model a GGUF file.
+ * Other kinds of file (a FIFO, a device) are refused by the library, which names the kind. */
 static int model_path_ok(const char *path, int dir_ok) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "spectree: %s: cannot open: %s\n", path, strerror(errno));
         return 0;
     }
-    if (dir_ok ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode))
-        return 1;
-    if (dir_ok)
+    if (dir_ok && !S_ISDIR(st.st_mode)) {
         fprintf(stderr,
                 "spectree: %s: not a directory; an EAGLE head is a checkpoint directory "
                 "(config.json, model.safetensors)\n",
                 path);
-    else if (S_ISDIR(st.st_mode))
+        return 0;
+    }
+    if (!dir_ok && S_ISDIR(st.st_mode)) {
         fprintf(stderr,
                 "spectree: %s: is a directory; expected a GGUF file (checkpoint directories are "
                 "not supported yet)\n",
                 path);
-    else
-        fprintf(stderr, "spectree: %s: not a regular file (%s); expected a GGUF file\n", path,
-                S_ISFIFO(st.st_mode)   ? "a FIFO"
-                : S_ISCHR(st.st_mode)  ? "a character device"
-                : S_ISBLK(st.st_mode)  ? "a block device"
-                : S_ISSOCK(st.st_mode) ? "a socket"
-                                       : "a special file");
-    return 0;
+        return 0;
+    }
+    return 1;
 }
 
 enum { MAX_PROMPT_BYTES = 256 << 20 };
