@@ -370,6 +370,9 @@ typedef struct st_session st_session;
  * cannot fit the machine's memory is refused at creation with the estimate. */
 #define ST_DEFAULT_N_CTX 4096
 
+/* The context a session over m gets when none is given: min(training context, ST_DEFAULT_N_CTX). */
+int32_t st_model_default_ctx(const st_model *m);
+
 typedef struct st_session_params {
     int32_t n_ctx;     /* positions per sequence; 0 = min(training context, ST_DEFAULT_N_CTX) */
     int32_t n_seq;     /* sequences held at once (default 1) */
@@ -826,6 +829,7 @@ typedef struct st_gen_stats {
     int32_t auto_shape;  /* 1: `auto` chose each step's tree (at most N tokens) */
     int64_t tree_tokens; /* tokens of all verified trees (mean tree: / spec_steps) */
     st_stop_reason stop_reason[ST_GEN_MAX_BATCH]; /* why each sequence ended ([0]: st_generate) */
+    int32_t n_ctx; /* the context the generation ran with (positions per sequence) */
 } st_gen_stats;
 
 /* Everything st_generate needs besides the model and the prompt. Start from

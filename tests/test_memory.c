@@ -72,6 +72,7 @@ static void test_default_context_capped(void **state) {
     st_session *s;
     assert_int_equal(st_session_create(model, NULL, &s), ST_OK);
     assert_int_equal(st_session_get_params(s)->n_ctx, ST_DEFAULT_N_CTX);
+    assert_int_equal(st_model_default_ctx(model), ST_DEFAULT_N_CTX);
     st_session_free(s);
     model->hp = saved;
     /* a shorter trained context is kept */

@@ -575,11 +575,7 @@ static int cmd_generate(int argc, char **argv) {
         fprintf(stderr,
                 "spectree: warning: the context (%ld positions) is full; generation stopped "
                 "after %" PRId64 " of %ld tokens (use -c)\n",
-                o.ctx > 0 ? o.ctx
-                : st_model_get_hparams(m)->n_ctx_train < ST_DEFAULT_N_CTX
-                    ? (long)st_model_get_hparams(m)->n_ctx_train
-                    : (long)ST_DEFAULT_N_CTX,
-                gs.gen_tokens, o.n_predict);
+                (long)gs.n_ctx, gs.gen_tokens, o.n_predict);
     if (pr.n_textless)
         fprintf(stderr,
                 "spectree: warning: %" PRId64 " generated tokens have no text in the tokenizer "

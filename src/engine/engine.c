@@ -266,9 +266,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     if (!(gp.sampler.temp >= 0.0f))
         return st_fail(ST_ERR_INVALID, "generate: sampler temp %g is negative",
                        (double)gp.sampler.temp);
-    const int32_t n_ctx = gp.n_ctx > 0                           ? gp.n_ctx
-                          : m->hp.n_ctx_train < ST_DEFAULT_N_CTX ? m->hp.n_ctx_train
-                                                                 : ST_DEFAULT_N_CTX;
+    const int32_t n_ctx = gp.n_ctx > 0 ? gp.n_ctx : st_model_default_ctx(m);
     for (int32_t b = 0; b < bs; b++) {
         if (!prompts[b] || n_prompts[b] < 1)
             return st_fail(ST_ERR_INVALID, "generate: prompt %d is empty", b);
@@ -296,6 +294,7 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     if ((rc = gen_setup(&g, K, S, N)))
         goto done;
     st_gen_stats *st = g.stats;
+    st->n_ctx = st_session_get_params(g.s)->n_ctx;
     if (gp.spec.algo != ST_SPEC_NONE)
         st->num_steps = S, st->topk = K, st->num_draft_tokens = N;
     const double t0 = st_time_now();

@@ -9,6 +9,10 @@
 
 #include <math.h>
 
+int32_t st_model_default_ctx(const st_model *m) {
+    return m->hp.n_ctx_train < ST_DEFAULT_N_CTX ? m->hp.n_ctx_train : ST_DEFAULT_N_CTX;
+}
+
 st_session_params st_session_default_params(void) {
     st_session_params p = {.n_ctx = 0, .n_seq = 1, .n_batch = 64, .n_threads = 0};
     return p;
@@ -79,7 +83,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     st_session_params p = pp ? *pp : st_session_default_params();
     const st_model_hparams *hp = &m->hp;
     if (p.n_ctx <= 0)
-        p.n_ctx = hp->n_ctx_train < ST_DEFAULT_N_CTX ? hp->n_ctx_train : ST_DEFAULT_N_CTX;
+        p.n_ctx = st_model_default_ctx(m);
     if (p.n_seq <= 0)
         p.n_seq = 1;
     if (p.n_batch <= 0)
