@@ -38,6 +38,8 @@ const char *st_status_str(st_status s) {
         return "unsupported";
     case ST_ERR_RANGE:
         return "out of range";
+    case ST_ERR_BUSY:
+        return "busy";
     }
     return "unknown status";
 }

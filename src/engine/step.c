@@ -64,6 +64,8 @@ const char *st_stop_reason_name(st_stop_reason r) {
         return "stop";
     case ST_STOP_CONTEXT:
         return "context";
+    case ST_STOP_CANCEL:
+        return "cancelled";
     default:
         return "none";
     }
