@@ -2,7 +2,8 @@
 # Installs the Debian packages spectree needs to build and test, when they are missing.
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
-pkgs=(cmake make gcc clang libclang-rt-14-dev clang-format libcmocka-dev libjansson-dev python3
+pkgs=(cmake make gcc clang libclang-rt-14-dev clang-format libcmocka-dev libjansson-dev libmicrohttpd-dev
+      nginx-light curl nodejs python3
       python3-numpy python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do

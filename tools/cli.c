@@ -1,9 +1,11 @@
 /*
- * cli.c: the `spectree` command: generate (streamed text, speed on stderr), tokenize and info.
+ * cli.c: the `spectree` command: generate (streamed text, speed on stderr), tokenize and info
+ * (serve is in cli_serve.c).
  * Built only on the public header. Every bad argument or file ends in a one-line message and a
  * non-zero exit.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cli.h"
 #include "spectree.h"
 
 #include <errno.h>
@@ -17,14 +19,14 @@
 #include <time.h>
 #include <unistd.h>
 
-static void die_usage(const char *cmd, const char *msg) {
+void cli_die_usage(const char *cmd, const char *msg) {
     fprintf(stderr, "spectree %s: %s (see 'spectree %s --help')\n", cmd, msg, cmd);
     exit(2);
 }
 
 /* Names the option getopt_long just refused: a missing value's option as typed, an unknown
  * short option as "-x" (it may sit in a group like -hx), an unknown long one as typed. */
-static void die_option(const char *cmd, char **argv, int missing_value) {
+void cli_die_option(const char *cmd, char **argv, int missing_value) {
     char shortopt[3] = {'-', (char)optopt, 0};
     const char *name = !missing_value && optopt > 0 && optopt < 128 ? shortopt : argv[optind - 1];
     fprintf(stderr, "spectree %s: %s '%s' (see 'spectree %s --help')\n", cmd,
@@ -42,8 +44,7 @@ static int number_start(const char *v) {
     return *p >= '0' && *p <= '9';
 }
 
-static int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi,
-                     long *out) {
+int cli_parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
@@ -56,7 +57,7 @@ static int parse_int(const char *cmd, const char *flag, const char *v, long lo, 
     return 0;
 }
 
-static float parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi) {
+float cli_parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi) {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
@@ -69,7 +70,7 @@ static float parse_float(const char *cmd, const char *flag, const char *v, doubl
     return (float)x;
 }
 
-static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
+uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v) {
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
@@ -84,7 +85,7 @@ static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
  * a directory (a Hugging Face checkpoint) is not readable yet. Prints why and returns 0 if not. */
 /* A model path worth opening: an EAGLE head is a directory (dir_ok), a model a GGUF file.
  * Other kinds of file (a FIFO, a device) are refused by the library, which names the kind. */
-static int model_path_ok(const char *path, int dir_ok) {
+int cli_model_path_ok(const char *path, int dir_ok) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "spectree: %s: cannot open: %s\n", path, strerror(errno));
@@ -260,8 +261,8 @@ static int on_token(void *user, int32_t tok) {
 }
 
 /* Tokenizes text into *out (malloc'd, sized from what the tokenizer reports); 0 on success. */
-static int tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
-                        int32_t **out, int64_t *n) {
+int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                     int32_t **out, int64_t *n) {
     int64_t cap = (int64_t)len + 8;
     for (int tries = 0; tries < 2; tries++) {
         free(*out);
@@ -278,11 +279,11 @@ static int tokenize_all(const st_tokenizer *tok, const char *text, size_t len, i
     return -1;
 }
 
-static int32_t parse_auto(const char *flag, const char *v, long lo, long hi) {
+int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo, long hi) {
     if (!strcmp(v, "auto"))
         return 0;
     long x;
-    parse_int("generate", flag, v, lo, hi, &x);
+    cli_parse_int(cmd, flag, v, lo, hi, &x);
     return (int32_t)x;
 }
 
@@ -352,29 +353,29 @@ static int cmd_generate(int argc, char **argv) {
             o.prompt_file = optarg;
             break;
         case 'n':
-            parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
+            cli_parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
             break;
         case 't':
-            parse_int("generate", "-t", optarg, 1, 1024, &o.threads);
+            cli_parse_int("generate", "-t", optarg, 1, 1024, &o.threads);
             break;
         case 'c':
-            parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
+            cli_parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
             break;
         case O_TEMP:
-            o.sp.temp = parse_float("generate", "--temp", optarg, 0, 1e6);
+            o.sp.temp = cli_parse_float("generate", "--temp", optarg, 0, 1e6);
             break;
         case O_TOPK:
-            parse_int("generate", "--top-k", optarg, 0, 1 << 30, &v);
+            cli_parse_int("generate", "--top-k", optarg, 0, 1 << 30, &v);
             o.sp.top_k = (int32_t)v;
             break;
         case O_TOPP:
-            o.sp.top_p = parse_float("generate", "--top-p", optarg, 1e-9, 1);
+            o.sp.top_p = cli_parse_float("generate", "--top-p", optarg, 1e-9, 1);
             break;
         case O_MINP:
-            o.sp.min_p = parse_float("generate", "--min-p", optarg, 0, 1);
+            o.sp.min_p = cli_parse_float("generate", "--min-p", optarg, 0, 1);
             break;
         case O_SEED:
-            o.sp.seed = parse_u64("generate", "--seed", optarg);
+            o.sp.seed = cli_parse_u64("generate", "--seed", optarg);
             o.seed_set = 1;
             break;
         case O_JSON:
@@ -385,9 +386,9 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case O_STOP:
             if (o.n_stops == MAX_STOPS)
-                die_usage("generate", "at most 16 --stop strings");
+                cli_die_usage("generate", "at most 16 --stop strings");
             if (!optarg[0] || strlen(optarg) > 1024)
-                die_usage("generate", "--stop needs a text of 1..1024 bytes");
+                cli_die_usage("generate", "--stop needs a text of 1..1024 bytes");
             o.stops[o.n_stops++] = optarg;
             break;
         case O_ALGO:
@@ -401,16 +402,18 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case O_STEPS:
             o.spec_flags = 1;
-            o.spec.num_steps = parse_auto("--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
+            o.spec.num_steps =
+                cli_parse_auto("generate", "--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
             break;
         case O_EAGLE_TOPK:
             o.spec_flags = 1;
-            o.spec.topk = parse_auto("--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
+            o.spec.topk =
+                cli_parse_auto("generate", "--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
             break;
         case O_NDRAFT:
             o.spec_flags = 1;
-            o.spec.num_draft_tokens =
-                parse_auto("--speculative-num-draft-tokens", optarg, 2, ST_SPEC_MAX_N);
+            o.spec.num_draft_tokens = cli_parse_auto("generate", "--speculative-num-draft-tokens",
+                                                     optarg, 2, ST_SPEC_MAX_N);
             break;
         case O_BACKEND:
             o.spec_flags = 1;
@@ -421,43 +424,43 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case O_NG_MIN:
             o.spec_flags = 1;
-            parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
+            cli_parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_min_match = (int32_t)v;
             break;
         case O_NG_MAX:
             o.spec_flags = 1;
-            parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
+            cli_parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_max_match = (int32_t)v;
             break;
         case O_NG_BREADTH:
             o.spec_flags = 1;
-            parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
+            cli_parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
             o.spec.ngram_breadth = (int32_t)v;
             break;
         case 'h':
             fputs(generate_help, stdout);
             return 0;
         case ':':
-            die_option("generate", argv, 1);
+            cli_die_option("generate", argv, 1);
             break;
         default:
-            die_option("generate", argv, 0);
+            cli_die_option("generate", argv, 0);
         }
     }
     if (optind < argc)
-        die_usage("generate", "unexpected argument");
+        cli_die_usage("generate", "unexpected argument");
     if (!o.model)
-        die_usage("generate", "-m MODEL is required");
+        cli_die_usage("generate", "-m MODEL is required");
     if (!o.prompt && !o.prompt_file)
-        die_usage("generate", "-p PROMPT or -f FILE is required");
+        cli_die_usage("generate", "-p PROMPT or -f FILE is required");
     if (o.prompt && o.prompt_file)
-        die_usage("generate", "give the prompt with -p or with -f, not both");
+        cli_die_usage("generate", "give the prompt with -p or with -f, not both");
     const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || o.spec.algo == ST_SPEC_EAGLE;
     if (model_drafter && !o.draft_path)
-        die_usage("generate", "STANDALONE and EAGLE need --speculative-draft-model-path");
+        cli_die_usage("generate", "STANDALONE and EAGLE need --speculative-draft-model-path");
     if (!model_drafter && o.draft_path)
-        die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
-                              "STANDALONE or EAGLE");
+        cli_die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
+                                  "STANDALONE or EAGLE");
     if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -479,8 +482,8 @@ static int cmd_generate(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t plen = 0;
     int rc = 1;
-    if (!model_path_ok(o.model, 0) ||
-        (o.draft_path && !model_path_ok(o.draft_path, o.spec.algo == ST_SPEC_EAGLE)))
+    if (!cli_model_path_ok(o.model, 0) ||
+        (o.draft_path && !cli_model_path_ok(o.draft_path, o.spec.algo == ST_SPEC_EAGLE)))
         return 1;
     if (o.prompt_file) {
         FILE *f = fopen(o.prompt_file, "rb");
@@ -510,7 +513,7 @@ static int cmd_generate(int argc, char **argv) {
     const st_tokenizer *tok = st_model_tokenizer(m);
     int64_t n_prompt = 0;
     int add_bos = !o.no_bos && st_tokenizer_add_bos_default(tok);
-    if (tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
+    if (cli_tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
     }
@@ -658,18 +661,18 @@ static int cmd_tokenize(int argc, char **argv) {
             fputs(tokenize_help, stdout);
             return 0;
         case ':':
-            die_option("tokenize", argv, 1);
+            cli_die_option("tokenize", argv, 1);
             break;
         default:
-            die_option("tokenize", argv, 0);
+            cli_die_option("tokenize", argv, 0);
         }
     }
     if (!model)
-        die_usage("tokenize", "-m MODEL is required");
+        cli_die_usage("tokenize", "-m MODEL is required");
     if (argc - optind != 1)
-        die_usage("tokenize", "expected exactly one TEXT argument");
+        cli_die_usage("tokenize", "expected exactly one TEXT argument");
     const char *text = argv[optind];
-    if (!model_path_ok(model, 0))
+    if (!cli_model_path_ok(model, 0))
         return 1;
     st_gguf *g = NULL;
     st_tokenizer *tok = NULL;
@@ -723,17 +726,17 @@ static int cmd_info(int argc, char **argv) {
             fputs(info_help, stdout);
             return 0;
         case ':':
-            die_option("info", argv, 1);
+            cli_die_option("info", argv, 1);
             break;
         default:
-            die_option("info", argv, 0);
+            cli_die_option("info", argv, 0);
         }
     }
     if (!model)
-        die_usage("info", "-m MODEL is required");
+        cli_die_usage("info", "-m MODEL is required");
     if (optind < argc)
-        die_usage("info", "unexpected argument");
-    if (!model_path_ok(model, 0))
+        cli_die_usage("info", "unexpected argument");
+    if (!cli_model_path_ok(model, 0))
         return 1;
     st_gguf *g = NULL;
     if (st_gguf_open(model, &g) != ST_OK) {
@@ -792,6 +795,7 @@ static const char *main_help =
     "  generate   generate text from a prompt\n"
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
+    "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
     "\n"
     "'spectree COMMAND --help' describes each command.\n";
 
@@ -811,6 +815,8 @@ int main(int argc, char **argv) {
         return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))
         return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return cli_cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "spectree: unknown command '%s' (see 'spectree --help')\n", cmd);
     return 2;
 }
