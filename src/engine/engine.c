@@ -239,12 +239,12 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     ep.max_running = bs;
     ep.max_queued = bs;
     ep.prefill_chunk = INT32_MAX;
-    st_engine *e;
-    if ((rc = st_engine_create(m, &ep, &e)))
-        return rc;
     st_gen_stats st0;
     st_gen_stats *st = stats ? stats : &st0;
     memset(st, 0, sizeof *st);
+    st_engine *e;
+    if ((rc = st_engine_create(m, &ep, &e)))
+        return rc;
     batch_seq q[ST_GEN_MAX_BATCH];
     const double t0 = st_time_now();
     for (int32_t b = 0; b < bs && !rc; b++) {
