@@ -58,9 +58,12 @@ struct st_ctl {
     /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
     shadow *sh;
     int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth;
-    /* timing */
+    /* timing: t1 over every plain step; t1b[na] over those of na sequences (a batch's plain
+     * step costs less per token than one sequence's: the weights are read once for all) */
     double t1;
     int64_t t1_n;
+    double t1b[ST_GEN_MAX_BATCH + 1];
+    int64_t t1b_n[ST_GEN_MAX_BATCH + 1];
     int64_t explore;  /* near-paying steps seen (exploration counter) */
     double *tv;       /* (Tmax + 1) */
     int32_t *tv_n;    /* (Tmax + 1) */
@@ -297,11 +300,16 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
     int32_t best = 1;
     double bg = 1.03; /* a speculative step must promise a clear gain */
     double g[ST_SPEC_MAX_N + 1];
+    /* plain decoding's time per token at this batch size, over t1 (the scale of the verify
+     * curve): the larger the batch, the cheaper its plain tokens and the more a tree must
+     * deliver. Unmeasured at this size: t1's. */
+    const double f =
+        na >= 1 && na <= ST_GEN_MAX_BATCH && c->t1b_n[na] > 0 ? c->t1b[na] / c->t1 : 1.0;
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        g[m] = tok / est_ratio(c, (int64_t)na * m);
+        g[m] = tok * f / est_ratio(c, (int64_t)na * m);
         if (g[m] > bg) {
             bg = g[m];
             best = m;
@@ -367,6 +375,16 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
         c->tv_n[T]++;
 }
 
+void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
+    if (na < 1 || !(seconds > 0.0))
+        return;
+    st_ctl_time_plain(c, seconds / (double)na);
+    if (na <= ST_GEN_MAX_BATCH) {
+        track(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
+        c->t1b_n[na]++;
+    }
+}
+
 double st_ctl_t1(const st_ctl *c) { return c->t1; }
 
 void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done) {
@@ -404,7 +422,7 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         return;
     if (n == 1) {
         if (emitted > 0)
-            st_ctl_time_plain(c, t_fwd / (double)na);
+            st_ctl_time_plain_batch(c, na, t_fwd);
         c->last_plain = c->step;
     } else {
         st_ctl_time_verify(c, (int64_t)na * n, t_fwd);

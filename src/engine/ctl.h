@@ -57,6 +57,9 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n);
 
 /* Timing of a plain step (seconds per token) and of a verify step over T tree tokens. */
 void st_ctl_time_plain(st_ctl *c, double per_token);
+/* A plain step of na sequences that took `seconds`: t1, and the per-token time at that batch
+ * size, which scales the expected speed-up of a tree for a batch of na (st_ctl_choose). */
+void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds);
 void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds);
 double st_ctl_t1(const st_ctl *c);
 
