@@ -576,13 +576,11 @@ static int render_llama2(const srv_msg *m, int n, const srv_specials *sp, srv_re
         if (m[i].role == SRV_ROLE_USER) {
             rc |= put_special(r, sp->bos, NULL);
             rc |= put(r, "[INST] ");
-            /* content.strip() of "<<SYS>>\nS\n<</SYS>>\n\nU" strips only its outer ends */
+            /* content.strip() of "<<SYS>>\nS\n<</SYS>>\n\nU" strips only its outer ends:
+             * the system text stays as it is, the user text loses trailing blanks */
             if (i == first && first) {
-                size_t s0 = 0;
-                while (s0 < m[0].len && is_space(m[0].content[s0]))
-                    s0++;
                 rc |= put(r, "<<SYS>>\n");
-                rc |= put_text(r, m[0].content + s0, m[0].len - s0);
+                rc |= put_text(r, m[0].content, m[0].len);
                 rc |= put(r, "\n<</SYS>>\n\n");
                 size_t n1 = m[i].len;
                 while (n1 && is_space(m[i].content[n1 - 1]))

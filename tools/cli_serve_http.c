@@ -31,6 +31,77 @@ typedef struct conn_ctx {
     double t_start;
 } conn_ctx;
 
+/* An open connection, for the watchdog: MHD's idle timeout restarts at every byte, so a client
+ * sending a byte a second would never time out; the watchdog closes any connection that has
+ * not delivered a whole request within --timeout seconds of starting one. */
+typedef struct srv_watch {
+    int fd;
+    double t_begin; /* when the connection opened or its last response ended */
+    int busy;       /* a whole request arrived and is being answered */
+    int shut;
+    struct srv_watch *prev, *next;
+} srv_watch;
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    srv *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        srv_watch *w = calloc(1, sizeof *w);
+        if (!w || !ci) {
+            free(w);
+            return;
+        }
+        w->fd = ci->connect_fd;
+        w->t_begin = st_time_seconds();
+        pthread_mutex_lock(&s->mu);
+        w->next = s->watches;
+        if (s->watches)
+            s->watches->prev = w;
+        s->watches = w;
+        pthread_mutex_unlock(&s->mu);
+        *socket_context = w;
+    } else if (*socket_context) {
+        srv_watch *w = *socket_context;
+        pthread_mutex_lock(&s->mu);
+        if (w->prev)
+            w->prev->next = w->next;
+        else
+            s->watches = w->next;
+        if (w->next)
+            w->next->prev = w->prev;
+        pthread_mutex_unlock(&s->mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+static srv_watch *watch_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void *watchdog_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop_watchdog) {
+        double now = st_time_seconds();
+        for (srv_watch *w = s->watches; w; w = w->next)
+            if (!w->busy && !w->shut && now - w->t_begin > (double)s->o.timeout_s) {
+                shutdown(w->fd, SHUT_RDWR); /* MHD sees the end of the stream and closes it */
+                w->shut = 1;
+            }
+        pthread_mutex_unlock(&s->mu);
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Metrics                                                                                   */
 
@@ -771,6 +842,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     /* the whole request is here */
+    srv_watch *w = watch_of(c);
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        w->busy = 1;
+        pthread_mutex_unlock(&s->mu);
+    }
     if (!strncmp(url, "/v1/", 4) && !authorized(s, c))
         return send_error(s, c, 401, "invalid or missing API key (Authorization: Bearer KEY)",
                           NULL);
@@ -813,10 +890,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
-    (void)c;
     (void)toe;
     srv *s = cls;
     conn_ctx *cc = *con_cls;
+    srv_watch *w = watch_of(c);
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        w->busy = 0;
+        w->t_begin = st_time_seconds(); /* the next request's clock */
+        pthread_mutex_unlock(&s->mu);
+    }
     if (cc) {
         free(cc->body);
         free(cc);
@@ -843,7 +926,8 @@ int srv_http_start(srv *s) {
         (uint16_t)s->o.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->o.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u,
+        MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "spectree serve: cannot listen on %s:%ld: %s\n", s->o.host, s->o.port,
                 strerror(errno));
@@ -852,6 +936,7 @@ int srv_http_start(srv *s) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : (int)s->o.port;
     s->daemon = d;
+    s->watchdog_on = pthread_create(&s->watchdog, NULL, watchdog_main, s) == 0;
     return 0;
 }
 
@@ -862,6 +947,12 @@ void srv_http_quiesce(srv *s) {
 }
 
 void srv_http_stop(srv *s) {
+    if (s->watchdog_on) {
+        pthread_mutex_lock(&s->mu);
+        s->stop_watchdog = 1;
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->watchdog, NULL);
+    }
     MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
 }

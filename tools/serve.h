@@ -99,6 +99,8 @@ struct srv {
     int64_t created;
     double t_start;
     void *daemon; /* struct MHD_Daemon * */
+    pthread_t watchdog;
+    int watchdog_on;
 
     pthread_mutex_t mu; /* everything below, and every job's output */
     pthread_cond_t engine_cv, drain_cv;
@@ -110,7 +112,9 @@ struct srv {
     int gauge_running, gauge_queued;
     int n_in_engine; /* jobs handed to the engine thread and not finished */
     int live_jobs;
-    int active_requests; /* HTTP requests begun and not yet answered in full */
+    int active_requests;       /* HTTP requests begun and not yet answered in full */
+    struct srv_watch *watches; /* open connections (cli_serve_http.c) */
+    int stop_watchdog;
     int draining, stop_engine;
     uint64_t next_id;
     st_engine_stats engine_stats;
