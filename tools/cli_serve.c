@@ -170,6 +170,7 @@ static void *engine_main(void *arg) {
         s->engine_busy = st_engine_running(s->engine) + st_engine_queued(s->engine);
         s->gauge_running = st_engine_running(s->engine);
         s->gauge_queued = st_engine_queued(s->engine);
+        s->gauge_kv_used = st_engine_kv_used(s->engine);
         st_engine_get_stats(s->engine, &s->engine_stats);
     }
     pthread_mutex_unlock(&s->mu);

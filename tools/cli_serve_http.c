@@ -221,7 +221,7 @@ static char *metrics_text(srv *s, size_t *len) {
     put_metric(f, "spectree_prefill_seconds_total", "counter", "time spent prefilling prompts",
                es->prefill_ms / 1e3);
     put_metric(f, "spectree_kv_positions_used", "gauge", "KV positions committed",
-               (double)st_engine_kv_used(s->engine));
+               (double)s->gauge_kv_used);
     put_hist(f, "spectree_time_to_first_token_seconds", "from arrival to the first token",
              &m->ttft);
     put_hist(f, "spectree_time_per_output_token_seconds",
@@ -259,6 +259,10 @@ static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code,
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    pthread_mutex_lock(&s->mu);
+    if (s->draining) /* the client (or nginx) should take its next request elsewhere */
+        MHD_add_response_header(r, "Connection", "close");
+    pthread_mutex_unlock(&s->mu);
     if (code == 401)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result rc = MHD_queue_response(c, code, r);
@@ -703,11 +707,6 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     if (!code && s->draining) {
         code = 503;
         snprintf(err, sizeof err, "the server is shutting down");
-    }
-    if (!code && s->n_pending + s->gauge_queued >= s->o.ep.max_queued) {
-        code = 503;
-        snprintf(err, sizeof err, "the queue is full (%d requests waiting); try again later",
-                 s->n_pending + s->gauge_queued);
     }
     if (code) {
         srv_job_release(s, j);

@@ -110,7 +110,8 @@ struct srv {
     int n_cancels;
     int engine_busy; /* running + queued in the engine after the last step */
     int gauge_running, gauge_queued;
-    int n_in_engine; /* jobs handed to the engine thread and not finished */
+    int64_t gauge_kv_used; /* KV positions committed, after the last step */
+    int n_in_engine;       /* jobs handed to the engine thread and not finished */
     int live_jobs;
     int active_requests;       /* HTTP requests begun and not yet answered in full */
     struct srv_watch *watches; /* open connections (cli_serve_http.c) */

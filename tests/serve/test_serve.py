@@ -9,7 +9,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   bodies and prompts each get their status and an OpenAI error object;
 - faults: a client that disconnects mid-stream frees its sequence; a client that sends its
   request a byte at a time is dropped without taking a slot; SIGTERM lets running requests
-  finish, then the server exits 0.
+  finish, then the server exits 0;
+- limits: a full queue answers 503, connections past --max-connections are closed.
 Usage: test_serve.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
 import json
 import os
@@ -334,6 +335,49 @@ def test_startup_errors():
         check(s2.stop() == 0, "exit status")
 
 
+def test_limits():
+    # one slot, one queue place, four connections
+    with Server(BUILD, MODEL, "--max-running-requests", "1", "--max-queued-requests", "1",
+                "--max-connections", "4") as s2:
+        results = []
+
+        def run(i):
+            results.append(curl(s2.url + "/v1/completions",
+                                {"prompt": PROMPT, "max_tokens": 400, "temperature": 0.5,
+                                 "seed": i}))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        codes = sorted(c for c, _ in results)
+        check(codes[0] == 200 and codes[-1] == 503, "codes %s" % codes)
+        for c, text in results:
+            if c == 503:
+                e = json.loads(text)["error"]
+                check(e["type"] == "server_overloaded" and e["message"], "503 body %s" % text)
+            else:
+                check(json.loads(text)["usage"]["completion_tokens"] == 400, "complete")
+        # connections beyond the limit are closed at once; the server goes on serving
+        idle = [socket.create_connection(("127.0.0.1", s2.port)) for _ in range(4)]
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", s2.port))
+        extra.settimeout(5)
+        try:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = extra.recv(100)
+        except OSError:
+            got = b""
+        check(got == b"", "a connection past --max-connections was served: %r" % got)
+        for sck in idle + [extra]:
+            sck.close()
+        time.sleep(0.3)
+        code, _ = curl(s2.url + "/health")
+        check(code == 200, "served after the idle connections left: %d" % code)
+        check(s2.stop() == 0, "exit status")
+
+
 def main():
     global srv
     with Server(BUILD, MODEL, "--chat-template", "llama-2", "--speculative-algorithm", "NGRAM",
@@ -352,7 +396,7 @@ def main():
         finally:
             if s.proc.poll() is None or s.proc.returncode not in (0, None):
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
-    run_tests([("startup errors", test_startup_errors)])
+    run_tests([("startup errors", test_startup_errors), ("limits", test_limits)])
     print("all serve tests passed")
 
 
