@@ -153,6 +153,7 @@ static void *engine_main(void *arg) {
                 finish_refused(s, j, rc, msg);
             else {
                 j->engine_id = id;
+                pthread_cond_broadcast(&j->cv);
                 if (j->cancelled && !j->done) /* cancelled before it reached the engine */
                     st_engine_cancel(s->engine, id);
             }

@@ -601,7 +601,8 @@ static int sse_fill(srv_job *j) {
             sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
         j->sent_role = 1;
     }
-    size_t avail = j->n_sent + srv_utf8_valid_prefix(j->text + j->n_sent, j->n_text - j->n_sent);
+    size_t avail =
+        j->text ? j->n_sent + srv_utf8_valid_prefix(j->text + j->n_sent, j->n_text - j->n_sent) : 0;
     if (avail > j->n_sent) {
         rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL));
         j->n_sent = avail;
@@ -719,7 +720,18 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         s->metrics.completions++;
     j->conn = c;
     srv_job_submit(s, j);
-    if (j->req.stream) {
+    /* the engine's answer first (a step or so), so that a refusal gets its own status even
+     * when the response would be a stream */
+    while (!j->engine_id && !j->done) {
+        if (peer_gone(c)) {
+            srv_job_cancel(s, j);
+            srv_job_release(s, j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_NO;
+        }
+        wait_news(s, j);
+    }
+    if (j->req.stream && !j->refused) {
         j->refs++; /* the response's, released by stream_free */
         pthread_mutex_unlock(&s->mu);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,

@@ -2,8 +2,9 @@
 """serve_bench.py: throughput and latency of `spectree serve` at concurrency 1, 2, 4, ... with
 and without speculation, measured in one run: two servers on the same model (plain, and with
 the speculative flags given), idle but for the round being measured, the rounds interleaved
-(plain, speculative, plain, ...) and each figure the median over --reps rounds, so that load
-from elsewhere on the machine hits both alike. Each round sends `clients` streamed requests
+(plain, speculative, plain, ...) and each figure the median over --reps rounds; the speed-up
+is the median of the ratios of adjacent rounds, so that load from elsewhere on the machine hits
+both alike. Each round sends `clients` streamed requests
 at a time, 4 x clients in all (at least 16), greedy, max_tokens tokens each.
 
     python3 tools/serve_bench.py -m ../shared/models/stories260K.gguf \\
@@ -149,8 +150,11 @@ def main():
                 runs["spec"].append(round_(spec.port, c, a.max_tokens))
             med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]}
                    for k, v in runs.items()}
-            rows.append(dict(concurrency=c, plain=med["plain"], spec=med["spec"],
-                             speedup=med["spec"]["tok_s"] / med["plain"]["tok_s"]))
+            # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the
+            # same load from elsewhere)
+            ratio = statistics.median(sp["tok_s"] / pl["tok_s"]
+                                      for pl, sp in zip(runs["plain"], runs["spec"]))
+            rows.append(dict(concurrency=c, plain=med["plain"], spec=med["spec"], speedup=ratio))
             if not a.json:
                 p, s = med["plain"], med["spec"]
                 print("c=%-3d plain %8.1f tok/s  lat %6.2f s  ttft %6.3f s | spec %8.1f tok/s  "
