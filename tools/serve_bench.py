@@ -62,6 +62,8 @@ class Srv:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(60)
+        self.log.close()
+        os.unlink(self.log.name)
 
 
 def one(port, i, max_tokens):

@@ -78,7 +78,9 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
+            os.unlink(self.log_path)
 
 
 def curl(url, body=None, key=None, method=None, headers=(), raw=None, timeout=120):
