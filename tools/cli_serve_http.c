@@ -763,8 +763,12 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     if (j->status == ST_ERR_BUSY) {
         code = 503;
         v = error_obj(code, j->error, NULL);
-    } else if (j->status == ST_ERR_RANGE || j->status == ST_ERR_INVALID) {
-        code = j->refused ? 400 : 500;
+    } else if (j->refused && j->status == ST_ERR_RANGE) {
+        /* it fits the context (checked above) but not the KV budget (--max-total-tokens) */
+        code = 503;
+        v = error_obj(code, j->error, NULL);
+    } else if (j->refused && j->status == ST_ERR_INVALID) {
+        code = 400;
         v = error_obj(code, j->error, NULL);
     } else if (j->status != ST_OK || j->oom) {
         code = 500;

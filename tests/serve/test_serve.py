@@ -10,7 +10,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - faults: a client that disconnects mid-stream frees its sequence; a client that sends its
   request a byte at a time is dropped without taking a slot; SIGTERM lets running requests
   finish, then the server exits 0;
-- limits: a full queue answers 503, connections past --max-connections are closed.
+- limits: a full queue or a request over the KV budget answers 503, connections past
+  --max-connections are closed.
 Usage: test_serve.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
 import json
 import os
@@ -338,7 +339,11 @@ def test_startup_errors():
 def test_limits():
     # one slot, one queue place, four connections
     with Server(BUILD, MODEL, "--max-running-requests", "1", "--max-queued-requests", "1",
-                "--max-connections", "4") as s2:
+                "--max-connections", "4", "--max-total-tokens", "500") as s2:
+        # a request larger than the KV budget can never run: 503, not a silent wait
+        code, text = curl(s2.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 600})
+        check(code == 503 and json.loads(text)["error"]["message"], "over budget: %d %s" %
+              (code, text))
         results = []
 
         def run(i):
