@@ -147,3 +147,56 @@ def run_tests(tests):
             print("FAIL %s: %s: %s" % (name, type(e).__name__, e), flush=True)
             sys.exit(1)
         print("ok   %s (%.1f s)" % (name, time.time() - t0), flush=True)
+
+
+def gguf_with_template(src, dst, template):
+    """Copies GGUF file src to dst with tokenizer.chat_template set to template (a new key)."""
+    import struct
+    with open(src, "rb") as f:
+        b = f.read()
+    check(b[:4] == b"GGUF", src + ": not a GGUF file")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", b, 4)
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    pos = 24
+    align = 32
+
+    def skip_str(p):
+        (n,) = struct.unpack_from("<Q", b, p)
+        return p + 8 + n
+
+    def skip_val(p, t):
+        if t in sizes:
+            return p + sizes[t]
+        if t == 8:
+            return skip_str(p)
+        check(t == 9, "GGUF value type %d" % t)
+        et, n = struct.unpack_from("<IQ", b, p)
+        p += 12
+        for _ in range(n):
+            p = skip_val(p, et)
+        return p
+
+    for _ in range(n_kv):
+        k0 = pos
+        pos = skip_str(pos)
+        key = b[k0 + 8:pos]
+        (t,) = struct.unpack_from("<I", b, pos)
+        if key == b"general.alignment":
+            (align,) = struct.unpack_from("<I", b, pos + 4)
+        check(key != b"tokenizer.chat_template", src + " has a chat template already")
+        pos = skip_val(pos + 4, t)
+    kv_end = pos
+    for _ in range(n_tensors):
+        pos = skip_str(pos)
+        (nd,) = struct.unpack_from("<I", b, pos)
+        pos += 4 + 8 * nd + 4 + 8
+    info_end = pos
+    data = (info_end + align - 1) // align * align
+    key, val = b"tokenizer.chat_template", template.encode()
+    new_kv = (struct.pack("<Q", len(key)) + key + struct.pack("<I", 8) +
+              struct.pack("<Q", len(val)) + val)
+    head = (b[:4] + struct.pack("<IQQ", version, n_tensors, n_kv + 1) + b[24:kv_end] + new_kv +
+            b[kv_end:info_end])
+    head += b"\0" * ((-len(head)) % align)
+    with open(dst, "wb") as f:
+        f.write(head + b[data:])

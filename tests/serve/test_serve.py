@@ -23,7 +23,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Fail, Server, check, curl, generate, metrics, run_tests, sse_events  # noqa
+from serve_util import (Fail, Server, check, curl, generate, gguf_with_template, metrics,  # noqa
+                        run_tests, sse_events)
 
 BUILD, SHARED, SRC = sys.argv[1:4]
 MODEL = os.path.join(SHARED, "models", "stories260K.gguf")
@@ -327,6 +328,38 @@ def test_startup_errors():
     r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "x"],
                        capture_output=True, timeout=60)
     check(r.returncode == 2 and b"--port" in r.stderr, r.stderr.decode())
+    # templates from the GGUF: a known one is used, an unknown one stops the server at start
+    tmp = os.path.join(BUILD, "serve_tmpl_%d.gguf" % os.getpid())
+    try:
+        gguf_with_template(MODEL, tmp, "{% for message in messages %}{{'<|im_start|>' + "
+                           "message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+                           "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+                           "'<|im_start|>assistant\\n' }}{% endif %}")
+        with Server(BUILD, tmp) as s3:
+            check("chat template chatml from tokenizer.chat_template" in s3.log_text(),
+                  s3.log_text())
+            # ChatML on a vocabulary without its tokens: the markers are text
+            want = generate(BUILD, tmp, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                            20)
+            code, text = curl(s3.url + "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "Hi"}],
+                               "max_tokens": 20, "temperature": 0})
+            check(code == 200, "chatml chat: %d %s" % (code, text))
+            got = json.loads(text)["choices"][0]["message"]["content"]
+            check(got == want, "chatml chat %r != generate %r" % (got, want))
+            check(s3.stop() == 0, "exit status")
+        gguf_with_template(MODEL, tmp, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+                           "{% endfor %}")
+        r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", tmp, "--port", "0"],
+                           capture_output=True, timeout=60)
+        check(r.returncode == 1 and b"--chat-template NAME" in r.stderr, r.stderr.decode())
+        r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", tmp, "--port", "0",
+                            "--chat-template", "zephyr", "--help"], capture_output=True,
+                           timeout=60)
+        check(r.returncode == 0, "--help")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     # no chat template: chat requests say how to choose one
     with Server(BUILD, MODEL) as s2:
         code, text = curl(s2.url + "/v1/chat/completions",
