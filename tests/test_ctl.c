@@ -244,11 +244,42 @@ static void test_batch_backoff(void **state) {
     st_ctl_free(c);
 }
 
+/* Proposals that keep ending in plain steps are sampled: when proposing costs 20% of a step,
+ * one step in 10 drafts at that batch size (about 2% of the time), every step at another batch
+ * size, and every step again once a tree is chosen; when proposing costs nothing next to the
+ * forward, every step drafts. */
+static void test_proposal_sampling(void **state) {
+    (void)state;
+    for (int cheap = 0; cheap < 2; cheap++) {
+        st_ctl *c;
+        assert_int_equal(st_ctl_create(4, 2, 3, 6, 1, 0.0, &c), ST_OK);
+        const double t_fwd = cheap ? 1.0 : 0.8;
+        int drafted = 0;
+        for (int s = 0; s < 200; s++) {
+            const int d = st_ctl_want_draft(c, 4);
+            drafted += d;
+            st_ctl_step_end(c, d, 1, 4, 4, 1.0, d ? t_fwd : 1.0, 0.0);
+        }
+        if (cheap) {
+            assert_int_equal(drafted, 200);
+        } else {
+            assert_true(drafted >= 20 && drafted <= 24);
+            assert_true(st_ctl_want_draft(c, 3)); /* another batch size: not judged yet */
+            while (!st_ctl_want_draft(c, 4))
+                st_ctl_step_end(c, 0, 1, 4, 4, 1.0, 1.0, 0.0);
+            st_ctl_step_end(c, 1, 3, 4, 8, 1.0, 0.8, 0.0); /* a tree was chosen */
+            assert_true(st_ctl_want_draft(c, 4));
+        }
+        st_ctl_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_matches_organize),
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_batch_backoff),
+        cmocka_unit_test(test_proposal_sampling),
         cmocka_unit_test(test_classes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -256,6 +256,57 @@ static void test_staggered_equals_generate(void **state) {
     assert_true(spec_total > 0);
 }
 
+/* Under load: 48 requests arriving a few per step into 32 slots, with a prefill chunk of 16 and
+ * a KV budget that makes some wait, NGRAM and EAGLE with auto shapes: every request's tokens
+ * equal st_generate's. */
+static void test_load_equals_generate(void **state) {
+    (void)state;
+    enum { NR = 48 };
+    const int cfgs[] = {1, 6};
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        st_engine_params ep = st_engine_default_params();
+        ep.gen.spec = spec_of(cfgs[c]);
+        ep.gen.n_ctx = CTX;
+        ep.gen.n_threads = 2;
+        ep.max_running = 32;
+        ep.max_queued = NR;
+        ep.prefill_chunk = 16;
+        ep.kv_budget = 24 * 80;
+        st_engine *e;
+        assert_int_equal(st_engine_create(model, &ep, &e), ST_OK);
+        static req rq[NR];
+        memset(rq, 0, sizeof rq);
+        st_request_params rps[NR];
+        int submitted = 0, max_run = 0;
+        for (int step = 0; submitted < NR || st_engine_running(e) + st_engine_queued(e) > 0;
+             step++) {
+            for (int k = 0; k < 3 && submitted < NR; k++, submitted++) {
+                const int i = submitted;
+                rps[i] = req_params(i, (int)c);
+                assert_int_equal(st_engine_submit(e, prompts[i % N_REQ], n_prompts[i % N_REQ],
+                                                  &rps[i], on_token, on_finish, &rq[i], NULL),
+                                 ST_OK);
+            }
+            assert_int_equal(st_engine_step(e), ST_OK);
+            assert_true(st_engine_kv_reserved(e) <= 24 * 80);
+            max_run = st_engine_running(e) > max_run ? st_engine_running(e) : max_run;
+            assert_true(step < 5000);
+        }
+        assert_true(max_run > 8);
+        assert_int_equal(st_engine_kv_reserved(e), 0);
+        for (int i = 0; i < NR; i++) {
+            plain_rec ref;
+            st_gen_stats gs;
+            reference(&ep.gen, i % N_REQ, &rps[i], &ref, &gs);
+            assert_int_equal(rq[i].finished, 1);
+            if (rq[i].n != ref.n || memcmp(rq[i].toks, ref.toks, (size_t)ref.n * sizeof(int32_t)))
+                fail_msg("config %d request %d differs from st_generate", cfgs[c], i);
+            assert_int_equal(rq[i].st.stop_reason, gs.stop_reason[0]);
+        }
+        st_engine_free(e);
+    }
+}
+
 /* With one slot, each request runs alone after the previous one: with a fixed shape its drafts
  * (so its accepted lengths) equal st_generate's only if the slot's drafter forgot the previous
  * request. The model as its own chain draft accepts every draft. */
@@ -523,6 +574,7 @@ static void test_free_pending(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_staggered_equals_generate),
+        cmocka_unit_test(test_load_equals_generate),
         cmocka_unit_test(test_drafter_reset_on_join),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_kv_budget_admission),

@@ -34,8 +34,10 @@ typedef struct st_ctl st_ctl;
 st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotune,
                         double draft_weight_ratio, st_ctl **out);
 
-/* Whether this step drafts at all (the engine also checks that the trees fit the context). */
-int st_ctl_want_draft(const st_ctl *c);
+/* Whether this step of na sequences drafts at all (the engine also checks that the trees fit
+ * the context). Under `auto`, proposals that keep ending in a plain step at this batch size are
+ * made only one step in k, k such that they cost about 2% of the time (at most 16). */
+int st_ctl_want_draft(const st_ctl *c, int32_t na);
 void st_ctl_free(st_ctl *c);
 
 /* Ranks the candidates of active slot a (sequence b, whose history has n_hist tokens) as

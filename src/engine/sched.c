@@ -344,7 +344,7 @@ static st_status forward(st_engine *e, int *ran) {
     *ran = 1;
     /* a speculative step needs room for the drafters' pools and the trees */
     const int drafted =
-        g->ctl && st_ctl_want_draft(g->ctl) && maxL + g->N + 1 + g->K * g->S < e->n_ctx;
+        g->ctl && st_ctl_want_draft(g->ctl, g->na) && maxL + g->N + 1 + g->K * g->S < e->n_ctx;
     const double ts = st_time_now();
     int64_t emitted = 0;
     int32_t n = 1;
