@@ -683,7 +683,7 @@ static int cmd_tokenize(int argc, char **argv) {
         goto done;
     }
     int64_t n = 0;
-    if (tokenize_all(tok, text, strlen(text), add_bos, &ids, &n) != 0) {
+    if (cli_tokenize_all(tok, text, strlen(text), add_bos, &ids, &n) != 0) {
         fprintf(stderr, "spectree: %s\n", ids ? st_last_error() : "out of memory");
         goto done;
     }
