@@ -541,6 +541,15 @@ static int peer_gone(struct MHD_Connection *c) {
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* Restarts the connection's idle clock: time spent waiting for the engine is not the client's
+ * idleness (MHD would otherwise drop a connection whose next token took longer than --timeout
+ * as soon as it arrived); a client that stops reading still times out. */
+static void touch(srv *s, struct MHD_Connection *c) {
+    /* MHD restarts the clock only when the timeout goes from 0 (none) to a value */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)s->o.timeout_s);
+}
+
 /* Waits (s->mu held) until the job has news or WAIT_MS pass. */
 static void wait_news(srv *s, srv_job *j) {
     struct timespec ts;
@@ -664,6 +673,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     pthread_mutex_unlock(&s->mu);
     if (j->n_sse == 0)
         return MHD_CONTENT_READER_END_WITH_ERROR;
+    touch(s, j->conn);
     size_t k = j->n_sse < max ? j->n_sse : max;
     memcpy(buf, j->sse, k);
     j->sse_off = k;
@@ -744,6 +754,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        touch(s, c);
         enum MHD_Result rc = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         count_code(s, 200);
@@ -778,6 +789,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     }
     srv_job_release(s, j);
     pthread_mutex_unlock(&s->mu);
+    touch(s, c);
     return send_json(s, c, code, v);
 }
 

@@ -369,6 +369,36 @@ def test_startup_errors():
         check(s2.stop() == 0, "exit status")
 
 
+def test_long_waits():
+    # requests that wait longer than --timeout for their tokens (queued behind others) are
+    # not mistaken for idle clients: every stream and answer arrives whole
+    with Server(BUILD, MODEL, "--max-running-requests", "1", "--timeout", "1") as s2:
+        results = {}
+
+        def run(i):
+            results[i] = curl(s2.url + "/v1/completions",
+                              {"prompt": PROMPT, "max_tokens": 1500, "temperature": 0.9,
+                               "seed": i, "stream": i % 2 == 0})
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        t0 = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        secs = time.time() - t0
+        for i, (code, text) in sorted(results.items()):
+            check(code == 200, "request %d: %d %s" % (i, code, text[-200:]))
+            if i % 2 == 0:
+                fin = [e for e in sse_events(text) if e["choices"] and
+                       e["choices"][0]["finish_reason"]]
+                check(len(fin) == 1, "stream %d incomplete" % i)
+            else:
+                check(json.loads(text)["usage"]["completion_tokens"] > 0, "answer %d" % i)
+        check(secs > 1.5, "the requests took %.1f s: too fast to wait past the timeout" % secs)
+        check(s2.stop() == 0, "exit status")
+
+
 def test_limits():
     # one slot, one queue place, four connections
     with Server(BUILD, MODEL, "--max-running-requests", "1", "--max-queued-requests", "1",
@@ -434,7 +464,8 @@ def main():
         finally:
             if s.proc.poll() is None or s.proc.returncode not in (0, None):
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
-    run_tests([("startup errors", test_startup_errors), ("limits", test_limits)])
+    run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
+               ("waits longer than --timeout", test_long_waits)])
     print("all serve tests passed")
 
 
