@@ -38,6 +38,8 @@ void srv_job_release(srv *s, srv_job *j) {
 }
 
 static int job_append(srv_job *j, const char *t, size_t n) {
+    if (n == 0)
+        return 0;
     if (j->n_text + n + 1 > j->cap_text) {
         size_t cap = (j->n_text + n + 1) * 2 + 256;
         char *b = realloc(j->text, cap);

@@ -751,7 +751,7 @@ size_t srv_utf8_valid_prefix(const char *str, size_t n) {
 
 int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const char **out_ptr,
                  size_t *out_len) {
-    *out_ptr = s->hold;
+    *out_ptr = ""; /* never NULL, even before anything is held */
     *out_len = 0;
     if (s->stopped)
         return 0;
@@ -771,7 +771,7 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
     if (n)
         memcpy(s->hold + s->n_hold, txt, n);
     s->n_hold += n;
-    *out_ptr = s->hold;
+    *out_ptr = s->hold ? s->hold : "";
     size_t cut = s->n_hold; /* bytes safe to release */
     size_t first = SIZE_MAX;
     for (int i = 0; i < s->n_stops; i++) {
