@@ -12,7 +12,9 @@ at a time, 4 x clients in all (at least 16), greedy, max_tokens tokens each.
         [--max-tokens 128] [--threads N] [--json]
 
 Prints a table: completion tokens/s of all requests together, the median request latency and
-time to first token, tau (tokens per speculative step) and the share of steps that speculated.
+time to first token, tau (tokens per speculative step), the share of steps that speculated,
+and the speed-up by wall time and by the server's CPU time (user + system; less disturbed by
+other jobs on a shared machine).
 Python 3 standard library only."""
 import argparse
 import http.client
@@ -94,7 +96,16 @@ def one(port, i, max_tokens):
     return time.perf_counter() - t0, ttft or 0.0, tokens, meta
 
 
-def round_(port, clients, max_tokens):
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def round_(srv, clients, max_tokens):
+    port = srv.port
+    c0 = cpu_seconds(srv.proc.pid)
     n = max(16, 4 * clients)
     res = [None] * n
     nxt = [0]
@@ -116,11 +127,13 @@ def round_(port, clients, max_tokens):
     for t in th:
         t.join()
     wall = time.perf_counter() - t0
+    cpu = cpu_seconds(srv.proc.pid) - c0
     toks = sum(r[2] for r in res)
     spec = sum(r[3].get("spec_steps", 0) for r in res)
     plain = sum(r[3].get("plain_steps", 0) for r in res)
     tau_tok = sum(r[3].get("spec_tau", 0) * r[3].get("spec_steps", 0) for r in res)
-    return dict(tok_s=toks / wall, lat=statistics.median(r[0] for r in res),
+    return dict(tok_s=toks / wall, tok_cpu_s=toks / cpu if cpu > 0 else 0.0,
+                lat=statistics.median(r[0] for r in res),
                 ttft=statistics.median(r[1] for r in res),
                 tau=tau_tok / spec if spec else 0.0,
                 spec_share=spec / (spec + plain) if spec + plain else 0.0)
@@ -144,25 +157,31 @@ def main():
     rows = []
     try:
         for s in (plain, spec):  # warm-up: first-touch memory, the controller's first steps
-            round_(s.port, 4, a.max_tokens)
+            round_(s, 4, a.max_tokens)
         for c in levels:
             runs = {"plain": [], "spec": []}
             for _ in range(a.reps):
-                runs["plain"].append(round_(plain.port, c, a.max_tokens))
-                runs["spec"].append(round_(spec.port, c, a.max_tokens))
+                runs["plain"].append(round_(plain, c, a.max_tokens))
+                runs["spec"].append(round_(spec, c, a.max_tokens))
             med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]}
                    for k, v in runs.items()}
             # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the
             # same load from elsewhere)
             ratio = statistics.median(sp["tok_s"] / pl["tok_s"]
                                       for pl, sp in zip(runs["plain"], runs["spec"]))
-            rows.append(dict(concurrency=c, plain=med["plain"], spec=med["spec"], speedup=ratio))
+            cpu_ratio = statistics.median(sp["tok_cpu_s"] / pl["tok_cpu_s"]
+                                          for pl, sp in zip(runs["plain"], runs["spec"])
+                                          if pl["tok_cpu_s"] > 0)
+            rows.append(dict(concurrency=c, plain=med["plain"], spec=med["spec"], speedup=ratio,
+                             cpu_speedup=cpu_ratio))
             if not a.json:
                 p, s = med["plain"], med["spec"]
                 print("c=%-3d plain %8.1f tok/s  lat %6.2f s  ttft %6.3f s | spec %8.1f tok/s  "
-                      "lat %6.2f s  ttft %6.3f s  tau %.2f  spec steps %3.0f%% | %.2fx" %
+                      "lat %6.2f s  ttft %6.3f s  tau %.2f  spec steps %3.0f%% | %.2fx wall, "
+                      "%.2fx per CPU second" %
                       (c, p["tok_s"], p["lat"], p["ttft"], s["tok_s"], s["lat"], s["ttft"],
-                       s["tau"], 100 * s["spec_share"], rows[-1]["speedup"]), flush=True)
+                       s["tau"], 100 * s["spec_share"], rows[-1]["speedup"],
+                       rows[-1]["cpu_speedup"]), flush=True)
     finally:
         plain.stop()
         spec.stop()
