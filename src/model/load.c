@@ -66,10 +66,13 @@ st_load_mode st_load_choose(st_load_mode requested, st_load_mode env, size_t fil
 }
 
 /* Reads the file g was opened from into a huge-page region and moves g onto it. */
-static st_status load_copy(st_gguf *g, const char *path, const st_load_params *p, double t0) {
+static st_status load_copy(st_gguf *g, const char *path, const st_load_params *p, double t0,
+                           double *commit_seconds) {
     size_t size;
     const uint8_t *mapped = st_gguf_bytes(g, &size);
+    const double tc = st_time_now();
     uint8_t *copy = st_huge_alloc(size);
+    *commit_seconds = st_time_now() - tc;
     if (!copy)
         return st_fail(ST_ERR_NOMEM,
                        "%s: cannot allocate %.1f MB to copy the weights into (load "
@@ -130,7 +133,7 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
     const size_t avail = p.mode == ST_LOAD_AUTO ? st_mem_available() : 0;
     info.mode = st_load_choose(p.mode, st_env_get().load, info.file_bytes, avail, &info.reason);
     if (info.mode == ST_LOAD_COPY) {
-        if ((s = load_copy(g, path, &p, t0))) {
+        if ((s = load_copy(g, path, &p, t0, &info.commit_seconds))) {
             st_gguf_free(g);
             return s;
         }
