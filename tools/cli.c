@@ -805,7 +805,9 @@ static int cmd_info(int argc, char **argv) {
     }
     st_gguf_free(g);
     st_model *m = NULL;
-    if (st_model_load(model, &m) == ST_OK) {
+    st_load_params lp = st_load_default_params();
+    lp.mode = ST_LOAD_MMAP; /* the checks only: no copy of the weights */
+    if (st_model_load_ex(model, &lp, &m) == ST_OK) {
         const st_model_hparams *hp = st_model_get_hparams(m);
         printf("\nllama: n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d, head_dim %d, "
                "n_ff %d, n_ctx_train %d, rope base %g, rms eps %g, %s output, weights %s, "
