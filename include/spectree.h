@@ -279,16 +279,16 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
 
 /* What a load did (st_model_get_load_info). */
 typedef struct st_load_info {
-    st_load_mode mode;     /* the mode that ran: MMAP, COPY or BUFFER */
-    const char *reason;    /* why, a static string: "requested", "ST_LOAD", "file under 256 MB",
-                            * "not enough available memory", "big file", "buffer" */
-    int locked;            /* the weights are mlock'ed */
-    size_t file_bytes;     /* the file's size */
-    size_t huge_bytes;     /* COPY: bytes backed by 2 MB pages when the load ended (0 without
-                            * transparent huge pages) */
-    double seconds;        /* wall time of the whole load (read, checks, tokenizer) */
-    double commit_seconds; /* COPY: of which committing the memory before reading (page faults
-                            * of 2 MB pages; on a VM, also the host backing fresh memory) */
+    st_load_mode mode;  /* the mode that ran: MMAP, COPY or BUFFER */
+    const char *reason; /* why, a static string: "requested", "ST_LOAD", "file under 256 MB",
+                         * "not enough available memory", "big file", "buffer" */
+    int locked;         /* the weights are mlock'ed */
+    size_t file_bytes;  /* the file's size */
+    size_t huge_bytes;  /* COPY: bytes backed by 2 MB pages when the load ended (0 without
+                         * transparent huge pages) */
+    double seconds;     /* wall time of the whole load (read, checks, tokenizer) */
+    double cpu_seconds; /* CPU time of the loading thread over the same span (the load runs
+                         * on it alone): what the load costs on a machine busy with others */
 } st_load_info;
 const st_load_info *st_model_get_load_info(const st_model *m);
 /* "auto", "mmap", "copy", "buffer". */

@@ -124,8 +124,8 @@ void st_bench_load_progress(void *user, size_t done, size_t total, double second
 
 const char *st_bench_load_desc(const st_model *m, char *buf, size_t cap) {
     const st_load_info *li = st_model_get_load_info(m);
-    snprintf(buf, cap, "%s (%s), %.2f s (commit %.2f s), %.0f of %.0f MB in huge pages%s",
-             st_load_mode_name(li->mode), li->reason, li->seconds, li->commit_seconds,
+    snprintf(buf, cap, "%s (%s), %.2f s (%.2f s CPU), %.0f of %.0f MB in huge pages%s",
+             st_load_mode_name(li->mode), li->reason, li->seconds, li->cpu_seconds,
              (double)li->huge_bytes / 1e6, (double)li->file_bytes / 1e6,
              li->locked ? ", locked" : "");
     return buf;

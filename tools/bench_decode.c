@@ -163,10 +163,10 @@ int st_bench_decode_main(int argc, char **argv) {
                "\"tok_s\":%.2f,\"ms_per_tok\":%.4f,\"weight_mb\":%.2f,\"gbps\":%.3f,"
                "\"copy_gbps\":%.3f,\"frac_copy\":%.4f,\"dispatch_us\":%.3f,"
                "\"dispatch_threads\":%d,\"load_mode\":\"%s\",\"load_s\":%.3f,"
-               "\"load_commit_s\":%.3f,\"huge_mb\":%.1f}\n",
+               "\"load_cpu_s\":%.3f,\"huge_mb\":%.1f}\n",
                o.model, st_bench_wtype(m), hp->n_embd, hp->n_layer, threads, kern, n_tok, o.reps,
                tok_s, 1e3 * sec / n_tok, wbytes / 1e6, gbps, copy, copy > 0 ? gbps / copy : 0.0,
-               disp, disp_threads, st_load_mode_name(li->mode), li->seconds, li->commit_seconds,
+               disp, disp_threads, st_load_mode_name(li->mode), li->seconds, li->cpu_seconds,
                (double)li->huge_bytes / 1e6);
     else
         printf("decode %s (%s, %d threads, kernels %s): %.2f tokens/s (%.3f ms/token, median "

@@ -603,8 +603,8 @@ static int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
     const st_load_info *li = st_model_get_load_info(m);
     fprintf(
-        stderr, "load: %.2f s (commit %.2f s), weights %s (%s), %.0f MB, %.0f MB in huge pages%s\n",
-        li->seconds, li->commit_seconds, st_load_mode_name(li->mode), li->reason,
+        stderr, "load: %.2f s (%.2f s CPU), weights %s (%s), %.0f MB, %.0f MB in huge pages%s\n",
+        li->seconds, li->cpu_seconds, st_load_mode_name(li->mode), li->reason,
         (double)li->file_bytes / 1e6, (double)li->huge_bytes / 1e6, li->locked ? ", locked" : "");
     fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
             gs.prompt_ms, gs.prompt_tok_s);
@@ -651,10 +651,10 @@ static int cmd_generate(int argc, char **argv) {
             "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
             "\"num_steps\": %d, \"num_draft_tokens\": %d, \"auto\": %s, \"tree_tokens\": %" PRId64
             ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\", \"load_s\": %.3f, "
-            "\"load_commit_s\": %.3f, \"load_mode\": \"%s\", \"load_huge_mb\": %.1f}\n",
+            "\"load_cpu_s\": %.3f, \"load_mode\": \"%s\", \"load_huge_mb\": %.1f}\n",
             gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
             gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend),
-            st_stop_reason_name(gs.stop_reason[0]), li->seconds, li->commit_seconds,
+            st_stop_reason_name(gs.stop_reason[0]), li->seconds, li->cpu_seconds,
             st_load_mode_name(li->mode), (double)li->huge_bytes / 1e6);
     }
     rc = 0;

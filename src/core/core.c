@@ -147,10 +147,6 @@ size_t st_mem_available(void) {
     return (size_t)kb * 1024;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
-#endif
-
 void *st_huge_alloc(size_t size) {
     const size_t huge = ST_HUGE_PAGE;
     size_t len, total;
@@ -169,15 +165,6 @@ void *st_huge_alloc(size_t size) {
     if (p + total > a + len)
         munmap(a + len, (size_t)(p + total - (a + len)));
     madvise(a, len, MADV_HUGEPAGE); /* a kernel without THP keeps 4 KB pages: still anonymous */
-    if (madvise(a, len, MADV_POPULATE_WRITE) != 0) {
-        if (errno != EINVAL) { /* ENOMEM: the memory is not there */
-            munmap(a, len);
-            return NULL;
-        }
-        const long page = sysconf(_SC_PAGESIZE);
-        for (size_t i = 0; i<len; i += page> 0 ? (size_t)page : 4096)
-            ((volatile char *)a)[i] = 0;
-    }
     atomic_fetch_add(&st_n_allocs, 1);
     return a;
 }

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { ST_LOAD_CHUNK = 64 << 20 };
@@ -66,13 +67,10 @@ st_load_mode st_load_choose(st_load_mode requested, st_load_mode env, size_t fil
 }
 
 /* Reads the file g was opened from into a huge-page region and moves g onto it. */
-static st_status load_copy(st_gguf *g, const char *path, const st_load_params *p, double t0,
-                           double *commit_seconds) {
+static st_status load_copy(st_gguf *g, const char *path, const st_load_params *p, double t0) {
     size_t size;
     const uint8_t *mapped = st_gguf_bytes(g, &size);
-    const double tc = st_time_now();
-    uint8_t *copy = st_huge_alloc(size);
-    *commit_seconds = st_time_now() - tc;
+    uint8_t *copy = st_huge_alloc(size); /* committed page by page as the read fills it */
     if (!copy)
         return st_fail(ST_ERR_NOMEM,
                        "%s: cannot allocate %.1f MB to copy the weights into (load "
@@ -115,6 +113,14 @@ static st_status load_copy(st_gguf *g, const char *path, const st_load_params *p
     return ST_OK;
 }
 
+/* CPU seconds of the calling thread. */
+static double thread_cpu(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0.0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 st_status st_model_load_ex(const char *path, const st_load_params *params, st_model **out) {
     if (!out || !path)
         return st_fail(ST_ERR_INVALID, "st_model_load_ex: NULL argument");
@@ -123,7 +129,7 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
     if (p.mode != ST_LOAD_AUTO && p.mode != ST_LOAD_MMAP && p.mode != ST_LOAD_COPY)
         return st_fail(ST_ERR_INVALID, "%s: load mode %d is not auto, mmap or copy", path,
                        (int)p.mode);
-    const double t0 = st_time_now();
+    const double t0 = st_time_now(), c0 = thread_cpu();
     st_gguf *g;
     st_status s = st_gguf_open(path, &g);
     if (s)
@@ -133,7 +139,7 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
     const size_t avail = p.mode == ST_LOAD_AUTO ? st_mem_available() : 0;
     info.mode = st_load_choose(p.mode, st_env_get().load, info.file_bytes, avail, &info.reason);
     if (info.mode == ST_LOAD_COPY) {
-        if ((s = load_copy(g, path, &p, t0, &info.commit_seconds))) {
+        if ((s = load_copy(g, path, &p, t0))) {
             st_gguf_free(g);
             return s;
         }
@@ -155,6 +161,7 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
     if (info.mode == ST_LOAD_COPY)
         info.huge_bytes = st_huge_bytes(bytes);
     info.seconds = st_time_now() - t0;
+    info.cpu_seconds = thread_cpu() - c0;
     m->load = info;
     if (info.mode == ST_LOAD_MMAP && p.progress)
         p.progress(p.progress_user, info.file_bytes, info.file_bytes, info.seconds);
