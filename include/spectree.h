@@ -89,7 +89,7 @@ int64_t st_alloc_count(void);
 /* Monotonic clock in seconds (for timing in tools and benchmarks). */
 double st_time_seconds(void);
 
-/* Environment. The library reads two variables; neither changes a result (every kernel table is
+/* Environment. The library reads three variables; none changes a result (every kernel table is
  * bitwise equal to the scalar reference):
  *   ST_KERNELS=ref   the scalar reference kernels; ST_KERNELS=avx2: the AVX2 table even on an
  *                    AVX-512 machine; unset (or anything else): the best the CPU supports.
@@ -97,6 +97,8 @@ double st_time_seconds(void);
  *   ST_PACK=0        no packed copy of small F32 models' matrices (read by each st_model_load;
  *                    the copy, 1.3-1.9x faster on stories260K, is made for models with at most
  *                    16 MB of F32 matrices).
+ *   ST_LOAD=mmap|copy  how ST_LOAD_AUTO loads (st_load_mode; read by each load; an explicit
+ *                    mode in st_load_params wins).
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 
@@ -229,7 +231,8 @@ typedef struct st_model_hparams {
     uint32_t wtype;      /* type of the attention/FFN weights of block 0 (st_dtype) */
 } st_model_hparams;
 
-/* Loads a GGUF Llama model (weights mmap'd read-only) with its tokenizer. Validates the
+/* Loads a GGUF Llama model with its tokenizer, the weights placed as ST_LOAD_AUTO says (below:
+ * big files are copied into huge pages, small ones stay mmap'd read-only). Validates the
  * architecture, every hyper-parameter and every tensor's name, type and shape; on error *out is
  * NULL and st_last_error() names the file and the problem. */
 st_status st_model_load(const char *path, st_model **out);
@@ -239,6 +242,59 @@ st_status st_model_load(const char *path, st_model **out);
  * is used in error messages in place of a path. On error *out is NULL and st_last_error() names
  * `name` and the problem. */
 st_status st_model_load_memory(const void *data, size_t size, const char *name, st_model **out);
+
+/* How st_model_load_ex places the weights. */
+typedef enum st_load_mode {
+    ST_LOAD_AUTO = 0,   /* COPY for files of at least ST_LOAD_COPY_MIN_BYTES when the memory is
+                         * there (the file plus a quarter of it, at least 512 MB, within
+                         * MemAvailable), else MMAP; ST_LOAD=mmap or ST_LOAD=copy in the
+                         * environment decides instead (the test suite runs both ways) */
+    ST_LOAD_MMAP = 1,   /* the weights stay in the read-only file mapping (4 KB page-cache pages,
+                         * read in on first use, shared with other processes) */
+    ST_LOAD_COPY = 2,   /* the file is read into anonymous memory aligned to 2 MB and advised
+                         * MADV_HUGEPAGE (transparent huge pages), committed up front; the page
+                         * cache's copy of the file is then released (POSIX_FADV_DONTNEED), so
+                         * the machine holds the weights once. Decoding a multi-GB model streams
+                         * the weights faster from it (fewer TLB misses, no page faults) */
+    ST_LOAD_BUFFER = 3, /* reported for st_model_load_memory: the caller's buffer */
+} st_load_mode;
+#define ST_LOAD_COPY_MIN_BYTES ((size_t)256 << 20)
+
+/* Called during a COPY load as the file is read (every 64 MB and at the end) with the bytes
+ * read so far, the file's size and the seconds since the load started; in MMAP mode once, at the
+ * end. Tools print it for big files; return nothing, it cannot stop the load. */
+typedef void (*st_load_progress_fn)(void *user, size_t done, size_t total, double seconds);
+
+typedef struct st_load_params {
+    st_load_mode mode;            /* default ST_LOAD_AUTO */
+    int mlock;                    /* 1: lock the weights in RAM (mlock; fails with a message
+                                   * when RLIMIT_MEMLOCK is too low); default 0 */
+    st_load_progress_fn progress; /* NULL: none */
+    void *progress_user;
+} st_load_params;
+st_load_params st_load_default_params(void);
+
+/* st_model_load with load parameters (params NULL: the defaults). Output is bitwise the same in
+ * every mode: only where the bytes live changes. */
+st_status st_model_load_ex(const char *path, const st_load_params *params, st_model **out);
+
+/* What a load did (st_model_get_load_info). */
+typedef struct st_load_info {
+    st_load_mode mode;  /* the mode that ran: MMAP, COPY or BUFFER */
+    const char *reason; /* why, a static string: "requested", "ST_LOAD", "file under 256 MB",
+                         * "not enough available memory", "big file", "buffer" */
+    int locked;         /* the weights are mlock'ed */
+    size_t file_bytes;  /* the file's size */
+    size_t huge_bytes;  /* COPY: bytes backed by 2 MB pages when the load ended (0 without
+                         * transparent huge pages) */
+    double seconds;     /* wall time of the whole load (read, checks, tokenizer) */
+    double cpu_seconds; /* CPU time of the loading thread over the same span (the load runs
+                         * on it alone): what the load costs on a machine busy with others */
+} st_load_info;
+const st_load_info *st_model_get_load_info(const st_model *m);
+/* "auto", "mmap", "copy", "buffer". */
+const char *st_load_mode_name(st_load_mode mode);
+
 void st_model_free(st_model *m);
 const st_model_hparams *st_model_get_hparams(const st_model *m);
 /* The model's tokenizer; owned by the model. */

@@ -165,6 +165,10 @@ static const char *generate_help =
     "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
     "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
+    "      --mmap           keep the weights in the read-only file mapping\n"
+    "      --no-mmap        copy the weights into anonymous memory in 2 MB huge pages\n"
+    "                       (default: copy files of 256 MB and more when the memory is there)\n"
+    "      --mlock          lock the weights in RAM (needs ulimit -l)\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
@@ -193,6 +197,8 @@ typedef struct gen_opts {
     st_sampler_params sp;
     st_spec_params spec;
     int seed_set, json, no_bos;
+    st_load_mode load; /* --mmap, --no-mmap */
+    int mlock;
     int spec_flags; /* a speculative flag other than the algorithm was given */
     const char *stops[MAX_STOPS];
     int n_stops;
@@ -287,6 +293,15 @@ int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo
     return (int32_t)x;
 }
 
+/* Load progress of files over 1 GB on stderr: bytes and seconds, on one line. */
+static void load_progress(void *user, size_t done, size_t total, double seconds) {
+    (void)user;
+    if (total < ((size_t)1 << 30))
+        return;
+    fprintf(stderr, "\rloading: %.0f / %.0f MB (%.1f s)%s", (double)done / 1e6, (double)total / 1e6,
+            seconds, done == total ? "\n" : "");
+}
+
 static int cmd_generate(int argc, char **argv) {
     gen_opts o = {
         .n_predict = 256, .sp = st_sampler_default_params(), .spec = st_spec_default_params()};
@@ -307,7 +322,10 @@ static int cmd_generate(int argc, char **argv) {
         O_BACKEND,
         O_NG_MIN,
         O_NG_MAX,
-        O_NG_BREADTH
+        O_NG_BREADTH,
+        O_MMAP,
+        O_NO_MMAP,
+        O_MLOCK
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -335,6 +353,9 @@ static int cmd_generate(int argc, char **argv) {
         {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
         {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
         {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+        {"mmap", no_argument, 0, O_MMAP},
+        {"no-mmap", no_argument, 0, O_NO_MMAP},
+        {"mlock", no_argument, 0, O_MLOCK},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
@@ -437,6 +458,15 @@ static int cmd_generate(int argc, char **argv) {
             cli_parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
             o.spec.ngram_breadth = (int32_t)v;
             break;
+        case O_MMAP:
+            o.load = ST_LOAD_MMAP;
+            break;
+        case O_NO_MMAP:
+            o.load = ST_LOAD_COPY;
+            break;
+        case O_MLOCK:
+            o.mlock = 1;
+            break;
         case 'h':
             fputs(generate_help, stdout);
             return 0;
@@ -501,9 +531,13 @@ static int cmd_generate(int argc, char **argv) {
     if ((o.prompt_file || !strcmp(o.prompt, "-")) && !prompt_buf)
         return 1;
     const char *prompt = prompt_buf ? prompt_buf : o.prompt;
-    if (st_model_load(o.model, &m) != ST_OK ||
+    st_load_params lp = st_load_default_params();
+    lp.mode = o.load;
+    lp.mlock = o.mlock;
+    lp.progress = load_progress;
+    if (st_model_load_ex(o.model, &lp, &m) != ST_OK ||
         (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
-         st_model_load(o.draft_path, &dm) != ST_OK) ||
+         st_model_load_ex(o.draft_path, &lp, &dm) != ST_OK) ||
         (o.draft_path && o.spec.algo == ST_SPEC_EAGLE &&
          st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
@@ -570,6 +604,11 @@ static int cmd_generate(int argc, char **argv) {
     fflush(stdout);
     if (!o.seed_set && o.sp.temp > 0)
         fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
+    const st_load_info *li = st_model_get_load_info(m);
+    fprintf(
+        stderr, "load: %.2f s (%.2f s CPU), weights %s (%s), %.0f MB, %.0f MB in huge pages%s\n",
+        li->seconds, li->cpu_seconds, st_load_mode_name(li->mode), li->reason,
+        (double)li->file_bytes / 1e6, (double)li->huge_bytes / 1e6, li->locked ? ", locked" : "");
     fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
             gs.prompt_ms, gs.prompt_tok_s);
     fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s), stopped: %s\n",
@@ -614,10 +653,12 @@ static int cmd_generate(int argc, char **argv) {
             stderr,
             "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
             "\"num_steps\": %d, \"num_draft_tokens\": %d, \"auto\": %s, \"tree_tokens\": %" PRId64
-            ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\"}\n",
+            ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\", \"load_s\": %.3f, "
+            "\"load_cpu_s\": %.3f, \"load_mode\": \"%s\", \"load_huge_mb\": %.1f}\n",
             gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
             gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend),
-            st_stop_reason_name(gs.stop_reason[0]));
+            st_stop_reason_name(gs.stop_reason[0]), li->seconds, li->cpu_seconds,
+            st_load_mode_name(li->mode), (double)li->huge_bytes / 1e6);
     }
     rc = 0;
 done:
@@ -765,7 +806,9 @@ static int cmd_info(int argc, char **argv) {
     }
     st_gguf_free(g);
     st_model *m = NULL;
-    if (st_model_load(model, &m) == ST_OK) {
+    st_load_params lp = st_load_default_params();
+    lp.mode = ST_LOAD_MMAP; /* the checks only: no copy of the weights */
+    if (st_model_load_ex(model, &lp, &m) == ST_OK) {
         const st_model_hparams *hp = st_model_get_hparams(m);
         printf("\nllama: n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d, head_dim %d, "
                "n_ff %d, n_ctx_train %d, rope base %g, rms eps %g, %s output, weights %s, "
