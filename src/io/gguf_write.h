@@ -106,9 +106,10 @@ st_status st_gguf_writer_begin_file(st_gguf_writer *w, const char *path);
 st_status st_gguf_writer_stream(st_gguf_writer *w, const void *data, size_t size);
 st_status st_gguf_writer_end_file(st_gguf_writer *w);
 
-/* Converts n floats to a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0) in dst, which has
- * room for st_gguf_tensor_bytes(type, 1, &n, ...) bytes. Quantized types need n a multiple of
- * 32 and finite inputs (ST_ERR_INVALID otherwise). Q8_0 and Q4_0 follow ggml's reference
+/* Converts n floats to a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0, Q2_K .. Q6_K) in dst,
+ * which has room for st_gguf_tensor_bytes(type, 1, &n, ...) bytes. Quantized types need n a
+ * multiple of their block (32; 256 for the K-quants, st_quantize_row_kquant in kquant.h) and
+ * finite inputs (ST_ERR_INVALID otherwise). Q8_0 and Q4_0 follow ggml's reference
  * quantizers bit for bit (see st_quantize_q8_0 / st_quantize_q4_0): like ggml they multiply by
  * the reciprocal of d where FORMATS.md §b.3 writes x/d (the two differ only at rounding ties). */
 st_status st_quantize_row(uint32_t type, const float *x, int64_t n, void *dst);
@@ -117,9 +118,9 @@ void st_quantize_q8_0(const float *x, int64_t n, void *dst);
 /* Q4_0 per block of 32: m = the element of largest magnitude with its sign, d = m / -8,
  * nibble = min(15, trunc(x * (1/d) + 8.5)), d stored as fp16. */
 void st_quantize_q4_0(const float *x, int64_t n, void *dst);
-/* The inverse: n values of a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0) at src, as
- * floats in dst (for tools that read one model's weights to write another). Quantized types
- * need n a multiple of 32; ST_ERR_INVALID otherwise or for another type. */
+/* The inverse: n values of a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0, Q2_K .. Q6_K) at
+ * src, as floats in dst (for tools that read one model's weights to write another). Quantized
+ * types need n a multiple of their block; ST_ERR_INVALID otherwise or for another type. */
 st_status st_dequantize_row(uint32_t type, const void *src, int64_t n, float *dst);
 
 #endif /* ST_GGUF_WRITE_H */
