@@ -4,6 +4,7 @@
  *   from the F32 file they were made from, has llama-quantize's bytes.
  * - Round trip on random and degenerate rows: each element dequantizes to within half a step of
  *   its sub-block (or lies past the end of the quant range it was clamped to).
+ * - The per-tensor types of the mixes (Q4_K_M ...) equal those of llama.cpp's files.
  * - Refusals: lengths that are not whole super-blocks, non-finite values.
  */
 #include <setjmp.h>
@@ -217,9 +218,53 @@ static void test_refusals(void **state) {
     }
 }
 
+/* The per-tensor types of each mix equal those of llama.cpp's file of that mix. */
+static void test_mix_types(void **state) {
+    (void)state;
+    static const char *files[] = {"x256-Q2_K", "x256-Q3_K_M", "x256-Q4_K_M", "x256-Q5_K_M",
+                                  "x256-Q6_K"};
+    static const char *names[] = {"q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "q6_k"};
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        char rel[256], path[4096];
+        snprintf(rel, sizeof rel, "vectors/kquant/%s.gguf", files[f]);
+        snprintf(path, sizeof path, "%s", tu_shared(rel));
+        st_gguf *g = NULL;
+        if (st_gguf_open(path, &g) != ST_OK)
+            fail_msg("%s: %s", path, st_last_error());
+        uint32_t ftype, n_layer, n_head, n_head_kv;
+        assert_int_equal(st_gguf_get_u32(g, "general.file_type", &ftype), ST_OK);
+        assert_int_equal(st_gguf_get_u32(g, "llama.block_count", &n_layer), ST_OK);
+        assert_int_equal(st_gguf_get_u32(g, "llama.attention.head_count", &n_head), ST_OK);
+        assert_int_equal(st_gguf_get_u32(g, "llama.attention.head_count_kv", &n_head_kv), ST_OK);
+        assert_int_equal(st_kquant_ftype_from_name(names[f]), ftype);
+        assert_string_equal(st_kquant_ftype_name(ftype), names[f]);
+        const int tied = st_gguf_tensor_find(g, "output.weight") == NULL;
+        int n_mixed = 0;
+        for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+            const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+            uint32_t want =
+                st_kquant_tensor_type(ftype, t->name, n_layer, n_head / n_head_kv, tied);
+            if (!want)
+                want = ST_DTYPE_F32;
+            if (want != t->type)
+                fail_msg("%s %s: the rule gives %s, llama-quantize wrote %s", files[f], t->name,
+                         st_dtype_name(want), st_dtype_name(t->type));
+            n_mixed += t->type != ST_DTYPE_F32;
+        }
+        assert_true(n_mixed == 2 + 7 * (int)n_layer);
+        st_gguf_free(g);
+    }
+    assert_int_equal(st_kquant_ftype_from_name("q4_k_x"), 0);
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "blk.0.attn_norm.weight", 4, 1, 0), 0);
+    assert_int_equal(st_kquant_tensor_type(7, "blk.0.attn_q.weight", 4, 1, 0), 0);
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "token_embd.weight", 4, 1, 1),
+                     ST_DTYPE_Q6_K);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_cpp_bytes),
+        cmocka_unit_test(test_mix_types),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_refusals),
     };

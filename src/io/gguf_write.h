@@ -123,4 +123,28 @@ void st_quantize_q4_0(const float *x, int64_t n, void *dst);
  * types need n a multiple of their block; ST_ERR_INVALID otherwise or for another type. */
 st_status st_dequantize_row(uint32_t type, const void *src, int64_t n, float *dst);
 
+/* llama.cpp's K-quant file types (the general.file_type values of llama_ftype). */
+enum {
+    ST_FTYPE_Q2_K = 10,
+    ST_FTYPE_Q3_K_S = 11,
+    ST_FTYPE_Q3_K_M = 12,
+    ST_FTYPE_Q3_K_L = 13,
+    ST_FTYPE_Q4_K_S = 14,
+    ST_FTYPE_Q4_K_M = 15,
+    ST_FTYPE_Q5_K_S = 16,
+    ST_FTYPE_Q5_K_M = 17,
+    ST_FTYPE_Q6_K = 18
+};
+/* The file type named "q4_k_m" etc. (lower case: q2_k, q3_k_s/m/l, q4_k_s/m, q5_k_s/m, q6_k), or
+ * 0; and back (NULL for another value). */
+uint32_t st_kquant_ftype_from_name(const char *name);
+const char *st_kquant_ftype_name(uint32_t ftype);
+/* The weight type llama-quantize gives tensor `name` (GGUF llama names) of a file of K-quant
+ * file type `ftype` (quant_mix.c): n_layer blocks, n_gqa query heads per KV head, tied = the
+ * file has no output.weight (token_embd then takes output's type). 0 for tensors it leaves
+ * alone (norms, non-weights) and for an ftype that is not a K-quant one. Every type returned needs
+ * rows of a multiple of 256 elements (llama.cpp falls back to other types for other rows). */
+uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t n_layer, int64_t n_gqa,
+                               int tied);
+
 #endif /* ST_GGUF_WRITE_H */
