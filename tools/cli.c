@@ -164,6 +164,10 @@ static const char *generate_help =
     "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
     "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
+    "  -ctk, --cache-type-k {f32,f16}   KV cache type of the keys (default f32); f16 halves\n"
+    "                       its memory and rounds the queries to f16 for the scores, as\n"
+    "                       llama.cpp's default f16 cache does\n"
+    "  -ctv, --cache-type-v {f32,f16}   same for the values (the probabilities are rounded)\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
@@ -189,6 +193,7 @@ enum { MAX_STOPS = 16 };
 typedef struct gen_opts {
     const char *model, *prompt, *prompt_file, *draft_path;
     long n_predict, threads, ctx;
+    uint32_t type_k, type_v;
     st_sampler_params sp;
     st_spec_params spec;
     int seed_set, json, no_bos;
@@ -306,7 +311,9 @@ static int cmd_generate(int argc, char **argv) {
         O_BACKEND,
         O_NG_MIN,
         O_NG_MAX,
-        O_NG_BREADTH
+        O_NG_BREADTH,
+        O_CTK,
+        O_CTV
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -320,6 +327,8 @@ static int cmd_generate(int argc, char **argv) {
         {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, 't'},
         {"ctx-size", required_argument, 0, 'c'},
+        {"cache-type-k", required_argument, 0, O_CTK},
+        {"cache-type-v", required_argument, 0, O_CTV},
         {"no-bos", no_argument, 0, O_NOBOS},
         {"json", no_argument, 0, O_JSON},
         {"stop", required_argument, 0, O_STOP},
@@ -338,6 +347,9 @@ static int cmd_generate(int argc, char **argv) {
         {0, 0, 0, 0}};
     int c;
     long v;
+    for (int i = 1; i < argc; i++) /* llama.cpp's short names of the cache types */
+        if (!strcmp(argv[i], "-ctk") || !strcmp(argv[i], "-ctv"))
+            argv[i] = argv[i][3] == 'k' ? "--cache-type-k" : "--cache-type-v";
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
@@ -380,6 +392,17 @@ static int cmd_generate(int argc, char **argv) {
         case O_JSON:
             o.json = 1;
             break;
+        case O_CTK:
+        case O_CTV: {
+            const int f16 = strcmp(optarg, "f16") == 0;
+            if (!f16 && strcmp(optarg, "f32") != 0) {
+                fprintf(stderr, "spectree generate: %s must be f32 or f16, got '%s'\n",
+                        c == O_CTK ? "--cache-type-k" : "--cache-type-v", optarg);
+                return 2;
+            }
+            *(c == O_CTK ? &o.type_k : &o.type_v) = f16 ? ST_DTYPE_F16 : ST_DTYPE_F32;
+            break;
+        }
         case O_NOBOS:
             o.no_bos = 1;
             break;
@@ -549,6 +572,8 @@ static int cmd_generate(int argc, char **argv) {
     gp.spec = o.spec;
     gp.n_threads = (int32_t)o.threads;
     gp.n_ctx = (int32_t)o.ctx;
+    gp.type_k = o.type_k;
+    gp.type_v = o.type_v;
     st_status gst = st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs);
     if (gst != ST_OK) {
         if (pr.any)
