@@ -23,7 +23,7 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
                 kq_regs u;
                 kq_unpack(type, wr + (size_t)b * bb, &u);
                 int32_t idot, t;
-                kq_sums(kq_idot(&u, xq + b), &u, xq + b, &idot, &t);
+                kq_sums(kq_idot(type, &u, xq + b), &u, xq + b, &idot, &t);
                 acc = st_kq_step(acc, u.d, u.dmin, xq[b].d, idot, t, has_min);
             }
             y[r] = acc;
@@ -39,7 +39,7 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
                 const st_block_q8k *xb = xq + m * ldx + b;
                 float *yo = y + m * ldy + r;
                 int32_t idot, t;
-                kq_sums(kq_idot(&u, xb), &u, xb, &idot, &t);
+                kq_sums(kq_idot(type, &u, xb), &u, xb, &idot, &t);
                 *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, idot, t, has_min);
             }
         }
