@@ -93,7 +93,7 @@ enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
 /* Tokens per attention work item: their shared prefix is streamed once for all of them. */
 enum { ST_ATTN_TOKENS = 16 };
 /* Floats per thread of f16 KV rows converted for the attention kernels (at least one row). */
-enum { ST_KV_CONV_FLOATS = 4096 };
+enum { ST_KV_CONV_FLOATS = 2048 };
 
 struct st_session {
     const st_model *m;
