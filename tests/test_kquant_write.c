@@ -243,7 +243,7 @@ static void test_mix_types(void **state) {
         for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
             const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
             uint32_t want =
-                st_kquant_tensor_type(ftype, t->name, n_layer, n_head / n_head_kv, tied);
+                st_kquant_tensor_type(ftype, t->name, t->ne[0], n_layer, n_head / n_head_kv, tied);
             if (!want)
                 want = ST_DTYPE_F32;
             if (want != t->type)
@@ -255,10 +255,20 @@ static void test_mix_types(void **state) {
         st_gguf_free(g);
     }
     assert_int_equal(st_kquant_ftype_from_name("q4_k_x"), 0);
-    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "blk.0.attn_norm.weight", 4, 1, 0), 0);
-    assert_int_equal(st_kquant_tensor_type(7, "blk.0.attn_q.weight", 4, 1, 0), 0);
-    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "token_embd.weight", 4, 1, 1),
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "blk.0.attn_norm.weight", 256, 4, 1, 0),
+                     0);
+    assert_int_equal(st_kquant_tensor_type(7, "blk.0.attn_q.weight", 256, 4, 1, 0), 0);
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "token_embd.weight", 256, 4, 1, 1),
                      ST_DTYPE_Q6_K);
+    /* rows that are not whole super-blocks (SmolLM's 576): types that fit them */
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "blk.1.attn_q.weight", 576, 4, 1, 0),
+                     ST_DTYPE_Q8_0);
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q4_K_M, "output.weight", 576, 4, 1, 0),
+                     ST_DTYPE_Q8_0);
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q2_K, "blk.1.ffn_up.weight", 576, 4, 1, 0),
+                     ST_DTYPE_Q4_0);
+    assert_int_equal(st_kquant_tensor_type(ST_FTYPE_Q6_K, "blk.1.ffn_up.weight", 100, 4, 1, 0),
+                     ST_DTYPE_F16);
 }
 
 int main(void) {

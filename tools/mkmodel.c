@@ -233,7 +233,7 @@ static uint32_t tensor_type(const plan *p, const tensor_spec *t, int64_t n_layer
     if (t->is_norm)
         return ST_DTYPE_F32;
     if (p->ftype)
-        return st_kquant_tensor_type(p->ftype, t->name, n_layer, n_gqa, tied);
+        return st_kquant_tensor_type(p->ftype, t->name, t->n_in, n_layer, n_gqa, tied);
     return p->type;
 }
 
@@ -317,7 +317,7 @@ static void parse_args(int argc, char **argv, plan *p) {
                 p->type = types[i].type;
             } else if ((p->ftype = st_kquant_ftype_from_name(optarg)) != 0) {
                 /* a mix: its base type is the one its ordinary matrices get */
-                p->type = st_kquant_tensor_type(p->ftype, "blk.0.attn_q.weight", 1, 1, 0);
+                p->type = st_kquant_tensor_type(p->ftype, "blk.0.attn_q.weight", 256, 1, 1, 0);
             } else {
                 usage_error("--type must be f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
                             "q6_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s or q5_k_m, got "

@@ -140,11 +140,14 @@ enum {
 uint32_t st_kquant_ftype_from_name(const char *name);
 const char *st_kquant_ftype_name(uint32_t ftype);
 /* The weight type llama-quantize gives tensor `name` (GGUF llama names) of a file of K-quant
- * file type `ftype` (quant_mix.c): n_layer blocks, n_gqa query heads per KV head, tied = the
- * file has no output.weight (token_embd then takes output's type). 0 for tensors it leaves
- * alone (norms, non-weights) and for an ftype that is not a K-quant one. Every type returned needs
- * rows of a multiple of 256 elements (llama.cpp falls back to other types for other rows). */
-uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t n_layer, int64_t n_gqa,
-                               int tied);
+ * file type `ftype` (quant_mix.c): rows of ncols elements, n_layer blocks, n_gqa query heads per
+ * KV head, tied = the file has no output.weight (token_embd then takes output's type). 0 for
+ * tensors it leaves alone (norms, non-weights) and for an ftype that is not a K-quant one. Rows
+ * that are not whole 256-element super-blocks get a type that fits them: Q4_0 for Q2_K and
+ * Q3_K, as llama.cpp does, Q8_0 for Q4_K .. Q6_K (llama.cpp's Q5_0 and Q5_1 are not written
+ * here), F16 when not even 32 divides the row. Every type returned is one st_quantize_row
+ * writes. */
+uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t ncols, int64_t n_layer,
+                               int64_t n_gqa, int tied);
 
 #endif /* ST_GGUF_WRITE_H */

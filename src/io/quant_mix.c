@@ -47,8 +47,29 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t n_layer, int64_t n_gqa,
-                               int tied) {
+/* A type for rows of ncols elements when `type` needs whole super-blocks and they are not:
+ * llama.cpp's fallbacks where spectree writes them (Q2_K, Q3_K -> Q4_0), Q8_0 for Q4_K .. Q6_K
+ * (llama.cpp writes Q5_0 / Q5_1 / Q8_0, and spectree has no Q5_0 / Q5_1), F16 when not even 32
+ * divides the row. */
+static uint32_t fallback(uint32_t type, int64_t ncols) {
+    if (ncols % 256 == 0)
+        return type;
+    if (ncols % 32 != 0)
+        return ST_DTYPE_F16;
+    return type == ST_DTYPE_Q2_K || type == ST_DTYPE_Q3_K ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0;
+}
+
+static uint32_t mix_type(uint32_t ftype, const char *name, int64_t n_layer, int64_t n_gqa,
+                         int tied);
+
+uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t ncols, int64_t n_layer,
+                               int64_t n_gqa, int tied) {
+    const uint32_t t = mix_type(ftype, name, n_layer, n_gqa, tied);
+    return t ? fallback(t, ncols) : 0;
+}
+
+static uint32_t mix_type(uint32_t ftype, const char *name, int64_t n_layer, int64_t n_gqa,
+                         int tied) {
     uint32_t base = 0;
     for (int i = 0; i < N_FTYPES; i++)
         if (ftypes[i].ftype == ftype)
