@@ -435,6 +435,13 @@ typedef struct st_session_params {
     int32_t n_seq;     /* sequences held at once (default 1) */
     int32_t n_batch;   /* most tokens in one forward pass (default 64) */
     int32_t n_threads; /* threads incl. the caller; 0: all cores (1 below 16 MB of weights) */
+    /* KV cache element types, ST_DTYPE_F32 (default) or ST_DTYPE_F16 (half the memory; what
+     * llama.cpp stores by default). With type_k F16 the queries are rounded to f16 for the
+     * scores, with type_v F16 the softmax probabilities for the value sums (ggml's arithmetic:
+     * it converts the other operand of an f16 matrix product to f16); products of two f16
+     * values are exact in float, and the sums keep the canonical order, so speculative and plain
+     * decoding stay bitwise equal in either type. Other values: ST_ERR_INVALID. */
+    uint32_t type_k, type_v;
 } st_session_params;
 
 st_session_params st_session_default_params(void);
@@ -899,6 +906,7 @@ typedef struct st_gen_params {
     st_spec_params spec;       /* default st_spec_default_params(): plain decoding */
     int32_t n_threads;         /* 0: all cores (1 below 16 MB of weights), as st_session_params */
     int32_t n_ctx;             /* positions per sequence; 0 = as st_session_params */
+    uint32_t type_k, type_v;   /* the target's KV cache types, as st_session_params (F32) */
 } st_gen_params;
 
 st_gen_params st_gen_default_params(void);

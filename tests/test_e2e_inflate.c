@@ -272,6 +272,51 @@ static void test_types(void **state) {
     }
 }
 
+/* K-quant widenings, single types and llama.cpp's mixes: the per-tensor types, zero blocks stay
+ * zero, the model runs. */
+static void test_kquant_types(void **state) {
+    (void)state;
+    const char *types[] = {"q4_k_m", "q6_k", "q2_k", "q5_k_m"};
+    const uint32_t ids[] = {ST_DTYPE_Q4_K, ST_DTYPE_Q6_K, ST_DTYPE_Q2_K, ST_DTYPE_Q5_K};
+    for (int i = 0; i < 4; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "--dim 256 --ff 512 --layers 6 --type %s", types[i]);
+        inflate(tmp("k.gguf"), a);
+        st_model *m;
+        assert_int_equal(st_model_load(tmp("k.gguf"), &m), ST_OK);
+        assert_int_equal(st_model_get_hparams(m)->wtype, ids[i]);
+        st_model_free(m);
+        st_gguf *g;
+        assert_int_equal(st_gguf_open(tmp("k.gguf"), &g), ST_OK);
+        const int mix = strstr(types[i], "_m") != NULL;
+        /* Q4_K_M / Q5_K_M, 6 layers: attn_v and ffn_down in Q6_K in layers 2 and 5 (llama.cpp:
+         * the first and last eighth, none and 5, and every third from the first eighth on) */
+        for (int l = 0; l < 6; l++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.ffn_down.weight", l);
+            const uint32_t want = mix && (l == 2 || l == 5) ? ST_DTYPE_Q6_K : ids[i];
+            assert_int_equal(st_gguf_tensor_find(g, nm)->type, want);
+            snprintf(nm, sizeof nm, "blk.%d.attn_v.weight", l);
+            assert_int_equal(st_gguf_tensor_find(g, nm)->type, want);
+        }
+        assert_int_equal(st_gguf_tensor_find(g, "token_embd.weight")->type,
+                         st_gguf_tensor_find(g, "output.weight") ? ids[i] : ST_DTYPE_Q6_K);
+        float row[512];
+        for (int64_t r = 64; r < 256; r += 37) {
+            row_of(g, "blk.1.ffn_down.weight", r, row);
+            for (int k = 0; k < 512; k++)
+                assert_true(row[k] == 0.0f);
+        }
+        row_of(g, "blk.5.attn_output.weight", 3, row);
+        for (int k = 0; k < 256; k++)
+            assert_true(row[k] == 0.0f);
+        st_gguf_free(g);
+        char *text = greedy(tmp("k.gguf"), "Once upon a time");
+        assert_true(strlen(text) > 100);
+        free(text);
+    }
+}
+
 static void test_bad_flags(void **state) {
     (void)state;
     const char *bad[] = {
@@ -286,8 +331,10 @@ static void test_bad_flags(void **state) {
         "--dim 128 --ff 384",                        /* no --layers */
         "--dim 128 --ff 384 --layers 7 --heads 16",  /* SRC sets the heads */
         "--dim 128 --ff 384 --layers 7 --keep-layers 2",
-        "--dim 128 --ff 384 --layers 7 --type q4_1", /* unknown type */
-        "--dim 16777216 --ff 384 --layers 7",        /* too many heads */
+        "--dim 128 --ff 384 --layers 7 --type q4_1",   /* unknown type */
+        "--dim 128 --ff 512 --layers 7 --type q4_k_m", /* dim not a multiple of 256 */
+        "--dim 256 --ff 384 --layers 7 --type q6_k",   /* ff not a multiple of 256 */
+        "--dim 16777216 --ff 384 --layers 7",          /* too many heads */
     };
     const char *out = tmp("bad.gguf");
     size_t n;
@@ -362,9 +409,9 @@ static void test_dequantize_row(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy_text),    cmocka_unit_test(test_layout),
-        cmocka_unit_test(test_types),          cmocka_unit_test(test_bad_flags),
-        cmocka_unit_test(test_dequantize_row),
+        cmocka_unit_test(test_greedy_text), cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_types),       cmocka_unit_test(test_kquant_types),
+        cmocka_unit_test(test_bad_flags),   cmocka_unit_test(test_dequantize_row),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,9 +3,9 @@
  * several prompts, every drafter (NGRAM; STANDALONE with stories260K as its own draft; EAGLE
  * with random heads in the published layout written here, F32 and F16), tree shapes K in
  * {1, 2, 4} (and 10 for EAGLE), S in {1, 3, 6}, N in {2, 4, 8, 16, 32} and auto, both attention
- * backends and 1 or 2 threads, greedy and seeded sampling, single sequences and batches: the
- * generated tokens equal plain decoding with the same seed. With the model as its own draft
- * and K = 1, greedy decoding accepts every draft.
+ * backends and 1 or 2 threads, f32 and f16 KV caches, greedy and seeded sampling, single
+ * sequences and batches: the generated tokens equal plain decoding with the same seed and cache.
+ * With the model as its own draft and K = 1, greedy decoding accepts every draft.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,13 +103,18 @@ static int record(void *user, int32_t t) {
 
 enum { N_GEN = 32, CTX = 256 };
 
+/* The KV cache type (K and V) of the target in the calls below. */
+static uint32_t kv_type = ST_DTYPE_F32;
+
 /* The generation parameters of one call (sampler and spec copied from the pointers). */
 #define GEN_PARAMS(n_, sampler_, spec_, threads_, ctx_)                                            \
     (&(st_gen_params){.n_predict = (n_),                                                           \
                       .sampler = *(sampler_),                                                      \
                       .spec = *(spec_),                                                            \
                       .n_threads = (threads_),                                                     \
-                      .n_ctx = (ctx_)})
+                      .n_ctx = (ctx_),                                                             \
+                      .type_k = kv_type,                                                           \
+                      .type_v = kv_type})
 
 static void run(const int32_t *prompt, int np, const st_sampler_params *sp,
                 const st_spec_params *spec, int threads, rec *out, st_gen_stats *gs) {
@@ -135,11 +140,14 @@ static void test_lossless_matrix(void **state) {
         for (int smp = 0; smp < 2; smp++) {
             st_sampler_params sp = smp ? sampled : greedy;
             sp.seed = 1234 + (uint64_t)p;
-            rec plain, got;
+            rec plains[2], got;
             st_gen_stats gs;
             st_spec_params none = st_spec_default_params();
-            run(prompts[p], np[p], &sp, &none, 1, &plain, &gs);
-            assert_int_equal(plain.n, N_GEN);
+            for (int kv = 0; kv < 2; kv++) {
+                kv_type = kv ? ST_DTYPE_F16 : ST_DTYPE_F32;
+                run(prompts[p], np[p], &sp, &none, 1, &plains[kv], &gs);
+                assert_int_equal(plains[kv].n, N_GEN);
+            }
             for (int algo = 0; algo < 3; algo++)
                 for (size_t ki = 0; ki < 3; ki++)
                     for (size_t si = 0; si < 3; si++)
@@ -162,13 +170,17 @@ static void test_lossless_matrix(void **state) {
                             int v = (int)(ki + si + ni + (size_t)p + (size_t)smp);
                             spec.backend = v % 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
                             int threads = 1 + (v / 2) % 2;
+                            const int kv = (v / 4 + algo) % 2;
+                            kv_type = kv ? ST_DTYPE_F16 : ST_DTYPE_F32;
+                            const rec plain = plains[kv];
                             run(prompts[p], np[p], &sp, &spec, threads, &got, &gs);
                             if (got.n != plain.n ||
                                 memcmp(got.toks, plain.toks, sizeof(int32_t) * (size_t)plain.n))
                                 fail_msg("mismatch: prompt %d %s algo %d K %d S %d N %d %s "
-                                         "threads %d",
+                                         "threads %d kv %s",
                                          p, smp ? "sampled" : "greedy", algo, K, S, N,
-                                         st_attn_backend_name(spec.backend), threads);
+                                         st_attn_backend_name(spec.backend), threads,
+                                         kv ? "f16" : "f32");
                             assert_true(gs.spec_steps > 0);
                             if (algo == 1 && K == 1 && !smp) /* self-draft chain: all accepted */
                                 assert_int_equal(gs.accept_hist[S], gs.spec_steps);
@@ -177,6 +189,7 @@ static void test_lossless_matrix(void **state) {
                             runs++;
                         }
         }
+    kv_type = ST_DTYPE_F32;
     print_message("%d speculative runs matched plain decoding; EAGLE accepted drafts in %lld "
                   "steps\n",
                   runs, (long long)eagle_accepted);
@@ -238,8 +251,9 @@ static void test_batch(void **state) {
     const int32_t *prompts[4] = {p0, p1, p2, p3};
     const int64_t np[4] = {5, 7, 3, 6};
     /* cfg 8..11: auto shapes (the controller); 12, 13: plain decoding of the batch (one
-     * forward pass per step for all sequences) */
+     * forward pass per step for all sequences); odd cfg / 2 with an f16 KV cache */
     for (int cfg = 0; cfg < 14; cfg++) {
+        kv_type = cfg / 2 % 2 ? ST_DTYPE_F16 : ST_DTYPE_F32;
         st_sampler_params sp = {
             .temp = cfg & 1 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 77};
         st_spec_params spec = st_spec_default_params();
@@ -273,6 +287,7 @@ static void test_batch(void **state) {
             assert_memory_equal(got.r[b].toks, one.toks, sizeof(int32_t) * (size_t)one.n);
         }
     }
+    kv_type = ST_DTYPE_F32;
 }
 
 /* EAGLE in batches of three sequences (one verify pass for all trees, one head session per

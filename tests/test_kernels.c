@@ -532,17 +532,42 @@ static void test_fp16_roundtrip(void **state) {
     assert_true(st_bf16_to_f32(0x3f80) == 1.0f);
 }
 
+/* f16_to_f32 (an f16 KV cache's rows): every table converts every non-NaN half exactly, at
+ * every length (vector bodies and tails). */
+static void test_f16_to_f32(void **state) {
+    (void)state;
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * sizeof *h);
+    float *want = malloc(N * sizeof *want), *got = malloc(N * sizeof *got);
+    assert_true(h && want && got);
+    int64_t n = 0;
+    for (uint32_t v = 0; v < 65536; v++)
+        if (!isnan(st_fp16_to_f32((uint16_t)v)))
+            h[n++] = (uint16_t)v;
+    const st_kernels *t[3] = {st_kernels_ref(), NULL, NULL};
+    const int nt = 1 + fast_tables(t + 1);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = st_fp16_to_f32(h[i]);
+    for (int k = 0; k < nt; k++) {
+        t[k]->f16_to_f32(got, h, n);
+        assert_memory_equal(got, want, (size_t)n * sizeof(float));
+        for (int64_t len = 0; len <= 17; len++) {
+            memset(got, 0xff, 32 * sizeof(float));
+            t[k]->f16_to_f32(got, h + 1000 + len, len);
+            assert_memory_equal(got, want + 1000 + len, (size_t)len * sizeof(float));
+            assert_true(isnan(got[len])); /* nothing past n written */
+        }
+    }
+    free(h), free(want), free(got);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dot),
-        cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_attn_small),
-        cmocka_unit_test(test_softmax),
-        cmocka_unit_test(test_exp_silu),
-        cmocka_unit_test(test_matmul_float),
-        cmocka_unit_test(test_matmul_quant),
-        cmocka_unit_test(test_matmul_packed),
-        cmocka_unit_test(test_fp16_roundtrip),
+        cmocka_unit_test(test_f16_to_f32),    cmocka_unit_test(test_dot),
+        cmocka_unit_test(test_attn),          cmocka_unit_test(test_attn_small),
+        cmocka_unit_test(test_softmax),       cmocka_unit_test(test_exp_silu),
+        cmocka_unit_test(test_matmul_float),  cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_matmul_packed), cmocka_unit_test(test_fp16_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

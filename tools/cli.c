@@ -169,6 +169,10 @@ static const char *generate_help =
     "      --no-mmap        copy the weights into anonymous memory in 2 MB huge pages\n"
     "                       (default: copy files of 256 MB and more when the memory is there)\n"
     "      --mlock          lock the weights in RAM (needs ulimit -l)\n"
+    "  -ctk, --cache-type-k {f32,f16}   KV cache type of the keys (default f32); f16 halves\n"
+    "                       its memory and rounds the queries to f16 for the scores, as\n"
+    "                       llama.cpp's default f16 cache does\n"
+    "  -ctv, --cache-type-v {f32,f16}   same for the values (the probabilities are rounded)\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
@@ -194,6 +198,7 @@ enum { MAX_STOPS = 16 };
 typedef struct gen_opts {
     const char *model, *prompt, *prompt_file, *draft_path;
     long n_predict, threads, ctx;
+    uint32_t type_k, type_v;
     st_sampler_params sp;
     st_spec_params spec;
     int seed_set, json, no_bos;
@@ -325,7 +330,9 @@ static int cmd_generate(int argc, char **argv) {
         O_NG_BREADTH,
         O_MMAP,
         O_NO_MMAP,
-        O_MLOCK
+        O_MLOCK,
+        O_CTK,
+        O_CTV
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -339,6 +346,8 @@ static int cmd_generate(int argc, char **argv) {
         {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, 't'},
         {"ctx-size", required_argument, 0, 'c'},
+        {"cache-type-k", required_argument, 0, O_CTK},
+        {"cache-type-v", required_argument, 0, O_CTV},
         {"no-bos", no_argument, 0, O_NOBOS},
         {"json", no_argument, 0, O_JSON},
         {"stop", required_argument, 0, O_STOP},
@@ -360,6 +369,9 @@ static int cmd_generate(int argc, char **argv) {
         {0, 0, 0, 0}};
     int c;
     long v;
+    for (int i = 1; i < argc; i++) /* llama.cpp's short names of the cache types */
+        if (!strcmp(argv[i], "-ctk") || !strcmp(argv[i], "-ctv"))
+            argv[i] = argv[i][3] == 'k' ? "--cache-type-k" : "--cache-type-v";
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
@@ -402,6 +414,17 @@ static int cmd_generate(int argc, char **argv) {
         case O_JSON:
             o.json = 1;
             break;
+        case O_CTK:
+        case O_CTV: {
+            const int f16 = strcmp(optarg, "f16") == 0;
+            if (!f16 && strcmp(optarg, "f32") != 0) {
+                fprintf(stderr, "spectree generate: %s must be f32 or f16, got '%s'\n",
+                        c == O_CTK ? "--cache-type-k" : "--cache-type-v", optarg);
+                return 2;
+            }
+            *(c == O_CTK ? &o.type_k : &o.type_v) = f16 ? ST_DTYPE_F16 : ST_DTYPE_F32;
+            break;
+        }
         case O_NOBOS:
             o.no_bos = 1;
             break;
@@ -586,6 +609,8 @@ static int cmd_generate(int argc, char **argv) {
     gp.spec = o.spec;
     gp.n_threads = (int32_t)o.threads;
     gp.n_ctx = (int32_t)o.ctx;
+    gp.type_k = o.type_k;
+    gp.type_v = o.type_v;
     st_status gst = st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs);
     if (gst != ST_OK) {
         if (pr.any)

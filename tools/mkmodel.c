@@ -35,8 +35,12 @@ static const char *help =
     "  --layers L         blocks of the full model (required)\n"
     "  --heads H          query heads; D must be a multiple of H and D/H even (required)\n"
     "  --kv-heads KV      key/value heads; H must be a multiple of KV (default H)\n"
-    "  --type T           matrix type: f32, f16, bf16, q8_0, q4_0 (default f32); q8_0 and q4_0\n"
-    "                     need D and F multiples of 32. Norm weights are always f32\n"
+    "  --type T           matrix type: f32, f16, bf16, q8_0, q4_0, the K-quants q2_k, q3_k,\n"
+    "                     q4_k, q5_k, q6_k (every matrix of that type), or llama.cpp's K-quant\n"
+    "                     mixes q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m (its\n"
+    "                     per-tensor choice: e.g. q4_k_m has output, and attn_v and ffn_down\n"
+    "                     in some layers, in q6_k) (default f32); q8_0 and q4_0 need D and F\n"
+    "                     multiples of 32, the K-quants multiples of 256. Norms are always f32\n"
     "  --seed S           weight seed (default 1)\n"
     "  --keep-layers N    write only blocks 0..N-1 of the model (a draft model; default L)\n"
     "  --ctx N            llama.context_length (default 2048)\n"
@@ -59,7 +63,8 @@ static const char *help =
     "                     a head count that keeps SRC's query heads per KV head (required)\n"
     "  --ff F             feed-forward length, at least SRC's (required)\n"
     "  --layers L         blocks, at least SRC's (required)\n"
-    "  --type T           as above (default f32; q8_0 and q4_0 need D and F multiples of 32)\n"
+    "  --type T           as above (default f32; q8_0 and q4_0 need D and F multiples of 32,\n"
+    "                     the K-quants multiples of 256)\n"
     "  --fill random      weights that cannot change the output (rows of extra heads and FFN\n"
     "                     units, columns that only meet zero activations, extra layers but\n"
     "                     their output projections) are random, with the RMS of SRC's values\n"
@@ -118,7 +123,8 @@ static float uniform(uint64_t *state) {
 typedef struct plan {
     const char *out, *vocab, *inflate;
     long dim, ff, layers, heads, kv_heads, keep, ctx;
-    uint32_t type;
+    uint32_t type;  /* the matrix type; for a K-quant mix its base type */
+    uint32_t ftype; /* a K-quant mix (ST_FTYPE_Q4_K_M ...) or 0 */
     uint64_t seed;
     double scale;
     int fill_random;
@@ -186,8 +192,22 @@ static int make_specs(const plan *p, int64_t n_vocab, tensor_spec *t) {
     return n;
 }
 
-static uint32_t file_type(uint32_t t) {
-    switch (t) {
+/* general.file_type: llama.cpp's llama_ftype; a single K-quant type gets the mix of that type
+ * closest to it (q4_k: Q4_K_S). */
+static uint32_t file_type(const plan *p) {
+    if (p->ftype)
+        return p->ftype;
+    switch (p->type) {
+    case ST_DTYPE_Q2_K:
+        return ST_FTYPE_Q2_K;
+    case ST_DTYPE_Q3_K:
+        return ST_FTYPE_Q3_K_S;
+    case ST_DTYPE_Q4_K:
+        return ST_FTYPE_Q4_K_S;
+    case ST_DTYPE_Q5_K:
+        return ST_FTYPE_Q5_K_S;
+    case ST_DTYPE_Q6_K:
+        return ST_FTYPE_Q6_K;
     case ST_DTYPE_F16:
         return 1;
     case ST_DTYPE_Q4_0:
@@ -199,6 +219,28 @@ static uint32_t file_type(uint32_t t) {
     default:
         return 0;
     }
+}
+
+/* The --type as given: a mix's name or the matrix type's. */
+static const char *type_name(const plan *p) {
+    return p->ftype ? st_kquant_ftype_name(p->ftype) : st_dtype_name(p->type);
+}
+
+/* The type of tensor t in a file of n_layer blocks, n_gqa query heads per KV head and an output
+ * matrix of its own or not (tied). */
+static uint32_t tensor_type(const plan *p, const tensor_spec *t, int64_t n_layer, int64_t n_gqa,
+                            int tied) {
+    if (t->is_norm)
+        return ST_DTYPE_F32;
+    if (p->ftype)
+        return st_kquant_tensor_type(p->ftype, t->name, t->n_in, n_layer, n_gqa, tied);
+    return p->type;
+}
+
+static int is_kquant(uint32_t type) { return type >= ST_DTYPE_Q2_K && type <= ST_DTYPE_Q6_K; }
+
+static int is_quantized(uint32_t type) {
+    return type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0 || is_kquant(type);
 }
 
 static void die_st(st_status s) {
@@ -263,17 +305,25 @@ static void parse_args(int argc, char **argv, plan *p) {
             static const struct {
                 const char *name;
                 uint32_t type;
-            } types[] = {{"f32", ST_DTYPE_F32},
-                         {"f16", ST_DTYPE_F16},
-                         {"bf16", ST_DTYPE_BF16},
-                         {"q8_0", ST_DTYPE_Q8_0},
-                         {"q4_0", ST_DTYPE_Q4_0}};
+            } types[] = {{"f32", ST_DTYPE_F32},   {"f16", ST_DTYPE_F16},   {"bf16", ST_DTYPE_BF16},
+                         {"q8_0", ST_DTYPE_Q8_0}, {"q4_0", ST_DTYPE_Q4_0}, {"q2_k", ST_DTYPE_Q2_K},
+                         {"q3_k", ST_DTYPE_Q3_K}, {"q4_k", ST_DTYPE_Q4_K}, {"q5_k", ST_DTYPE_Q5_K},
+                         {"q6_k", ST_DTYPE_Q6_K}};
             size_t i = 0;
             while (i < sizeof types / sizeof types[0] && strcmp(types[i].name, optarg) != 0)
                 i++;
-            if (i == sizeof types / sizeof types[0])
-                usage_error("--type must be f32, f16, bf16, q8_0 or q4_0, got '%s'", optarg);
-            p->type = types[i].type;
+            p->ftype = 0;
+            if (i < sizeof types / sizeof types[0]) {
+                p->type = types[i].type;
+            } else if ((p->ftype = st_kquant_ftype_from_name(optarg)) != 0) {
+                /* a mix: its base type is the one its ordinary matrices get */
+                p->type = st_kquant_tensor_type(p->ftype, "blk.0.attn_q.weight", 256, 1, 1, 0);
+            } else {
+                usage_error("--type must be f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
+                            "q6_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s or q5_k_m, got "
+                            "'%s'",
+                            optarg);
+            }
             break;
         }
         case O_SEED: {
@@ -321,6 +371,9 @@ static void parse_args(int argc, char **argv, plan *p) {
         (p->dim % 32 != 0 || p->ff % 32 != 0))
         usage_error("--type %s needs --dim %ld and --ff %ld to be multiples of 32",
                     st_dtype_name(p->type), p->dim, p->ff);
+    if (is_kquant(p->type) && (p->dim % 256 != 0 || p->ff % 256 != 0))
+        usage_error("--type %s needs --dim %ld and --ff %ld to be multiples of 256", type_name(p),
+                    p->dim, p->ff);
     if (p->inflate) {
         if (p->random_only)
             usage_error("--%s does not go with --inflate", p->random_only);
@@ -431,7 +484,7 @@ static int inflate_specs(const plan *p, const st_gguf *g, const st_model_hparams
 static st_status inflate_metadata(st_gguf_writer *w, const st_gguf *g, const plan *p,
                                   const st_model_hparams *hp) {
     const long n_head = p->dim / hp->head_dim;
-    const int quant = p->type == ST_DTYPE_Q8_0 || p->type == ST_DTYPE_Q4_0;
+    const int quant = is_quantized(p->type);
     struct {
         const char *key;
         uint32_t v;
@@ -442,7 +495,7 @@ static st_status inflate_metadata(st_gguf_writer *w, const st_gguf *g, const pla
         {"llama.block_count", (uint32_t)p->layers, 0},
         {"llama.attention.head_count", (uint32_t)n_head, 0},
         {"llama.attention.head_count_kv", (uint32_t)(n_head / (hp->n_head / hp->n_head_kv)), 0},
-        {"general.file_type", file_type(p->type), 0},
+        {"general.file_type", file_type(p), 0},
         {"general.quantization_version", 2, !quant}};
     const int n_u = (int)(sizeof u / sizeof u[0]);
     const char *eps_key = "llama.attention.layer_norm_rms_epsilon";
@@ -542,8 +595,8 @@ int main(int argc, char **argv) {
         die_st(s);
     st_gguf *src = NULL;
     st_model_hparams hp = {0};
-    int64_t n_vocab;
-    int n_t;
+    int64_t n_vocab, n_gqa;
+    int n_t, tied = 0;
     if (p.inflate) {
         src = inflate_open(&p, w, &hp);
         n_vocab = hp.n_vocab;
@@ -551,6 +604,7 @@ int main(int argc, char **argv) {
         p.keep = p.layers;
         p.heads = p.dim / hp.head_dim;
         p.kv_heads = p.heads / (hp.n_head / hp.n_head_kv);
+        tied = hp.tied_output;
     } else {
         st_gguf *vocab;
         if ((s = st_gguf_open(p.vocab, &vocab)))
@@ -564,10 +618,10 @@ int main(int argc, char **argv) {
             return 1;
         }
         const uint32_t hd = (uint32_t)(p.dim / p.heads);
-        const int quant = p.type == ST_DTYPE_Q8_0 || p.type == ST_DTYPE_Q4_0;
+        const int quant = is_quantized(p.type);
         if ((s = st_gguf_writer_add_str(w, "general.architecture", "llama")) ||
             (s = st_gguf_writer_add_str(w, "general.name", "spectree-mkmodel random")) ||
-            (s = st_gguf_writer_add_u32(w, "general.file_type", file_type(p.type))) ||
+            (s = st_gguf_writer_add_u32(w, "general.file_type", file_type(&p))) ||
             (quant && (s = st_gguf_writer_add_u32(w, "general.quantization_version", 2))) ||
             (s = st_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)p.ctx)) ||
             (s = st_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)p.dim)) ||
@@ -594,10 +648,11 @@ int main(int argc, char **argv) {
         inflate_specs(&p, src, &hp, specs);
     else
         make_specs(&p, n_vocab, specs);
+    n_gqa = p.heads / p.kv_heads;
     int64_t max_in = 0;
     for (int i = 0; i < n_t; i++) {
         int64_t ne[2] = {specs[i].n_in, specs[i].n_out};
-        uint32_t type = specs[i].is_norm ? ST_DTYPE_F32 : p.type;
+        uint32_t type = tensor_type(&p, &specs[i], p.keep, n_gqa, tied);
         if ((s = st_gguf_writer_add_tensor(w, specs[i].name, type, specs[i].is_norm ? 1 : 2, ne,
                                            NULL, 0, ST_GGUF_REF)))
             die_st(s);
@@ -619,7 +674,7 @@ int main(int argc, char **argv) {
     size_t done = 0, next_report = 0;
     for (int i = 0; i < n_t; i++) {
         const tensor_spec *t = &specs[i];
-        uint32_t type = t->is_norm ? ST_DTYPE_F32 : p.type;
+        uint32_t type = tensor_type(&p, t, p.keep, n_gqa, tied);
         uint64_t state = tensor_seed(p.seed, t->name);
         size_t row_bytes;
         if ((s = st_gguf_tensor_bytes(type, 1, &t->n_in, &row_bytes)))
@@ -651,7 +706,7 @@ int main(int argc, char **argv) {
     fprintf(stderr,
             "spectree-mkmodel: wrote %s: %s, dim %ld, ff %ld, heads %ld/%ld, vocab %" PRId64
             ", %s, %zu bytes\n",
-            p.out, what, p.dim, p.ff, p.heads, p.kv_heads, n_vocab, st_dtype_name(p.type), total);
+            p.out, what, p.dim, p.ff, p.heads, p.kv_heads, n_vocab, type_name(&p), total);
     free(row);
     free(qrow);
     free(specs);

@@ -741,6 +741,20 @@ st_status st_quantize_row(uint32_t type, const float *x, int64_t n, void *dst) {
         else
             st_quantize_q4_0(x, n, dst);
         return ST_OK;
+    case ST_DTYPE_Q2_K:
+    case ST_DTYPE_Q3_K:
+    case ST_DTYPE_Q4_K:
+    case ST_DTYPE_Q5_K:
+    case ST_DTYPE_Q6_K:
+        if (n % ST_QK_K != 0)
+            return st_fail(ST_ERR_INVALID,
+                           "quantize: %" PRId64 " elements is not a multiple of %d for %s", n,
+                           ST_QK_K, st_dtype_name(type));
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(x[i]))
+                return st_fail(ST_ERR_INVALID, "quantize: element %" PRId64 " is not finite", i);
+        st_quantize_row_kquant(type, x, dst, n);
+        return ST_OK;
     default:
         return st_fail(ST_ERR_INVALID, "quantize: type %s (id %u) is not supported",
                        st_dtype_name(type), type);
@@ -763,6 +777,16 @@ st_status st_dequantize_row(uint32_t type, const void *src, int64_t n, float *ds
             return st_fail(ST_ERR_INVALID,
                            "dequantize: %" PRId64 " elements is not a multiple of %d for %s", n,
                            ST_QK, st_dtype_name(type));
+        break;
+    case ST_DTYPE_Q2_K:
+    case ST_DTYPE_Q3_K:
+    case ST_DTYPE_Q4_K:
+    case ST_DTYPE_Q5_K:
+    case ST_DTYPE_Q6_K:
+        if (n % ST_QK_K != 0)
+            return st_fail(ST_ERR_INVALID,
+                           "dequantize: %" PRId64 " elements is not a multiple of %d for %s", n,
+                           ST_QK_K, st_dtype_name(type));
         break;
     default:
         return st_fail(ST_ERR_INVALID, "dequantize: type %s (id %u) is not supported",

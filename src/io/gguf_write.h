@@ -106,9 +106,10 @@ st_status st_gguf_writer_begin_file(st_gguf_writer *w, const char *path);
 st_status st_gguf_writer_stream(st_gguf_writer *w, const void *data, size_t size);
 st_status st_gguf_writer_end_file(st_gguf_writer *w);
 
-/* Converts n floats to a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0) in dst, which has
- * room for st_gguf_tensor_bytes(type, 1, &n, ...) bytes. Quantized types need n a multiple of
- * 32 and finite inputs (ST_ERR_INVALID otherwise). Q8_0 and Q4_0 follow ggml's reference
+/* Converts n floats to a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0, Q2_K .. Q6_K) in dst,
+ * which has room for st_gguf_tensor_bytes(type, 1, &n, ...) bytes. Quantized types need n a
+ * multiple of their block (32; 256 for the K-quants, st_quantize_row_kquant in kquant.h) and
+ * finite inputs (ST_ERR_INVALID otherwise). Q8_0 and Q4_0 follow ggml's reference
  * quantizers bit for bit (see st_quantize_q8_0 / st_quantize_q4_0): like ggml they multiply by
  * the reciprocal of d where FORMATS.md §b.3 writes x/d (the two differ only at rounding ties). */
 st_status st_quantize_row(uint32_t type, const float *x, int64_t n, void *dst);
@@ -117,9 +118,36 @@ void st_quantize_q8_0(const float *x, int64_t n, void *dst);
 /* Q4_0 per block of 32: m = the element of largest magnitude with its sign, d = m / -8,
  * nibble = min(15, trunc(x * (1/d) + 8.5)), d stored as fp16. */
 void st_quantize_q4_0(const float *x, int64_t n, void *dst);
-/* The inverse: n values of a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0) at src, as
- * floats in dst (for tools that read one model's weights to write another). Quantized types
- * need n a multiple of 32; ST_ERR_INVALID otherwise or for another type. */
+/* The inverse: n values of a weight row of `type` (F32, F16, BF16, Q8_0, Q4_0, Q2_K .. Q6_K) at
+ * src, as floats in dst (for tools that read one model's weights to write another). Quantized
+ * types need n a multiple of their block; ST_ERR_INVALID otherwise or for another type. */
 st_status st_dequantize_row(uint32_t type, const void *src, int64_t n, float *dst);
+
+/* llama.cpp's K-quant file types (the general.file_type values of llama_ftype). */
+enum {
+    ST_FTYPE_Q2_K = 10,
+    ST_FTYPE_Q3_K_S = 11,
+    ST_FTYPE_Q3_K_M = 12,
+    ST_FTYPE_Q3_K_L = 13,
+    ST_FTYPE_Q4_K_S = 14,
+    ST_FTYPE_Q4_K_M = 15,
+    ST_FTYPE_Q5_K_S = 16,
+    ST_FTYPE_Q5_K_M = 17,
+    ST_FTYPE_Q6_K = 18
+};
+/* The file type named "q4_k_m" etc. (lower case: q2_k, q3_k_s/m/l, q4_k_s/m, q5_k_s/m, q6_k), or
+ * 0; and back (NULL for another value). */
+uint32_t st_kquant_ftype_from_name(const char *name);
+const char *st_kquant_ftype_name(uint32_t ftype);
+/* The weight type llama-quantize gives tensor `name` (GGUF llama names) of a file of K-quant
+ * file type `ftype` (quant_mix.c): rows of ncols elements, n_layer blocks, n_gqa query heads per
+ * KV head, tied = the file has no output.weight (token_embd then takes output's type). 0 for
+ * tensors it leaves alone (norms, non-weights) and for an ftype that is not a K-quant one. Rows
+ * that are not whole 256-element super-blocks get a type that fits them: Q4_0 for Q2_K and
+ * Q3_K, as llama.cpp does, Q8_0 for Q4_K .. Q6_K (llama.cpp's Q5_0 and Q5_1 are not written
+ * here), F16 when not even 32 divides the row. Every type returned is one st_quantize_row
+ * writes. */
+uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t ncols, int64_t n_layer,
+                               int64_t n_gqa, int tied);
 
 #endif /* ST_GGUF_WRITE_H */

@@ -736,6 +736,14 @@ static void quantize_q8x_avx2(st_block_q8x *y, const float *x, int64_t K) {
     }
 }
 
+static void f16_to_f32_avx2(float *y, const uint16_t *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++)
+        y[i] = st_fp16_to_f32(x[i]);
+}
+
 static const st_kernels st_kernels_avx2_table = {
     .name = "avx2",
     .matmul_f32 = matmul_f32_avx2,
@@ -755,6 +763,7 @@ static const st_kernels st_kernels_avx2_table = {
     .softmax = softmax_avx2,
     .silu_mul = silu_mul_avx2,
     .quantize_q8x = quantize_q8x_avx2,
+    .f16_to_f32 = f16_to_f32_avx2,
 };
 
 const st_kernels *st_kernels_avx2_table_get(void);

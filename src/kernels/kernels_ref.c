@@ -85,6 +85,11 @@ static void attn_wsum_ref(float *const *out, const float *const *p, int64_t nq, 
                 out[j][d] = fmaf(p[j][r], v[r * ldv + d], out[j][d]);
 }
 
+static void f16_to_f32_ref(float *y, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] = st_fp16_to_f32(x[i]);
+}
+
 static void silu_mul_ref(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         g[i] = (g[i] / (1.0f + st_expf_ref(-g[i]))) * u[i];
@@ -247,6 +252,7 @@ static const st_kernels st_kernels_ref_table = {
     .softmax = softmax_ref,
     .silu_mul = silu_mul_ref,
     .quantize_q8x = quantize_q8x_ref,
+    .f16_to_f32 = f16_to_f32_ref,
 };
 
 const st_kernels *st_kernels_ref(void) { return &st_kernels_ref_table; }

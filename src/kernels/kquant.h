@@ -102,6 +102,17 @@ void st_quantize_q8k(st_block_q8k *y, const float *x, int64_t K);
  * values match its float32 results bit for bit). Returns 0 if type is not a K-quant. */
 int st_dequant_row_kquant(uint32_t type, const void *row, float *out, int64_t n);
 
+/* Quantizes k floats (k a multiple of 256, finite) into k/256 blocks of the type at dst: the
+ * scale search of llama.cpp's reference quantizers (quantize_row_q*_K_ref, no importance
+ * matrix) in its float order, so the bytes equal llama-quantize's for the same row
+ * (kquant_quantize.c). st_quantize_row_kquant returns 0 if type is not a K-quant. */
+void st_quantize_row_q2_k(const float *x, void *dst, int64_t k);
+void st_quantize_row_q3_k(const float *x, void *dst, int64_t k);
+void st_quantize_row_q4_k(const float *x, void *dst, int64_t k);
+void st_quantize_row_q5_k(const float *x, void *dst, int64_t k);
+void st_quantize_row_q6_k(const float *x, void *dst, int64_t k);
+int st_quantize_row_kquant(uint32_t type, const float *x, void *dst, int64_t n);
+
 /* Bytes per 256-element block of a K-quant type; 0 for other types. */
 size_t st_kquant_block_bytes(uint32_t type);
 

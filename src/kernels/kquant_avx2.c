@@ -9,21 +9,6 @@
 
 /* Eight int32 lanes whose sum is idot = sum_j sc_j sum_{e in j} q_e x_e (exact: |idot| < 2^31
  * for every type). */
-ST_INLINE __m256i kq_idot(const kq_regs *u, const st_block_q8k *xb) {
-    /* low lane: scale 2i in every word, high lane: scale 2i + 1 */
-    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2,
-                                          3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    __m256i acc = _mm256_setzero_si256();
-    ST_UNROLL
-    for (int i = 0; i < 8; i++) {
-        const __m256i sc =
-            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(u->sc, _mm256_set1_epi32(i)), pick);
-        const __m256i p = _mm256_maddubs_epi16(u->q[i], kq_load((const uint8_t *)xb->q + 32 * i));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
-    }
-    return acc;
-}
-
 ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, const void *w,
                          size_t row_bytes, const void *x, int64_t ldx, int64_t K, int64_t M,
                          int64_t r0, int64_t r1) {
@@ -38,7 +23,7 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
                 kq_regs u;
                 kq_unpack(type, wr + (size_t)b * bb, &u);
                 int32_t idot, t;
-                kq_sums(kq_idot(&u, xq + b), &u, xq + b, &idot, &t);
+                kq_sums(kq_idot(type, &u, xq + b), &u, xq + b, &idot, &t);
                 acc = st_kq_step(acc, u.d, u.dmin, xq[b].d, idot, t, has_min);
             }
             y[r] = acc;
@@ -54,7 +39,7 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
                 const st_block_q8k *xb = xq + m * ldx + b;
                 float *yo = y + m * ldy + r;
                 int32_t idot, t;
-                kq_sums(kq_idot(&u, xb), &u, xb, &idot, &t);
+                kq_sums(kq_idot(type, &u, xb), &u, xb, &idot, &t);
                 *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, idot, t, has_min);
             }
         }

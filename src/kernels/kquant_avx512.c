@@ -15,7 +15,7 @@ static const int16_t kq_pick[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1,
 
 /* Eight int32 lanes whose sum is idot = sum_j sc_j sum_{e in j} q_e x_e (exact: |idot| < 2^31
  * for every type); q and sc: the block's quants and scales, 64 elements per vector. */
-ST_INLINE __m256i kq_idot(const __m512i q[4], const __m512i sc[4], const st_block_q8k *xb) {
+ST_INLINE __m256i kq_idot512(const __m512i q[4], const __m512i sc[4], const st_block_q8k *xb) {
     __m512i acc = _mm512_setzero_si512();
     ST_UNROLL
     for (int i = 0; i < 4; i++)
@@ -48,10 +48,8 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
             for (int64_t b = 0; b < nb; b++) {
                 kq_regs u;
                 kq_unpack(type, wr + (size_t)b * bb, &u);
-                __m512i q[4], sc[4];
-                kq_widen(&u, q, sc);
                 int32_t idot, t;
-                kq_sums(kq_idot(q, sc, xq + b), &u, xq + b, &idot, &t);
+                kq_sums(kq_idot(type, &u, xq + b), &u, xq + b, &idot, &t);
                 acc = st_kq_step(acc, u.d, u.dmin, xq[b].d, idot, t, has_min);
             }
             y[r] = acc;
@@ -69,7 +67,7 @@ ST_INLINE void matmul_kq(uint32_t type, int has_min, float *y, int64_t ldy, cons
                 const st_block_q8k *xb = xq + m * ldx + b;
                 float *yo = y + m * ldy + r;
                 int32_t idot, t;
-                kq_sums(kq_idot(q, sc, xb), &u, xb, &idot, &t);
+                kq_sums(kq_idot512(q, sc, xb), &u, xb, &idot, &t);
                 *yo = st_kq_step(b ? *yo : 0.0f, u.d, u.dmin, xb->d, idot, t, has_min);
             }
         }

@@ -176,6 +176,27 @@ ST_INLINE void kq_unpack(uint32_t type, const uint8_t *blk, kq_regs *u) {
     }
 }
 
+/* The sc_j-weighted integer dot products of a block with an activation block in eight int32
+ * lanes (their sum is idot), 256-bit: the AVX2 kernels, and the AVX-512 ones for one token
+ * (measured faster there than widening to 512 bits). */
+ST_INLINE __m256i kq_idot(uint32_t type, const kq_regs *u, const st_block_q8k *xb) {
+    /* low lane: scale 2i in every word, high lane: scale 2i + 1; Q4_K and Q5_K have one scale
+     * per 32 elements (sc[2i] = sc[2i+1]), so the broadcast pair is that already */
+    const int per32 = type == ST_DTYPE_Q4_K || type == ST_DTYPE_Q5_K;
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2,
+                                          3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    __m256i acc = _mm256_setzero_si256();
+    ST_UNROLL
+    for (int i = 0; i < 8; i++) {
+        __m256i sc = _mm256_permutevar8x32_epi32(u->sc, _mm256_set1_epi32(i));
+        if (!per32)
+            sc = _mm256_shuffle_epi8(sc, pick);
+        const __m256i p = _mm256_maddubs_epi16(u->q[i], kq_load((const uint8_t *)xb->q + 32 * i));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+    }
+    return acc;
+}
+
 /* idot and t (kquant.h) in one reduction: idot is the sum of the eight int32 lanes of acc,
  * t = sum_j bz_j bsum_j (exact: |bz| <= 4096, |bsum| <= 2032). */
 ST_INLINE void kq_sums(__m256i acc, const kq_regs *u, const st_block_q8k *xb, int32_t *idot,

@@ -32,33 +32,50 @@ static int32_t tok_n(const st_fwd *f, int32_t i) {
 
 /* Scores (wsum = 0) or value terms (wsum = 1) of the queries of tokens [t0, t1) x the g heads of
  * KV head kvh against the rows [a, b) of KV (K or V of the sequence, already offset to the KV
- * head), which are score column col onward of each token. Every row is read once for all those
- * queries. */
+ * head; elements of the cache's type), which are score column col onward of each token. Every
+ * row is read once for all those queries; rows of an f16 cache are converted to float in `conv`
+ * (the thread's, ST_KV_CONV_FLOATS or one row) a run of rows at a time, which changes no
+ * arithmetic: each score is its own dot product, and each value sum continues its chain over
+ * the rows in order. */
 static void attn_run(const st_session *s, const st_fwd *f, int wsum, int32_t i0, int32_t t0,
-                     int32_t t1, int32_t kvh, float *sc, const float *KV, int32_t a, int32_t b,
-                     int32_t col) {
+                     int32_t t1, int32_t kvh, float *sc, const uint8_t *KV, float *conv, int32_t a,
+                     int32_t b, int32_t col) {
     const st_model_hparams *hp = &s->m->hp;
     const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
     const int64_t kvd = (int64_t)hp->n_head_kv * hd, Q = (int64_t)hp->n_head * hd;
     const float sq = sqrtf((float)hd);
+    const int f16 = (wsum ? s->v_elem : s->k_elem) == 2;
+    const int32_t run = !f16 ? b - a : hd >= ST_KV_CONV_FLOATS ? 1 : ST_KV_CONV_FLOATS / hd;
     float *wr[ST_ATTN_Q];
     const float *rd[ST_ATTN_Q];
-    int nq = 0;
-    for (int32_t i = t0; i < t1; i++) {
-        const int32_t n1 = tok_n(f, i) + 1;
-        float *st = tok_scores(s, f, i, i0, sc);
-        for (int32_t h = 0; h < g; h++) {
-            float *q = s->q + (int64_t)i * Q + ((int64_t)kvh * g + h) * hd;
-            float *out = s->att + (int64_t)i * Q + ((int64_t)kvh * g + h) * hd;
-            float *sh = st + (int64_t)h * n1 + col;
-            wr[nq] = wsum ? out : sh;
-            rd[nq] = wsum ? sh : q;
-            if (++nq == ST_ATTN_Q || (i == t1 - 1 && h == g - 1)) {
-                if (wsum)
-                    s->kern->attn_wsum(wr, rd, nq, KV + (int64_t)a * kvd, kvd, b - a, hd);
-                else
-                    s->kern->attn_scores(wr, rd, nq, KV + (int64_t)a * kvd, kvd, b - a, hd, sq);
-                nq = 0;
+    for (int32_t c0 = a, c1; c0 < b; c0 = c1) {
+        c1 = b - c0 < run ? b : c0 + run;
+        const float *rows = (const float *)KV + (int64_t)c0 * kvd;
+        int64_t ld = kvd;
+        if (f16) {
+            const uint16_t *h16 = (const uint16_t *)KV + (int64_t)c0 * kvd;
+            for (int32_t r = 0; r < c1 - c0; r++)
+                s->kern->f16_to_f32(conv + (int64_t)r * hd, h16 + (int64_t)r * kvd, hd);
+            rows = conv, ld = hd;
+        }
+        const int32_t off = col + (c0 - a);
+        int nq = 0;
+        for (int32_t i = t0; i < t1; i++) {
+            const int32_t n1 = tok_n(f, i) + 1;
+            float *st = tok_scores(s, f, i, i0, sc);
+            for (int32_t h = 0; h < g; h++) {
+                float *q = s->q + (int64_t)i * Q + ((int64_t)kvh * g + h) * hd;
+                float *out = s->att + (int64_t)i * Q + ((int64_t)kvh * g + h) * hd;
+                float *sh = st + (int64_t)h * n1 + off;
+                wr[nq] = wsum ? out : sh;
+                rd[nq] = wsum ? sh : q;
+                if (++nq == ST_ATTN_Q || (i == t1 - 1 && h == g - 1)) {
+                    if (wsum)
+                        s->kern->attn_wsum(wr, rd, nq, rows, ld, c1 - c0, hd);
+                    else
+                        s->kern->attn_scores(wr, rd, nq, rows, ld, c1 - c0, hd, sq);
+                    nq = 0;
+                }
             }
         }
     }
@@ -67,7 +84,7 @@ static void attn_run(const st_session *s, const st_fwd *f, int wsum, int32_t i0,
 /* Token i's own rows: its prefix rows [P, n_prefix) (skipping those its prefix mask hides, whose
  * score is -inf) and its extra rows, in runs of consecutive rows. */
 static void attn_own(const st_session *s, const st_fwd *f, int wsum, int32_t i0, int32_t i,
-                     int32_t kvh, float *sc, const float *KV, int32_t P) {
+                     int32_t kvh, float *sc, const uint8_t *KV, float *conv, int32_t P) {
     const int32_t g = s->m->hp.n_head / s->m->hp.n_head_kv, np = f->n_prefix[i];
     const uint8_t *pm = f->prefix_mask ? f->prefix_mask[i] : NULL;
     for (int32_t a = P, c; a < np; a = c) {
@@ -75,7 +92,7 @@ static void attn_own(const st_session *s, const st_fwd *f, int wsum, int32_t i0,
         for (c = a + 1; c < np && (!pm || !pm[c] == !vis); c++)
             ;
         if (vis) {
-            attn_run(s, f, wsum, i0, i, i + 1, kvh, sc, KV, a, c, a);
+            attn_run(s, f, wsum, i0, i, i + 1, kvh, sc, KV, conv, a, c, a);
         } else if (!wsum) {
             const int32_t n1 = tok_n(f, i) + 1;
             float *st = tok_scores(s, f, i, i0, sc);
@@ -91,7 +108,7 @@ static void attn_own(const st_session *s, const st_fwd *f, int wsum, int32_t i0,
     for (int32_t a = 0, b; a < ne; a = b) {
         for (b = a + 1; b < ne && rows[b] == rows[b - 1] + 1; b++)
             ;
-        attn_run(s, f, wsum, i0, i, i + 1, kvh, sc, KV, rows[a], rows[a] + (b - a), np + a);
+        attn_run(s, f, wsum, i0, i, i + 1, kvh, sc, KV, conv, rows[a], rows[a] + (b - a), np + a);
     }
 }
 
@@ -103,20 +120,20 @@ static void attn_own(const st_session *s, const st_fwd *f, int wsum, int32_t i0,
  * softmax per head, and the value sums continued across chunks in visit order.
  * sc: (i1 - i0, g, n_ctx + 1) floats. */
 static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t i0, int32_t i1,
-                        int32_t kvh, float *sc) {
+                        int32_t kvh, float *sc, float *conv) {
     const st_model_hparams *hp = &s->m->hp;
     const int32_t hd = hp->head_dim, g = hp->n_head / hp->n_head_kv;
     const int64_t Q = (int64_t)hp->n_head * hd;
-    const float *K = st_kv_k(s, f->seq[i0], l) + (int64_t)kvh * hd;
-    const float *V = st_kv_v(s, f->seq[i0], l) + (int64_t)kvh * hd;
+    const uint8_t *K = st_kv_k(s, f->seq[i0], l) + (size_t)kvh * (size_t)hd * s->k_elem;
+    const uint8_t *V = st_kv_v(s, f->seq[i0], l) + (size_t)kvh * (size_t)hd * s->v_elem;
     const int32_t chunk = hd >= 512 ? 8 : (int32_t)(4096 / hd + 7) / 8 * 8;
     int32_t P = f->prefix_mask ? 0 : f->n_prefix[i0];
     for (int32_t i = i0; i < i1; i++)
         P = f->n_prefix[i] < P ? f->n_prefix[i] : P;
     for (int32_t a = 0; a < P; a += chunk)
-        attn_run(s, f, 0, i0, i0, i1, kvh, sc, K, a, P - a < chunk ? P : a + chunk, a);
+        attn_run(s, f, 0, i0, i0, i1, kvh, sc, K, conv, a, P - a < chunk ? P : a + chunk, a);
     for (int32_t i = i0; i < i1; i++) {
-        attn_own(s, f, 0, i0, i, kvh, sc, K, P);
+        attn_own(s, f, 0, i0, i, kvh, sc, K, conv, P);
         /* softmax per head, in place: p = exp(s - max) / sum; a head with no visible key gets
          * a zero output */
         const int32_t n = tok_n(f, i);
@@ -125,6 +142,12 @@ static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t
             const int32_t nh = g - h0 < 16 ? g - h0 : 16;
             float *sh = st + (int64_t)h0 * (n + 1), sums[16];
             s->kern->softmax(sh, n, nh, n + 1, sums);
+            if (s->p.type_v == ST_DTYPE_F16) /* the value sums multiply f16 by f16 (ggml) */
+                for (int32_t h = 0; h < nh; h++)
+                    for (int32_t r = 0; r < n; r++) {
+                        float *p = sh + (int64_t)h * (n + 1) + r;
+                        *p = st_fp16_to_f32(st_f32_to_fp16(*p));
+                    }
             for (int32_t h = 0; h < nh; h++)
                 sh[(int64_t)h * (n + 1) + n] = sums[h] > 0.0f ? 0.0f : 1.0f;
         }
@@ -132,9 +155,9 @@ static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t
                (size_t)g * (size_t)hd * sizeof(float));
     }
     for (int32_t a = 0; a < P; a += chunk)
-        attn_run(s, f, 1, i0, i0, i1, kvh, sc, V, a, P - a < chunk ? P : a + chunk, a);
+        attn_run(s, f, 1, i0, i0, i1, kvh, sc, V, conv, a, P - a < chunk ? P : a + chunk, a);
     for (int32_t i = i0; i < i1; i++) {
-        attn_own(s, f, 1, i0, i, kvh, sc, V, P);
+        attn_own(s, f, 1, i0, i, kvh, sc, V, conv, P);
         const int32_t n = tok_n(f, i);
         const float *st = tok_scores(s, f, i, i0, sc);
         float *out = s->att + (int64_t)i * Q + (int64_t)kvh * g * hd;
@@ -164,12 +187,14 @@ static void attn_task(void *ctx, int ith, int nth) {
     int64_t b, e;
     st_split(ng * nkv, ith, nth, &b, &e);
     float *sc = s->scores + (int64_t)ith * ST_ATTN_TOKENS * g * (s->p.n_ctx + 1);
+    const int64_t hd = s->m->hp.head_dim, per = hd > ST_KV_CONV_FLOATS ? hd : ST_KV_CONV_FLOATS;
+    float *conv = s->kv_conv ? s->kv_conv + ith * per : NULL;
     int64_t gi = 0;
     for (int32_t i = 0, i1; i < j->f->n && gi * nkv < e; i = i1, gi++) {
         i1 = attn_group_end(j->f, i);
         for (int32_t h = 0; h < nkv; h++)
             if (gi * nkv + h >= b && gi * nkv + h < e)
-                attn_tokens(s, j->f, j->layer, i, i1, h, sc);
+                attn_tokens(s, j->f, j->layer, i, i1, h, sc, conv);
     }
 }
 

@@ -12,6 +12,18 @@
 #include <stdatomic.h>
 #include <string.h>
 
+/* Stores n floats as a KV row of elem bytes per element (f16: rounded to nearest even). */
+static void kv_store(uint8_t *dst, size_t elem, const float *x, int64_t n) {
+    if (elem == sizeof(float)) {
+        memcpy(dst, x, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t e = 0; e < n; e++) {
+        const uint16_t h = st_f32_to_fp16(x[e]);
+        memcpy(dst + 2 * e, &h, 2);
+    }
+}
+
 /* y = x / sqrt(mean(x^2) + eps) * w, with the canonical dot product for the sum of squares. */
 static void rmsnorm(const st_kernels *k, float *y, const float *x, const float *w, int64_t n,
                     float eps) {
@@ -248,10 +260,13 @@ st_status st_forward(st_session *s, const st_fwd *f) {
             const float *sn = s->rope_sin + i * nrot2;
             rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn);
             rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn);
-            memcpy(st_kv_k(s, f->seq[i], l) + (int64_t)f->kv_row[i] * KV, s->kt + i * KV,
-                   (size_t)KV * sizeof(float));
-            memcpy(st_kv_v(s, f->seq[i], l) + (int64_t)f->kv_row[i] * KV, s->vt + i * KV,
-                   (size_t)KV * sizeof(float));
+            kv_store(st_kv_k(s, f->seq[i], l) + (size_t)f->kv_row[i] * KV * s->k_elem, s->k_elem,
+                     s->kt + i * KV, KV);
+            kv_store(st_kv_v(s, f->seq[i], l) + (size_t)f->kv_row[i] * KV * s->v_elem, s->v_elem,
+                     s->vt + i * KV, KV);
+            if (s->p.type_k == ST_DTYPE_F16) /* the scores multiply f16 by f16 (ggml) */
+                for (int64_t e = i * Q; e < (i + 1) * Q; e++)
+                    s->q[e] = st_fp16_to_f32(st_f32_to_fp16(s->q[e]));
         }
         st_attn_layer(s, f, l);
         matmul1(s, &L->wo, s->tmp, s->att, T);

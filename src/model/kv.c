@@ -115,15 +115,15 @@ st_status st_session_commit(st_session *s, int32_t seq, int64_t n, const int64_t
     if (L + n > s->p.n_ctx)
         return st_fail(ST_ERR_RANGE, "commit: %lld + %lld rows exceed the context", (long long)L,
                        (long long)n);
-    size_t row = (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
-    size_t stride = (size_t)s->kv_layer_stride * sizeof(float);
-    size_t bytes = (size_t)(hp->n_layer - 1) * stride + (size_t)(L + n) * row;
-    st_status st = st_tree_commit_rows(st_kv_k(s, seq, 0), bytes, row, hp->n_layer, stride, L, n,
-                                       accept_nodes, n_accept);
-    if (st)
-        return st;
-    st = st_tree_commit_rows(st_kv_v(s, seq, 0), bytes, row, hp->n_layer, stride, L, n,
-                             accept_nodes, n_accept);
+    const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    st_status st = ST_OK;
+    for (int c = 0; c < 2 && !st; c++) { /* K, then V */
+        const size_t elem = c ? s->v_elem : s->k_elem, row = KV * elem;
+        const size_t stride = (size_t)s->kv_layer_stride * elem;
+        const size_t bytes = (size_t)(hp->n_layer - 1) * stride + (size_t)(L + n) * row;
+        st = st_tree_commit_rows(c ? st_kv_v(s, seq, 0) : st_kv_k(s, seq, 0), bytes, row,
+                                 hp->n_layer, stride, L, n, accept_nodes, n_accept);
+    }
     if (st)
         return st;
     s->seq_len[seq] = (int32_t)(L + n_accept);

@@ -100,19 +100,23 @@ enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
 
 /* Tokens per attention work item: their shared prefix is streamed once for all of them. */
 enum { ST_ATTN_TOKENS = 16 };
+/* Floats per thread of f16 KV rows converted for the attention kernels (at least one row). */
+enum { ST_KV_CONV_FLOATS = 2048 };
 
 struct st_session {
     const st_model *m;
     st_session_params p;
     const st_kernels *kern;
     st_pool *pool;
-    int32_t *seq_len;  /* (n_seq) */
-    float *k_cache;    /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) */
-    float *v_cache;    /* same */
-    double *rope_freq; /* (n_rot/2) base^(-2j/n_rot) */
-    float *rope_cos;   /* (n_batch, n_rot/2) of the tokens of the current forward pass */
-    float *rope_sin;   /* (n_batch, n_rot/2) */
-    void *lazy;        /* the region of k_cache, v_cache and scores (st_lazy_alloc) */
+    int32_t *seq_len; /* (n_seq) */
+    void *k_cache;    /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) of p.type_k (f32 or f16) */
+    void *v_cache;    /* same, of p.type_v */
+    size_t k_elem, v_elem; /* bytes per element of k_cache, v_cache (4 or 2) */
+    float *kv_conv;        /* (n_threads, max(ST_KV_CONV_FLOATS, head_dim)) f16 rows converted */
+    double *rope_freq;     /* (n_rot/2) base^(-2j/n_rot) */
+    float *rope_cos;       /* (n_batch, n_rot/2) of the tokens of the current forward pass */
+    float *rope_sin;       /* (n_batch, n_rot/2) */
+    void *lazy;            /* the region of k_cache, v_cache and scores (st_lazy_alloc) */
     size_t lazy_bytes;
     /* scratch for n_batch tokens */
     float *x;           /* (n_batch, n_embd) residual stream */
@@ -135,8 +139,8 @@ struct st_session {
     int32_t *b_extra_off;                      /* (n_batch + 1) */
     int32_t *b_extra;        /* (n_batch, n_batch): tree rows visible to each token */
     const uint8_t **b_pmask; /* (n_batch) prefix-mask row pointers (dense backend) */
-    int64_t kv_seq_stride;   /* floats per sequence in k_cache */
-    int64_t kv_layer_stride; /* floats per layer */
+    int64_t kv_seq_stride;   /* elements per sequence in k_cache and v_cache */
+    int64_t kv_layer_stride; /* elements per layer */
 };
 
 /* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */
@@ -160,12 +164,14 @@ st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *toke
  * writes s->att (attn.c). */
 void st_attn_layer(st_session *s, const st_fwd *f, int32_t layer);
 
-/* K/V row pointers of sequence seq, layer l. */
-static inline float *st_kv_k(const st_session *s, int32_t seq, int32_t l) {
-    return s->k_cache + seq * s->kv_seq_stride + l * s->kv_layer_stride;
+/* K/V rows of sequence seq, layer l (elements of k_elem / v_elem bytes). */
+static inline uint8_t *st_kv_k(const st_session *s, int32_t seq, int32_t l) {
+    return (uint8_t *)s->k_cache +
+           (size_t)(seq * s->kv_seq_stride + l * s->kv_layer_stride) * s->k_elem;
 }
-static inline float *st_kv_v(const st_session *s, int32_t seq, int32_t l) {
-    return s->v_cache + seq * s->kv_seq_stride + l * s->kv_layer_stride;
+static inline uint8_t *st_kv_v(const st_session *s, int32_t seq, int32_t l) {
+    return (uint8_t *)s->v_cache +
+           (size_t)(seq * s->kv_seq_stride + l * s->kv_layer_stride) * s->v_elem;
 }
 
 #endif /* ST_MODEL_H */

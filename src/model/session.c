@@ -14,7 +14,12 @@ int32_t st_model_default_ctx(const st_model *m) {
 }
 
 st_session_params st_session_default_params(void) {
-    st_session_params p = {.n_ctx = 0, .n_seq = 1, .n_batch = 64, .n_threads = 0};
+    st_session_params p = {.n_ctx = 0,
+                           .n_seq = 1,
+                           .n_batch = 64,
+                           .n_threads = 0,
+                           .type_k = ST_DTYPE_F32,
+                           .type_v = ST_DTYPE_F32};
     return p;
 }
 
@@ -28,12 +33,14 @@ void st_session_free(st_session *s) {
     st_free_aligned(s); /* the struct heads the one block that holds every other buffer */
 }
 
+static size_t kv_elem(uint32_t type) { return type == ST_DTYPE_F16 ? 2 : sizeof(float); }
+
 /* The context-sized buffers, in one lazily committed region (the first pass sizes, the second
- * carves; core.h): kv is n_seq * n_layer * n_ctx * KV floats. */
+ * carves; core.h): kv is n_seq * n_layer * n_ctx * KV elements of each cache's type. */
 static void session_lazy_layout(st_plan *pl, st_session *s, const st_model_hparams *hp,
                                 const st_session_params *p, size_t kv) {
-    s->k_cache = st_plan_take(pl, kv, sizeof(float));
-    s->v_cache = st_plan_take(pl, kv, sizeof(float));
+    s->k_cache = st_plan_take(pl, kv, kv_elem(p->type_k));
+    s->v_cache = st_plan_take(pl, kv, kv_elem(p->type_v));
     s->scores = st_plan_take(pl,
                              (size_t)p->n_threads * ST_ATTN_TOKENS *
                                  (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p->n_ctx + 1),
@@ -74,6 +81,11 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
     s->b_extra_off = st_plan_take(pl, B + 1, sizeof(int32_t));
     s->b_extra = st_plan_take(pl, B * B, sizeof(int32_t));
     s->b_pmask = st_plan_take(pl, B, sizeof(uint8_t *));
+    const size_t conv =
+        (size_t)hp->head_dim > ST_KV_CONV_FLOATS ? (size_t)hp->head_dim : ST_KV_CONV_FLOATS;
+    s->kv_conv = p->type_k == ST_DTYPE_F16 || p->type_v == ST_DTYPE_F16
+                     ? st_plan_take(pl, (size_t)p->n_threads * conv, sizeof(float))
+                     : NULL;
 }
 
 st_status st_session_create(const st_model *m, const st_session_params *pp, st_session **out) {
@@ -93,6 +105,11 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     if (p.n_ctx > (1 << 24) || p.n_seq > 4096 || p.n_batch > 4096)
         return st_fail(ST_ERR_INVALID, "session: n_ctx %d, n_seq %d or n_batch %d is too large",
                        p.n_ctx, p.n_seq, p.n_batch);
+    if ((p.type_k != ST_DTYPE_F32 && p.type_k != ST_DTYPE_F16) ||
+        (p.type_v != ST_DTYPE_F32 && p.type_v != ST_DTYPE_F16))
+        return st_fail(ST_ERR_INVALID,
+                       "session: KV cache types %s/%s: only f32 and f16 are supported",
+                       st_dtype_name(p.type_k), st_dtype_name(p.type_v));
     st_pool *pool;
     st_status st = st_pool_create(p.n_threads, &pool);
     if (st)
@@ -138,6 +155,8 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->kern = st_kernels_get();
     s->pool = pool;
     s->p = p;
+    s->k_elem = kv_elem(p.type_k);
+    s->v_elem = kv_elem(p.type_v);
     s->kv_layer_stride = (int64_t)p.n_ctx * (int64_t)KV;
     s->kv_seq_stride = s->kv_layer_stride * hp->n_layer;
     /* RoPE frequencies in double precision: theta = pos * base^(-2j/n_rot); the forward pass
