@@ -4,9 +4,11 @@
  * hyper-parameters are read with their defaults. The forward pass is in forward.c and attn.c,
  * the session that runs it in session.c and kv.c.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "model/model.h"
 
 #include "io/gguf_internal.h"
+#include "io/hf.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Loading                                                                                    */
@@ -204,6 +207,7 @@ void st_model_free(st_model *m) {
     st_free_aligned(m->owned);
     st_tokenizer_free(m->tok);
     st_gguf_free(m->gguf);
+    free(m->gguf_mem);
     st_free(m);
 }
 
@@ -309,10 +313,46 @@ st_status st_model_from_gguf(st_gguf *g, st_model **out) {
     return ST_OK;
 }
 
+/* A Hugging Face checkpoint directory: its GGUF (hf.h) built in memory, then loaded like a file.
+ * The buffer is the model's (gguf_mem). */
+static st_status load_hf(const char *dir, st_model **out) {
+    st_gguf_writer *w = NULL;
+    void *buf = NULL;
+    size_t size = 0;
+    st_status s = st_hf_to_gguf(dir, ST_HF_KEEP, &w);
+    if (!s)
+        s = st_gguf_writer_write_memory(w, &buf, &size);
+    st_gguf_writer_free(w);
+    if (s)
+        return s;
+    st_gguf *g;
+    if ((s = st_gguf_open_memory(buf, size, dir, &g))) {
+        free(buf);
+        return s;
+    }
+    st_model *m = st_calloc(1, sizeof *m);
+    if (!m) {
+        st_gguf_free(g);
+        free(buf);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    m->gguf = g;
+    m->gguf_mem = buf;
+    if ((s = model_from_gguf(m))) {
+        st_model_free(m);
+        return s;
+    }
+    *out = m;
+    return ST_OK;
+}
+
 st_status st_model_load(const char *path, st_model **out) {
     if (!out || !path)
         return st_fail(ST_ERR_INVALID, "st_model_load: NULL argument");
     *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return load_hf(path, out);
     st_gguf *g;
     st_status s = st_gguf_open(path, &g);
     if (s)

@@ -46,6 +46,8 @@ typedef struct st_layer {
 
 struct st_model {
     st_gguf *gguf;
+    void *gguf_mem; /* the GGUF built from a Hugging Face checkpoint (gguf reads it; free()), or
+                     * NULL for a file */
     st_model_hparams hp;
     st_wt tok_embd;   /* (n_vocab, n_embd) */
     float *out_norm;  /* (n_embd) */

@@ -416,8 +416,7 @@ static void tok_layout(st_plan *pl, st_tokenizer *t, size_t text_bytes) {
     t->type = st_plan_take(pl, n, 1);
     t->eog = st_plan_take(pl, n, 1);
     t->map = st_plan_take(pl, t->map_mask + 1, sizeof *t->map);
-    t->merges =
-        t->kind == ST_TOK_BPE ? st_plan_take(pl, t->merge_mask + 1, sizeof *t->merges) : NULL;
+    t->merges = t->merge_mask ? st_plan_take(pl, t->merge_mask + 1, sizeof *t->merges) : NULL;
     t->dec_off = st_plan_take(pl, n + 1, sizeof *t->dec_off);
     t->dec = st_plan_take(pl, text_bytes, 1); /* see build_decoded */
     t->user = st_plan_take(pl, n, sizeof *t->user);
@@ -453,6 +452,10 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
                            name);
         if ((s = st_tok_merges_mask(g, mk, name, &h.merge_mask)))
             return s;
+    } else if ((mk = st_gguf_find(g, "tokenizer.ggml.merges")) >= 0) {
+        /* a Hugging Face BPE with byte fallback (hf_gguf.c writes its merges): merged by rank */
+        if ((s = st_tok_merges_mask(g, mk, name, &h.merge_mask)))
+            return s;
     }
     st_plan pl = {0};
     st_tokenizer sizing = h;
@@ -485,7 +488,7 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
     if (t->kind == ST_TOK_BPE)
         t->add_space_prefix = 0; /* only the SentencePiece path prepends a space */
     mark_eog(t, eot, eom);
-    if (t->kind == ST_TOK_BPE && (s = st_tok_load_merges(t, g, mk, name)))
+    if (mk >= 0 && (s = st_tok_load_merges(t, g, mk, name)))
         goto fail;
     build_byte_table(t);
     build_user_list(t);
