@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,9 @@
 typedef struct hf_hp {
     int32_t n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx;
     double eps, theta;
-    bool tied;
+    bool tied, qwen2;
     int64_t bos, eos;
+    float *rope_factors; /* (head_dim/2) Llama 3 rope scaling, or NULL */
 } hf_hp;
 
 /* An integer field in [lo, hi] (def when absent and optional). */
@@ -54,6 +56,52 @@ static st_status cfg_str_in(const st_hf_config *c, const char *path, const char 
                    path, key, v, ok[0], n_ok > 1 ? ", " : "", n_ok > 1 ? ok[1] : "");
 }
 
+/* "rope_scaling": "default" is none; "llama3" gives each frequency's divisor, as
+ * transformers' _compute_llama3_parameters and llama.cpp's rope_freqs.weight have it:
+ * wavelengths under original_max_position_embeddings / high_freq_factor keep their frequency,
+ * those over it / low_freq_factor are divided by factor, those between are interpolated. */
+static st_status rope_scaling(const st_hf_config *c, const char *path, hf_hp *hp) {
+    const char *ty = NULL;
+    const char *tkey = st_hf_config_has(c, "rope_scaling.rope_type") ? "rope_scaling.rope_type"
+                                                                     : "rope_scaling.type";
+    st_status s = st_hf_config_get_str(c, tkey, &ty);
+    if (s)
+        return s;
+    if (strcmp(ty, "default") == 0)
+        return ST_OK;
+    if (strcmp(ty, "llama3") != 0)
+        return st_fail(ST_ERR_UNSUPPORTED,
+                       "%s: field \"%s\" = \"%.32s\" is not supported (llama3, default)", path,
+                       tkey, ty);
+    double factor, lo, hi, orig;
+    if ((s = st_hf_config_get_float(c, "rope_scaling.factor", &factor)) ||
+        (s = st_hf_config_get_float(c, "rope_scaling.low_freq_factor", &lo)) ||
+        (s = st_hf_config_get_float(c, "rope_scaling.high_freq_factor", &hi)) ||
+        (s = st_hf_config_get_float(c, "rope_scaling.original_max_position_embeddings", &orig)))
+        return s;
+    if (!(factor >= 1.0 && factor < 1e6) || !(lo > 0.0) || !(hi > lo) || !(orig >= 1.0))
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: field \"rope_scaling\": factor %g, low_freq_factor %g, "
+                       "high_freq_factor %g or original_max_position_embeddings %g is invalid",
+                       path, factor, lo, hi, orig);
+    const int32_t n = hp->head_dim / 2;
+    if (!(hp->rope_factors = st_malloc((size_t)n * sizeof(float))))
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
+    const double pi = 3.14159265358979323846;
+    for (int32_t j = 0; j < n; j++) {
+        const double freq = pow(hp->theta, -2.0 * j / hp->head_dim), wavelen = 2.0 * pi / freq;
+        double f = 1.0;
+        if (wavelen > orig / lo) {
+            f = factor;
+        } else if (wavelen >= orig / hi) {
+            const double smooth = (orig / wavelen - lo) / (hi - lo);
+            f = 1.0 / ((1.0 - smooth) / factor + smooth);
+        }
+        hp->rope_factors[j] = (float)f;
+    }
+    return ST_OK;
+}
+
 static st_status read_config(const char *dir, hf_hp *hp) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -62,10 +110,10 @@ static st_status read_config(const char *dir, hf_hp *hp) {
     if (s)
         return s;
     const int32_t big = 1 << 24;
-    static const char *const types[] = {"llama", "mistral"};
+    static const char *const types[] = {"llama", "mistral", "qwen2"};
     static const char *const acts[] = {"silu"};
     if ((s = st_hf_config_has(c, "model_type")
-                 ? cfg_str_in(c, path, "model_type", types, 2)
+                 ? cfg_str_in(c, path, "model_type", types, 3)
                  : st_fail(ST_ERR_FORMAT, "%s: missing field \"model_type\"", path)) ||
         (s = cfg_str_in(c, path, "hidden_act", acts, 1)) ||
         (s = cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
@@ -87,16 +135,19 @@ static st_status read_config(const char *dir, hf_hp *hp) {
     }
     /* Mistral's sliding window: attention over the whole context equals it only up to the
      * window, so the context is capped there. */
-    if (st_hf_config_has(c, "sliding_window")) {
+    const char *mt = "";
+    st_hf_config_get_str(c, "model_type", &mt);
+    hp->qwen2 = strcmp(mt, "qwen2") == 0;
+    bool sliding = !hp->qwen2; /* Qwen2 slides only with "use_sliding_window": true */
+    if (hp->qwen2 && st_hf_config_has(c, "use_sliding_window") &&
+        (s = st_hf_config_get_bool(c, "use_sliding_window", &sliding)))
+        goto done;
+    if (sliding && st_hf_config_has(c, "sliding_window")) {
         int32_t win;
         if ((s = cfg_int(c, path, "sliding_window", 0, 0, 1, big, &win)))
             goto done;
         if (win < hp->n_ctx)
             hp->n_ctx = win;
-    }
-    if (st_hf_config_has(c, "rope_scaling")) {
-        s = st_fail(ST_ERR_UNSUPPORTED, "%s: field \"rope_scaling\" is not supported yet", path);
-        goto done;
     }
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
     for (int i = 0; i < 2; i++) {
@@ -125,6 +176,8 @@ static st_status read_config(const char *dir, hf_hp *hp) {
         s = st_fail(ST_ERR_FORMAT, "%s: field \"rope_theta\" = %g is invalid", path, hp->theta);
         goto done;
     }
+    if (st_hf_config_has(c, "rope_scaling") && (s = rope_scaling(c, path, hp)))
+        goto done;
     int64_t ids[8], n = 0;
     hp->bos = hp->eos = -1;
     if (st_hf_config_has(c, "bos_token_id") &&
@@ -199,7 +252,14 @@ static st_status add_tensor(st_gguf_writer *w, const st_safetensors *sf, const c
     }
     char *raw = (char *)(f + n_in); /* the source row, aligned (safetensors data may not be) */
     const int64_t hd = rope_heads ? rows / rope_heads : 0;
-    for (int64_t r = 0; r < n_rows && !s; r++) {
+    if (!cols) { /* a vector, written F32; a q/k bias is permuted like the rows it adds to */
+        memcpy(raw, t->data, src_row);
+        if ((s = st_dequantize_row(src, raw, n_in, f)))
+            s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s': %s", t->file, hf, st_last_error());
+        for (int64_t r = 0; r < n_in && !s; r++)
+            ((float *)out)[r] = f[rope_heads ? r / hd * hd + (r % 2) * (hd / 2) + (r % hd) / 2 : r];
+    }
+    for (int64_t r = 0; r < n_rows && cols && !s; r++) {
         /* GGUF row r of head h = h*hd + 2j + t takes HF row h*hd + t*hd/2 + j */
         int64_t from = r;
         if (rope_heads) {
@@ -227,11 +287,20 @@ static st_status add_tensor(st_gguf_writer *w, const st_safetensors *sf, const c
 /* Every tensor of the checkpoint must be one the architecture reads. */
 static st_status check_names(const st_safetensors *sf, const hf_hp *hp) {
     static const char *const per_layer[] = {
-        "input_layernorm.weight",  "self_attn.q_proj.weight",
-        "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-        "self_attn.o_proj.weight", "mlp.gate_proj.weight",
-        "mlp.up_proj.weight",      "post_attention_layernorm.weight",
-        "mlp.down_proj.weight",    "self_attn.rotary_emb.inv_freq",
+        "input_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "post_attention_layernorm.weight",
+        "mlp.down_proj.weight",
+        "self_attn.rotary_emb.inv_freq",
+        /* Qwen2 only: */
+        "self_attn.q_proj.bias",
+        "self_attn.k_proj.bias",
+        "self_attn.v_proj.bias",
     };
     for (int64_t i = 0; i < st_safetensors_n_tensors(sf); i++) {
         const st_sf_tensor *t = st_safetensors_tensor_at(sf, i);
@@ -243,14 +312,15 @@ static st_status check_names(const st_safetensors *sf, const hf_hp *hp) {
         if (sscanf(n, "model.layers.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0 &&
             layer < hp->n_layer) {
             int known = 0;
-            for (size_t k = 0; k < sizeof per_layer / sizeof per_layer[0] && !known; k++)
+            const size_t n_known = sizeof per_layer / sizeof per_layer[0] - (hp->qwen2 ? 0 : 3);
+            for (size_t k = 0; k < n_known && !known; k++)
                 known = strcmp(n + used, per_layer[k]) == 0;
             if (known)
                 continue;
         }
         return st_fail(ST_ERR_FORMAT,
-                       "%s: unexpected tensor '%s' (not part of a %d-layer llama checkpoint)",
-                       t->file, n, hp->n_layer);
+                       "%s: unexpected tensor '%s' (not part of a %d-layer %s checkpoint)", t->file,
+                       n, hp->n_layer, hp->qwen2 ? "qwen2" : "llama");
     }
     return ST_OK;
 }
@@ -269,24 +339,40 @@ static st_status add_hparams(st_gguf_writer *w, const char *dir, const hf_hp *hp
         ft = 7;
     else if (wtype == ST_DTYPE_BF16)
         ft = 32;
+    const char *arch = hp->qwen2 ? "qwen2" : "llama";
+    char k[12][64];
+    static const char *const suf[12] = {"context_length",
+                                        "embedding_length",
+                                        "block_count",
+                                        "feed_forward_length",
+                                        "rope.dimension_count",
+                                        "attention.head_count",
+                                        "attention.head_count_kv",
+                                        "attention.layer_norm_rms_epsilon",
+                                        "rope.freq_base",
+                                        "vocab_size",
+                                        "attention.key_length",
+                                        "attention.value_length"};
+    for (int i = 0; i < 12; i++)
+        snprintf(k[i], sizeof k[i], "%s.%s", arch, suf[i]);
     st_status s;
-    if ((s = st_gguf_writer_add_str(w, "general.architecture", "llama")) ||
+    if ((s = st_gguf_writer_add_str(w, "general.architecture", arch)) ||
         (s = st_gguf_writer_add_str(w, "general.name", base)) ||
         (wtype != ST_HF_KEEP && (s = st_gguf_writer_add_u32(w, "general.file_type", ft))) ||
-        (s = st_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)hp->n_ctx)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)hp->n_embd)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)hp->n_layer)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.feed_forward_length", (uint32_t)hp->n_ff)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.rope.dimension_count", (uint32_t)hp->head_dim)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.attention.head_count", (uint32_t)hp->n_head)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.attention.head_count_kv", (uint32_t)hp->n_head_kv)) ||
-        (s = st_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", (float)hp->eps)) ||
-        (s = st_gguf_writer_add_f32(w, "llama.rope.freq_base", (float)hp->theta)) ||
-        (s = st_gguf_writer_add_u32(w, "llama.vocab_size", (uint32_t)hp->n_vocab)))
+        (s = st_gguf_writer_add_u32(w, k[0], (uint32_t)hp->n_ctx)) ||
+        (s = st_gguf_writer_add_u32(w, k[1], (uint32_t)hp->n_embd)) ||
+        (s = st_gguf_writer_add_u32(w, k[2], (uint32_t)hp->n_layer)) ||
+        (s = st_gguf_writer_add_u32(w, k[3], (uint32_t)hp->n_ff)) ||
+        (s = st_gguf_writer_add_u32(w, k[4], (uint32_t)hp->head_dim)) ||
+        (s = st_gguf_writer_add_u32(w, k[5], (uint32_t)hp->n_head)) ||
+        (s = st_gguf_writer_add_u32(w, k[6], (uint32_t)hp->n_head_kv)) ||
+        (s = st_gguf_writer_add_f32(w, k[7], (float)hp->eps)) ||
+        (s = st_gguf_writer_add_f32(w, k[8], (float)hp->theta)) ||
+        (s = st_gguf_writer_add_u32(w, k[9], (uint32_t)hp->n_vocab)))
         return s;
     if (hp->head_dim != hp->n_embd / hp->n_head &&
-        ((s = st_gguf_writer_add_u32(w, "llama.attention.key_length", (uint32_t)hp->head_dim)) ||
-         (s = st_gguf_writer_add_u32(w, "llama.attention.value_length", (uint32_t)hp->head_dim))))
+        ((s = st_gguf_writer_add_u32(w, k[10], (uint32_t)hp->head_dim)) ||
+         (s = st_gguf_writer_add_u32(w, k[11], (uint32_t)hp->head_dim))))
         return s;
     return ST_OK;
 }
@@ -333,9 +419,13 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out) {
             {"mlp.gate_proj.weight", "ffn_gate.weight", 3, 0, 0},
             {"mlp.up_proj.weight", "ffn_up.weight", 3, 0, 0},
             {"mlp.down_proj.weight", "ffn_down.weight", 0, 3, 0},
+            {"self_attn.q_proj.bias", "attn_q.bias", 1, -1, 1},
+            {"self_attn.k_proj.bias", "attn_k.bias", 2, -1, 2},
+            {"self_attn.v_proj.bias", "attn_v.bias", 2, -1, 0},
         };
         const int64_t dims[4] = {E, Q, KV, F};
-        for (size_t k = 0; k < sizeof lt / sizeof lt[0]; k++) {
+        const size_t n_lt = sizeof lt / sizeof lt[0] - (hp.qwen2 ? 0 : 3); /* biases: Qwen2 */
+        for (size_t k = 0; k < n_lt; k++) {
             char hn[128], gn[64];
             snprintf(hn, sizeof hn, "model.layers.%d.%s", (int)l, lt[k].hf);
             snprintf(gn, sizeof gn, "blk.%d.%s", (int)l, lt[k].gg);
@@ -345,10 +435,19 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out) {
                 goto fail;
         }
     }
+    if (hp.rope_factors) {
+        const int64_t ne[1] = {hp.head_dim / 2};
+        if ((s = st_gguf_writer_add_tensor(w, "rope_freqs.weight", ST_DTYPE_F32, 1, ne,
+                                           hp.rope_factors, (size_t)ne[0] * sizeof(float),
+                                           ST_GGUF_COPY)))
+            goto fail;
+    }
+    st_free(hp.rope_factors);
     st_safetensors_free(sf);
     *out = w;
     return ST_OK;
 fail:
+    st_free(hp.rope_factors);
     st_safetensors_free(sf);
     st_gguf_writer_free(w);
     return s;
