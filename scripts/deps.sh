@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 pkgs=(cmake make gcc clang libclang-rt-14-dev clang-format libcmocka-dev libjansson-dev python3
-      python3-numpy python3-torch)
+      python3-numpy python3-torch python3-regex)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

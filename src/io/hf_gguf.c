@@ -52,8 +52,11 @@ static st_status cfg_str_in(const st_hf_config *c, const char *path, const char 
     for (int i = 0; i < n_ok; i++)
         if (strcmp(v, ok[i]) == 0)
             return ST_OK;
-    return st_fail(ST_ERR_UNSUPPORTED, "%s: field \"%s\" = \"%.64s\" is not supported (%s%s%s)",
-                   path, key, v, ok[0], n_ok > 1 ? ", " : "", n_ok > 1 ? ok[1] : "");
+    char list[128] = "";
+    for (int i = 0, k = 0; i < n_ok && k < (int)sizeof list; i++)
+        k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i ? ", " : "", ok[i]);
+    return st_fail(ST_ERR_UNSUPPORTED, "%s: field \"%s\" = \"%.64s\" is not supported (%s)", path,
+                   key, v, list);
 }
 
 /* "rope_scaling": "default" is none; "llama3" gives each frequency's divisor, as

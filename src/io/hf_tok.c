@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,8 +42,11 @@ static const char *const re_qwen2 =
 static json_t *load_json(const char *path, int optional, st_status *s) {
     *s = ST_OK;
     struct stat st;
-    if (optional && stat(path, &st) != 0)
+    if (stat(path, &st) != 0) {
+        if (!optional)
+            *s = st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
+    }
     json_error_t err;
     json_t *j = json_load_file(
         path, JSON_REJECT_DUPLICATES | (optional ? JSON_DECODE_INT_AS_REAL : 0), &err);
@@ -50,8 +54,8 @@ static json_t *load_json(const char *path, int optional, st_status *s) {
         for (char *c = err.text; *c; c++)
             if ((unsigned char)*c < 0x20)
                 *c = '?';
-        *s = st_fail(stat(path, &st) != 0 ? ST_ERR_IO : ST_ERR_FORMAT,
-                     "%s: cannot read as JSON: %s (line %d)", path, err.text, err.line);
+        *s = st_fail(ST_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", path, err.text,
+                     err.line, err.column);
         return NULL;
     }
     if (!json_is_object(j)) {
