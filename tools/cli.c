@@ -739,34 +739,43 @@ static int cmd_info(int argc, char **argv) {
         die_usage("info", "unexpected argument");
     if (!model_path_ok(model, 0))
         return 1;
-    st_gguf *g = NULL;
-    if (st_gguf_open(model, &g) != ST_OK) {
-        fprintf(stderr, "spectree: %s\n", st_last_error());
-        return 1;
-    }
-    printf("file: %s\nGGUF version %u, %" PRId64 " metadata keys, %" PRId64
-           " tensors, alignment %u\n\n",
-           model, st_gguf_version(g), st_gguf_n_kv(g), st_gguf_n_tensors(g), st_gguf_alignment(g));
-    char buf[1024];
-    for (int64_t i = 0; i < st_gguf_n_kv(g); i++) {
-        st_gguf_format_value(g, i, buf, sizeof buf);
-        printf("  %-44s %s\n", st_gguf_key(g, i), buf);
-    }
-    if (st_gguf_n_tensors(g) > 0) {
-        printf("\n  %-32s %-6s %-24s %12s %10s\n", "tensor", "type", "shape (ne)", "offset",
-               "bytes");
-        for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
-            const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
-            char shape[64];
-            int n = snprintf(shape, sizeof shape, "[%" PRId64, t->ne[0]);
-            for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
-                n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRId64, t->ne[d]);
-            snprintf(shape + n, sizeof shape - (size_t)n, "]");
-            printf("  %-32s %-6s %-24s %12" PRIu64 " %10zu\n", t->name, st_dtype_name(t->type),
-                   shape, t->offset, t->size);
+    struct stat sb;
+    const int is_dir = stat(model, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (is_dir) {
+        printf("checkpoint: %s (Hugging Face; 'spectree convert' writes the GGUF file this "
+               "command lists)\n",
+               model);
+    } else {
+        st_gguf *g = NULL;
+        if (st_gguf_open(model, &g) != ST_OK) {
+            fprintf(stderr, "spectree: %s\n", st_last_error());
+            return 1;
         }
+        printf("file: %s\nGGUF version %u, %" PRId64 " metadata keys, %" PRId64
+               " tensors, alignment %u\n\n",
+               model, st_gguf_version(g), st_gguf_n_kv(g), st_gguf_n_tensors(g),
+               st_gguf_alignment(g));
+        char buf[1024];
+        for (int64_t i = 0; i < st_gguf_n_kv(g); i++) {
+            st_gguf_format_value(g, i, buf, sizeof buf);
+            printf("  %-44s %s\n", st_gguf_key(g, i), buf);
+        }
+        if (st_gguf_n_tensors(g) > 0) {
+            printf("\n  %-32s %-6s %-24s %12s %10s\n", "tensor", "type", "shape (ne)", "offset",
+                   "bytes");
+            for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+                const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+                char shape[64];
+                int n = snprintf(shape, sizeof shape, "[%" PRId64, t->ne[0]);
+                for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
+                    n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRId64, t->ne[d]);
+                snprintf(shape + n, sizeof shape - (size_t)n, "]");
+                printf("  %-32s %-6s %-24s %12" PRIu64 " %10zu\n", t->name, st_dtype_name(t->type),
+                       shape, t->offset, t->size);
+            }
+        }
+        st_gguf_free(g);
     }
-    st_gguf_free(g);
     st_model *m = NULL;
     if (st_model_load(model, &m) == ST_OK) {
         const st_model_hparams *hp = st_model_get_hparams(m);

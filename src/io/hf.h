@@ -33,4 +33,9 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out);
 st_status st_hf_tokenizer_to_gguf(const char *dir, st_gguf_writer *w, int64_t config_bos,
                                   int64_t config_eos);
 
+/* The same for a tokenizer.json held in memory (len bytes; `name` stands for the path in
+ * errors), without tokenizer_config.json: for the fuzz target. */
+st_status st_hf_tokenizer_to_gguf_memory(const char *json, size_t len, const char *name,
+                                         st_gguf_writer *w);
+
 #endif /* ST_HF_H */

@@ -209,20 +209,11 @@ static int merge_parts(const json_t *m, const char **l, size_t *nl, const char *
     return 0;
 }
 
-st_status st_hf_tokenizer_to_gguf(const char *dir, st_gguf_writer *w, int64_t config_bos,
-                                  int64_t config_eos) {
-    char path[4096], cpath[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
-    st_status s;
-    json_t *root = load_json(path, 0, &s), *cfg = NULL;
-    if (!root)
-        return s;
-    cfg = load_json(cpath, 1, &s);
-    if (s) {
-        json_decref(root);
-        return s;
-    }
+/* The conversion of parsed files (root: tokenizer.json, named path; cfg: tokenizer_config.json
+ * or NULL). Takes both references. */
+static st_status convert(const char *path, json_t *root, json_t *cfg, st_gguf_writer *w,
+                         int64_t config_bos, int64_t config_eos) {
+    st_status s = ST_OK;
     st_gguf_str *pieces = NULL;
     char **owned = NULL; /* "[PAD<id>]" pieces and merge strings built here */
     float *scores = NULL;
@@ -444,4 +435,39 @@ done:
     json_decref(cfg);
     json_decref(root);
     return s;
+}
+
+st_status st_hf_tokenizer_to_gguf(const char *dir, st_gguf_writer *w, int64_t config_bos,
+                                  int64_t config_eos) {
+    char path[4096], cpath[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
+    st_status s;
+    json_t *root = load_json(path, 0, &s), *cfg = NULL;
+    if (!root)
+        return s;
+    cfg = load_json(cpath, 1, &s);
+    if (s) {
+        json_decref(root);
+        return s;
+    }
+    return convert(path, root, cfg, w, config_bos, config_eos);
+}
+
+st_status st_hf_tokenizer_to_gguf_memory(const char *json, size_t len, const char *name,
+                                         st_gguf_writer *w) {
+    json_error_t err;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        for (char *c = err.text; *c; c++)
+            if ((unsigned char)*c < 0x20)
+                *c = '?';
+        return st_fail(ST_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", name, err.text,
+                       err.line, err.column);
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return st_fail(ST_ERR_FORMAT, "%s: not a JSON object", name);
+    }
+    return convert(name, root, NULL, w, -1, -1);
 }
