@@ -10,7 +10,7 @@
  *   gives plain decoding's tokens.
  * - Tokenization of 300 strings equals the independent Python BPE (tests/oracle/hf_bpe.py) for
  *   the SentencePiece-style vocabulary of TinyStories-656K and for synthetic byte-level
- *   vocabularies with Llama 3's and Qwen2's pre-tokenizers.
+ *   vocabularies with Llama 3's, Qwen2's and SmolLM's pre-tokenizers.
  * - Malformed checkpoints: one-line errors naming the file and the field.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -309,8 +309,8 @@ static void compare_tokens(const char *dir) {
 static void test_tokenizers(void **state) {
     (void)state;
     compare_tokens(tokdir());
-    static const char *const pre[] = {"llama3", "qwen2"};
-    for (int i = 0; i < 2; i++) {
+    static const char *const pre[] = {"llama3", "qwen2", "smollm"};
+    for (int i = 0; i < 3; i++) {
         char dir[640];
         snprintf(dir, sizeof dir, "%s/tok_%s", tmp, pre[i]);
         sh("%s %s/tests/oracle/hf_bpe.py mkbytelevel '%s' %s", ST_PYTHON3, ST_SOURCE_DIR, dir,

@@ -133,8 +133,20 @@ static st_status spm_text(const char *path, const json_t *root, int *prefix) {
 
 /* The byte-level pre-tokenizer's name in GGUF (tokenizer.ggml.pre). */
 static st_status byte_level_pre(const char *path, const json_t *root, const char **pre_name) {
+    /* Qwen2's NFC normalizer is accepted and not applied: text already in NFC (nearly all text)
+     * tokenizes the same */
+    const char *nt = comp_type(json_object_get(root, "normalizer"));
+    if (strcmp(nt, "null") != 0 && strcmp(nt, "NFC") != 0)
+        return st_fail(ST_ERR_UNSUPPORTED,
+                       "%s: field \"normalizer\": a %s normalizer is not supported with a "
+                       "byte-level BPE (none, NFC)",
+                       path, nt);
     const json_t *pre = json_object_get(root, "pre_tokenizer");
     const char *ty = comp_type(pre);
+    if (json_is_true(json_object_get(pre, "add_prefix_space")))
+        return st_fail(ST_ERR_UNSUPPORTED,
+                       "%s: field \"pre_tokenizer.add_prefix_space\" = true is not supported",
+                       path);
     if (strcmp(ty, "ByteLevel") == 0 && !json_is_false(json_object_get(pre, "use_regex"))) {
         *pre_name = "gpt2";
         return ST_OK;
@@ -142,6 +154,13 @@ static st_status byte_level_pre(const char *path, const json_t *root, const char
     const json_t *list = json_object_get(pre, "pretokenizers");
     if (strcmp(ty, "Sequence") == 0 && json_array_size(list) == 2) {
         const json_t *split = json_array_get(list, 0), *bl = json_array_get(list, 1);
+        if (strcmp(comp_type(split), "Digits") == 0 &&
+            json_is_true(json_object_get(split, "individual_digits")) &&
+            strcmp(comp_type(bl), "ByteLevel") == 0 &&
+            !json_is_false(json_object_get(bl, "use_regex"))) {
+            *pre_name = "smollm"; /* SmolLM's: each digit, then GPT-2's regex */
+            return ST_OK;
+        }
         const json_t *re = json_object_get(json_object_get(split, "pattern"), "Regex");
         if (strcmp(comp_type(split), "Split") == 0 && strcmp(comp_type(bl), "ByteLevel") == 0 &&
             json_is_false(json_object_get(bl, "use_regex")) && json_is_string(re)) {
@@ -161,7 +180,7 @@ static st_status byte_level_pre(const char *path, const json_t *root, const char
     }
     return st_fail(ST_ERR_UNSUPPORTED,
                    "%s: field \"pre_tokenizer\" (%s) is not supported for a byte-level BPE "
-                   "(ByteLevel, or Split with Llama 3's or Qwen2's regex then ByteLevel)",
+                   "(ByteLevel; Split with Llama 3's or Qwen2's regex, or Digits, then ByteLevel)",
                    path, ty);
 }
 

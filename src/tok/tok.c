@@ -141,6 +141,7 @@ static st_status pick_pre(st_tokenizer *t, const st_gguf *g, const char *name) {
         {"dbrx", ST_PRE_LLAMA3, 0, 0},      {"smaug-bpe", ST_PRE_LLAMA3, 0, 0},
         {"qwen2", ST_PRE_QWEN2, 0, 0},      {"stablelm2", ST_PRE_QWEN2, 0, 0},
         {"megrez", ST_PRE_QWEN2, 0, 0},     {"deepseek-llm", ST_PRE_DEEPSEEK, 0, 0},
+        {"smollm", ST_PRE_SMOLLM, 0, 0},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (str_is(p, names[i].name)) {
@@ -152,7 +153,7 @@ static st_status pick_pre(st_tokenizer *t, const st_gguf *g, const char *name) {
     }
     return st_fail(ST_ERR_UNSUPPORTED,
                    "%s: unsupported pre-tokenizer tokenizer.ggml.pre = \"%.*s\" (supported: "
-                   "gpt-2, llama-bpe, qwen2, deepseek-llm and their aliases)",
+                   "gpt-2, llama-bpe, qwen2, deepseek-llm, smollm and their aliases)",
                    name, (int)(p.len > 64 ? 64 : p.len), p.ptr);
 }
 

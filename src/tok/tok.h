@@ -30,6 +30,7 @@ typedef enum st_pre_kind {
         1, /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|... */
     ST_PRE_QWEN2 = 2,    /* the Llama 3 pattern with \p{N} instead of \p{N}{1,3} */
     ST_PRE_DEEPSEEK = 3, /* six Split patterns applied in sequence (tok_pre.c) */
+    ST_PRE_SMOLLM = 4,   /* each \p{N} isolated (Hugging Face's Digits), then the GPT-2 pattern */
 } st_pre_kind;
 
 /* A merge: (left, right) -> result, applied in rank order. One slot of an open-addressing

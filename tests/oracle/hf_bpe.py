@@ -8,8 +8,9 @@ two kinds spectree converts:
   the vocabulary become their <0xHH> pieces when all exist, else the unknown token (consecutive
   unknowns fused);
 - byte-level BPE: the Split regex of the pre-tokenizer (the `regex` module, as the Rust crate's
-  fancy-regex semantics on these patterns), GPT-2's byte alphabet, ignore_merges (a word that is
-  itself a piece is not merged).
+  fancy-regex semantics on these patterns), or SmolLM's Digits (each \p{N} isolated) then
+  GPT-2's regex; GPT-2's byte alphabet; ignore_merges (a word that is itself a piece is not
+  merged). Qwen2's NFC normalizer is not applied (the test strings are NFC already).
 Merging: repeatedly the adjacent pair with the lowest merge rank, leftmost first.
 
 usage:
@@ -17,7 +18,8 @@ usage:
                                            prints the hex and the ids (add_bos as configured)
   hf_bpe.py strings N SEED             -> N test strings, hex, one a line
   hf_bpe.py mkbytelevel DIR PRE        -> writes a synthetic byte-level tokenizer.json and
-                                           tokenizer_config.json (PRE: llama3 or qwen2) into DIR
+                                           tokenizer_config.json (PRE: llama3, qwen2 or smollm)
+                                           into DIR
 """
 import json
 import os
@@ -29,6 +31,7 @@ import regex
 SP = "\u2581"
 RE_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 RE_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
             r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -84,8 +87,16 @@ class Tok:
         self.add_bos = bool(cfg.get("add_bos_token", False))
         pre = tj.get("pre_tokenizer")
         self.regex = None
+        self.digits = False
         if pre and pre["type"] == "Sequence":
-            self.regex = regex.compile(pre["pretokenizers"][0]["pattern"]["Regex"])
+            first = pre["pretokenizers"][0]
+            if first["type"] == "Digits":  # SmolLM: each digit isolated, then GPT-2's regex
+                self.digits = True
+                self.regex = regex.compile(RE_GPT2)
+            else:
+                self.regex = regex.compile(first["pattern"]["Regex"])
+        elif pre and pre["type"] == "ByteLevel":
+            self.regex = regex.compile(RE_GPT2)
         self.prepend = False
         norm = tj.get("normalizer")
         if norm:
@@ -114,7 +125,10 @@ class Tok:
                     ids.append(self.vocab[self.unk])
                     prev_unk = True
             return ids
-        for w in self.regex.findall(text):
+        pieces = [text]
+        if self.digits:
+            pieces = [p for p in regex.split(r"(\p{N})", text) if p]
+        for w in [w for p in pieces for w in self.regex.findall(p)]:
             a = "".join(self.alpha[b] for b in w.encode("utf-8"))
             if self.ignore_merges and a in self.vocab:
                 ids.append(self.vocab[a])
@@ -160,11 +174,12 @@ def strings(n, seed):
 def train_bytelevel(d, pre):
     """A small byte-level BPE trained here on the test words (own trainer), as tokenizer.json."""
     alpha = byte_alphabet()
-    rx = regex.compile(RE_LLAMA3 if pre == "llama3" else RE_QWEN2)
+    rx = regex.compile({"llama3": RE_LLAMA3, "qwen2": RE_QWEN2, "smollm": RE_GPT2}[pre])
     corpus = strings(400, 7)
     words = {}
     for s in corpus:
-        for w in rx.findall(s):
+        parts = [p for p in regex.split(r"(\p{N})", s) if p] if pre == "smollm" else [s]
+        for w in [w for p in parts for w in rx.findall(p)]:
             a = tuple(alpha[b] for b in w.encode("utf-8"))
             words[a] = words.get(a, 0) + 1
     vocab = {alpha[b]: i for i, b in enumerate(sorted(alpha))}
@@ -199,12 +214,16 @@ def train_bytelevel(d, pre):
         a.update({"single_word": False, "lstrip": False, "rstrip": False, "normalized": False})
     tj = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": None,
+        "normalizer": {"type": "NFC"} if pre == "qwen2" else None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": RE_LLAMA3 if pre == "llama3" else RE_QWEN2},
              "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-             "use_regex": False}]},
+             "use_regex": False}]} if pre != "smollm" else {
+            "type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": True},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                 "use_regex": True}]},
         "post_processor": {"type": "TemplateProcessing",
                            "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
                                       {"Sequence": {"id": "A", "type_id": 0}}]},
