@@ -6,8 +6,9 @@
  * - Synthetic checkpoints of every architecture written by hf_ref.py (llama, Llama 3 rope
  *   scaling, Qwen2 biases, Mistral with its own head_dim, SmolLM; F32/F16/BF16; sharded):
  *   logits within 1e-4 relative of the numpy oracle through the HF loader and through the
- *   converted GGUF (which gives bitwise the HF loader's logits); greedy speculation (NGRAM)
- *   gives plain decoding's tokens.
+ *   converted GGUF (which gives bitwise the HF loader's logits); speculation (NGRAM trees of
+ *   several shapes, both attention backends, greedy and seeded sampling) gives plain decoding's
+ *   tokens.
  * - Tokenization of 300 strings equals the independent Python BPE (tests/oracle/hf_bpe.py) for
  *   the SentencePiece-style vocabulary of TinyStories-656K and for synthetic byte-level
  *   vocabularies with Llama 3's, Qwen2's and SmolLM's pre-tokenizers.
@@ -128,6 +129,42 @@ static int on_tok(void *user, int32_t id) {
     return 0;
 }
 
+/* Speculation settings of the matrix: NGRAM with the auto shape or fixed (K, S, N), a backend,
+ * greedy or seeded sampling. */
+typedef struct spec_case {
+    int spec;
+    int32_t k, s, n;
+    st_attn_backend backend;
+    float temp;
+} spec_case;
+
+static int64_t spec_steps; /* speculative steps taken by gen_with (so the matrix verifies trees) */
+
+static void gen_with(const st_model *m, int n, const spec_case *c, text_buf *t) {
+    const st_tokenizer *tok = st_model_tokenizer(m);
+    int32_t ids[64];
+    int64_t n_ids = 0;
+    assert_int_equal(st_tokenize(tok, "Once upon a time", 16, 1, ids, 64, &n_ids), ST_OK);
+    st_gen_params gp = st_gen_default_params();
+    gp.n_predict = n;
+    gp.sampler.temp = c->temp;
+    gp.sampler.seed = 1234;
+    if (c->spec) {
+        gp.spec.algo = ST_SPEC_NGRAM;
+        gp.spec.topk = c->k;
+        gp.spec.num_steps = c->s;
+        gp.spec.num_draft_tokens = c->n;
+        gp.spec.backend = c->backend;
+    }
+    memset(t, 0, sizeof *t);
+    st_detok_init(&t->d, tok);
+    st_detok_set_prev(&t->d, ids[n_ids - 1]);
+    st_gen_stats st;
+    assert_int_equal(st_generate(m, ids, n_ids, &gp, on_tok, t, &st), ST_OK);
+    spec_steps += st.spec_steps;
+    t->s[t->n] = 0;
+}
+
 /* Greedy generation of n tokens after "Once upon a time" (plain, or with NGRAM trees). */
 static void gen(const st_model *m, int n, int spec, text_buf *t) {
     const st_tokenizer *tok = st_model_tokenizer(m);
@@ -230,10 +267,24 @@ static void test_architectures(void **state) {
         assert_memory_equal(lh, lg, 12 * 2048 * sizeof(float));
         text_buf *a = malloc(sizeof *a), *b = malloc(sizeof *b);
         assert_true(a && b);
-        gen(hf, 48, 0, a);
-        gen(hf, 48, 1, b);
-        assert_int_equal(a->n_ids, b->n_ids);
-        assert_memory_equal(a->ids, b->ids, (size_t)a->n_ids * sizeof(int32_t));
+        /* speculation is lossless on every architecture: NGRAM trees of several shapes, both
+         * backends, greedy and seeded sampling, against plain decoding */
+        static const spec_case sc[] = {
+            {1, 0, 0, 0, ST_ATTN_CASCADE, 0.0f}, {1, 2, 3, 8, ST_ATTN_CASCADE, 0.0f},
+            {1, 4, 6, 32, ST_ATTN_DENSE, 0.0f},  {1, 1, 4, 5, ST_ATTN_DENSE, 0.0f},
+            {1, 0, 0, 0, ST_ATTN_DENSE, 0.8f},   {1, 2, 3, 8, ST_ATTN_CASCADE, 0.8f},
+        };
+        spec_steps = 0;
+        for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
+            const spec_case plain = {0, 0, 0, 0, ST_ATTN_CASCADE, sc[i].temp};
+            gen_with(hf, 48, &plain, a);
+            gen_with(hf, 48, &sc[i], b);
+            assert_int_equal(a->n_ids, b->n_ids);
+            assert_memory_equal(a->ids, b->ids, (size_t)a->n_ids * sizeof(int32_t));
+        }
+        printf("  %s: %lld speculative steps in the matrix, all equal to plain decoding\n", dir,
+               (long long)spec_steps);
+        assert_true(spec_steps > 0);
         free(a);
         free(b);
         free(lh);
