@@ -9,6 +9,9 @@
  *   a FIFO given as the model is refused at once, a directory without config.json too.
  * - The prompt from a file (-f) or standard input (-p -), past the 128 KiB a single argument
  *   can carry.
+ * - Buffers sized from the tokenizer: a vocabulary without the word-boundary piece spends three
+ *   byte tokens on each space, more tokens than bytes; a model with more rows than its tokenizer
+ *   has pieces generates ids without text, which are printed as U+FFFD and counted.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -18,7 +21,9 @@
 
 #include <cmocka.h>
 
+#include "io/gguf_write.h"
 #include "io/safetensors.h"
+#include "spectree.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -409,12 +414,117 @@ static void test_stop_reason_and_warnings(void **state) {
     assert_string_not_equal(seed1, seed2);
 }
 
+/* How write_vocab_variant changes stories260K's tokenizer. */
+enum { VOCAB_NO_SPACE_PIECE, VOCAB_CUT_300 };
+
+/* Writes stories260K with its tokenizer changed (every other key and every tensor as they are):
+ * VOCAB_NO_SPACE_PIECE renames the piece "\xE2\x96\x81" (SentencePiece's word boundary) so a
+ * space falls back to its three UTF-8 byte tokens; VOCAB_CUT_300 keeps the first 300 pieces of
+ * 512 while the model keeps all 512 rows. */
+static void write_vocab_variant(const char *path, int mode) {
+    st_gguf *g;
+    assert_int_equal(st_gguf_open(tu_shared("models/stories260K.gguf"), &g), ST_OK);
+    st_gguf_writer *w;
+    assert_int_equal(st_gguf_writer_create(&w), ST_OK);
+    const int64_t kt = st_gguf_find(g, "tokenizer.ggml.tokens");
+    const int64_t V = st_gguf_arr_len(g, kt), keep = mode == VOCAB_CUT_300 ? 300 : V;
+    st_gguf_str *tokens = calloc((size_t)V, sizeof *tokens);
+    assert_non_null(tokens);
+    int renamed = 0;
+    for (int64_t i = 0; i < V; i++) {
+        assert_int_equal(st_gguf_arr_str(g, kt, i, &tokens[i]), ST_OK);
+        if (tokens[i].len == 3 && !memcmp(tokens[i].ptr, "\xE2\x96\x81", 3) &&
+            mode == VOCAB_NO_SPACE_PIECE) {
+            tokens[i].ptr = "<no-word-boundary>";
+            tokens[i].len = strlen(tokens[i].ptr);
+            renamed++;
+        }
+    }
+    assert_int_equal(renamed, mode == VOCAB_NO_SPACE_PIECE);
+    for (int64_t i = 0; i < st_gguf_n_kv(g); i++) {
+        const char *key = st_gguf_key(g, i);
+        if (i == kt) {
+            assert_int_equal(st_gguf_writer_add_arr_strn(w, key, tokens, keep), ST_OK);
+        } else if (!strcmp(key, "tokenizer.ggml.scores") ||
+                   !strcmp(key, "tokenizer.ggml.token_type")) {
+            assert_int_equal(st_gguf_arr_len(g, i), V);
+            assert_int_equal(st_gguf_writer_add_arr(w, key, st_gguf_arr_type(g, i),
+                                                    st_gguf_arr_data(g, i), keep),
+                             ST_OK);
+        } else {
+            assert_int_equal(st_gguf_writer_copy_kv(w, g, key), ST_OK);
+        }
+    }
+    for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        assert_int_equal(st_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+                                                   t->size, ST_GGUF_REF),
+                         ST_OK);
+    }
+    assert_int_equal(st_gguf_writer_write_file(w, path), ST_OK);
+    st_gguf_writer_free(w);
+    free(tokens);
+    st_gguf_free(g);
+}
+
+static int count_words(const char *s) {
+    int n = 0;
+    for (const char *p = s; *p; p++)
+        n += (p == s || p[-1] == ' ') && *p != ' ' && *p != '\n';
+    return n;
+}
+
+/* Tokenizer-sized buffers, and ids without text counted instead of dropped. */
+static void test_tokenizer_sized_buffers(void **state) {
+    (void)state;
+    char path[512], args[2048];
+    snprintf(path, sizeof path, "%s/cli_test_nospace.gguf", ST_BUILD_DIR);
+    write_vocab_variant(path, VOCAB_NO_SPACE_PIECE);
+    /* 10 spaces (+ the dummy prefix) are 11 boundaries of 3 byte tokens each: 33 > 10 + 8 */
+    snprintf(args, sizeof args, "tokenize -m %s '          '", path);
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_int_equal(count_words(r.out), 33);
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p '          ' -n 4 --temp 0 --json", path);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "prompt: 34 tokens")); /* with BOS */
+    done(&r);
+    remove(path);
+
+    snprintf(path, sizeof path, "%s/cli_test_cut300.gguf", ST_BUILD_DIR);
+    write_vocab_variant(path, VOCAB_CUT_300);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 60 --temp 0", path);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    const char *w = strstr(r.err, "generated tokens have no text in the tokenizer");
+    assert_non_null(w);
+    /* the count the warning gives is the number of U+FFFD printed */
+    const char *num = w;
+    while (num > r.err && num[-1] != ':')
+        num--;
+    const long n_textless = strtol(num, NULL, 10);
+    assert_true(n_textless > 0);
+    long n_repl = 0;
+    for (const char *p = r.out; (p = strstr(p, "\xEF\xBF\xBD")); p += 3)
+        n_repl++;
+    assert_int_equal(n_repl, n_textless);
+    done(&r);
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_generate_golden), cmocka_unit_test(test_stop_and_tokenize),
-        cmocka_unit_test(test_bad_usage),       cmocka_unit_test(test_numeric_flags),
-        cmocka_unit_test(test_option_names),    cmocka_unit_test(test_model_not_a_file),
-        cmocka_unit_test(test_prompt_input),    cmocka_unit_test(test_stop_reason_and_warnings),
+        cmocka_unit_test(test_generate_golden),
+        cmocka_unit_test(test_stop_and_tokenize),
+        cmocka_unit_test(test_bad_usage),
+        cmocka_unit_test(test_numeric_flags),
+        cmocka_unit_test(test_option_names),
+        cmocka_unit_test(test_model_not_a_file),
+        cmocka_unit_test(test_prompt_input),
+        cmocka_unit_test(test_stop_reason_and_warnings),
+        cmocka_unit_test(test_tokenizer_sized_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

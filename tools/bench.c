@@ -22,6 +22,7 @@ static const char *help =
     "          512-token context, ms and ms(N)/ms(1) (-m MODEL, --json)\n"
     "  threads decode tokens/s with 1 and 2 threads, as the machine is and with a\n"
     "          busy loop it runs on every core (-m MODEL, --json)\n"
+    "  gguf    st_gguf_open on hostile 100 MB headers it writes itself (--mb M)\n"
     "\n"
     "'spectree-bench COMMAND --help' describes each command.\n";
 
@@ -127,6 +128,8 @@ int main(int argc, char **argv) {
         return st_bench_verify_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "threads"))
         return st_bench_threads_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "gguf"))
+        return st_bench_gguf_main(argc - 1, argv + 1);
     fprintf(stderr, "spectree-bench: unknown command '%s' (see --help)\n", argv[1]);
     return 2;
 }

@@ -10,6 +10,7 @@ int st_bench_e2e_main(int argc, char **argv);
 int st_bench_decode_main(int argc, char **argv);
 int st_bench_verify_main(int argc, char **argv);
 int st_bench_threads_main(int argc, char **argv);
+int st_bench_gguf_main(int argc, char **argv);
 
 /* Median of n values (sorts v in place). */
 double st_bench_median(double *v, int n);

@@ -682,10 +682,8 @@ static int cmd_tokenize(int argc, char **argv) {
     } else {
         ctok = tok;
     }
-    size_t len = strlen(text);
-    int64_t cap = (int64_t)len + 8, n = 0;
-    ids = malloc((size_t)cap * sizeof *ids);
-    if (!ids || st_tokenize(ctok, text, len, add_bos, ids, cap, &n) != ST_OK) {
+    int64_t n = 0;
+    if (tokenize_all(ctok, text, strlen(text), add_bos, &ids, &n) != 0) {
         fprintf(stderr, "spectree: %s\n", ids ? st_last_error() : "out of memory");
         goto done;
     }

@@ -146,8 +146,8 @@ st_env st_env_get(void);
  * one (the index is then partial), else -1; st_name_index_free accepts a zeroed table. */
 typedef const char *(*st_name_fn)(const void *ctx, int64_t i);
 typedef struct st_name_slot {
-    uint64_t hash;
-    int64_t idx1; /* index + 1; 0: empty */
+    uint32_t tag;  /* the hash's high half (its low bits choose the home slot) */
+    uint32_t idx1; /* index + 1; 0: empty */
 } st_name_slot;
 typedef struct st_name_index {
     st_name_slot *slots; /* (mask + 1) */

@@ -78,7 +78,8 @@ static uint64_t name_hash(const st_name_index *t, const char *name) {
 static st_name_slot *probe(const st_name_index *t, const char *name, uint64_t h) {
     for (size_t i = (size_t)h & t->mask;; i = (i + 1) & t->mask) {
         st_name_slot *s = &t->slots[i];
-        if (s->idx1 == 0 || (s->hash == h && strcmp(t->name(t->ctx, s->idx1 - 1), name) == 0))
+        if (s->idx1 == 0 ||
+            (s->tag == (uint32_t)(h >> 32) && strcmp(t->name(t->ctx, s->idx1 - 1), name) == 0))
             return s;
     }
 }
@@ -87,6 +88,8 @@ st_status st_name_index_build(st_name_index *t, int64_t n, st_name_fn name, cons
                               int64_t *dup) {
     memset(t, 0, sizeof *t);
     *dup = -1;
+    if (n >= UINT32_MAX)
+        return st_fail(ST_ERR_NOMEM, "name index: %" PRId64 " names is too many", n);
     size_t cap = 16;
     while ((int64_t)(cap / 4 * 3) < n) {
         if (cap > SIZE_MAX / 2 / sizeof *t->slots)
@@ -113,8 +116,8 @@ st_status st_name_index_build(st_name_index *t, int64_t n, st_name_fn name, cons
                 *dup = j;
                 return ST_OK;
             }
-            s->hash = h;
-            s->idx1 = j + 1;
+            s->tag = (uint32_t)(h >> 32);
+            s->idx1 = (uint32_t)(j + 1);
         }
         if (i < n) {
             uint64_t h = name_hash(t, name(ctx, i));
@@ -135,5 +138,5 @@ void st_name_index_free(st_name_index *t) {
 int64_t st_name_index_find(const st_name_index *t, const char *name) {
     if (!t->slots)
         return -1;
-    return probe(t, name, name_hash(t, name))->idx1 - 1;
+    return (int64_t)probe(t, name, name_hash(t, name))->idx1 - 1;
 }

@@ -3,7 +3,8 @@
  * One pass validates the whole header: every key, value, array and tensor info is checked
  * against the end of the buffer before it is used, so a truncated or corrupt file gives an
  * error naming the file and the problem, never a crash. Values are not copied: the KV table
- * keeps offsets into the mapping.
+ * keeps offsets into the mapping. Keys and tensor names are copied, NUL-terminated, into two
+ * growing blocks (a hostile header of millions of names costs a few allocations, not millions).
  */
 #include "io/gguf_internal.h"
 
@@ -15,7 +16,7 @@
 enum { GGUF_MAX_DIMS = 4, GGUF_MAX_NAME = 64, GGUF_DEFAULT_ALIGNMENT = 32 };
 
 typedef struct gguf_kv {
-    char *key;
+    const char *key; /* in st_gguf.names */
     st_gguf_type type;
     st_gguf_type arr_type; /* for arrays */
     int64_t n;             /* element count for arrays, 1 otherwise */
@@ -34,10 +35,18 @@ struct st_gguf {
     gguf_kv *kv;
     int64_t n_tensors;
     st_gguf_tensor *tensors;
+    char *keys, *tensor_names;  /* each block: the names in order, each NUL-terminated */
     st_name_index kv_index;     /* key -> index into kv */
     st_name_index tensor_index; /* name -> index into tensors */
     size_t data_off;            /* start of the tensor data blob */
 };
+
+/* A block names are copied into, in order. It moves as it grows: the pointers to its names
+ * are set again once the last name is in. */
+typedef struct name_block {
+    char *p;
+    size_t len, cap;
+} name_block;
 
 /* A cursor over the buffer; every read checks the remaining length. */
 typedef struct cursor {
@@ -45,6 +54,7 @@ typedef struct cursor {
     size_t size;
     size_t off;
     const char *name;
+    name_block *names;
 } cursor;
 
 static st_status need(cursor *c, size_t n, const char *what) {
@@ -174,9 +184,10 @@ st_status st_gguf_tensor_size(uint32_t type, uint32_t n_dims, const int64_t *ne,
     return ST_OK;
 }
 
-/* Reads a name (a metadata key or a tensor name): a string of 1..max-1 bytes without NUL, copied
- * into *out. what: "metadata key" or "tensor name"; idx: its position, for the message. */
-static st_status rd_name(cursor *c, const char *what, int64_t idx, uint64_t max, char **out) {
+/* Reads a name (a metadata key or a tensor name): a string of 1..max-1 bytes without NUL,
+ * appended with a NUL to the cursor's name block; *out points to it until the block next grows.
+ * what: "metadata key" or "tensor name"; idx: its position, for the message. */
+static st_status rd_name(cursor *c, const char *what, int64_t idx, uint64_t max, const char **out) {
     size_t off;
     uint64_t len;
     st_status s = rd_str(c, &off, &len, what);
@@ -190,9 +201,20 @@ static st_status rd_name(cursor *c, const char *what, int64_t idx, uint64_t max,
                        what, idx, len, max - 1);
     if (memchr(c->p + off, 0, (size_t)len))
         return st_fail(ST_ERR_FORMAT, "%s: %s %" PRId64 " contains a NUL byte", c->name, what, idx);
-    *out = st_strndup((const char *)c->p + off, (size_t)len);
-    if (!*out)
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory", c->name);
+    name_block *b = c->names;
+    if ((size_t)len + 1 > b->cap - b->len) { /* len < the file's size: no overflow */
+        size_t cap = b->cap ? b->cap : 4096;
+        while ((size_t)len + 1 > cap - b->len)
+            cap *= 2;
+        char *p = st_realloc(b->p, cap);
+        if (!p)
+            return st_fail(ST_ERR_NOMEM, "%s: out of memory for %zu bytes of names", c->name, cap);
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->len, c->p + off, (size_t)len);
+    b->p[b->len + (size_t)len] = '\0';
+    *out = b->p + b->len;
+    b->len += (size_t)len + 1;
     return ST_OK;
 }
 
@@ -266,9 +288,7 @@ static st_status parse_kv(cursor *c, gguf_kv *kv, int64_t idx) {
 }
 
 static st_status parse_tensor(cursor *c, st_gguf_tensor *t, int64_t idx) {
-    char *name = NULL;
-    st_status s = rd_name(c, "tensor name", idx, GGUF_MAX_NAME, &name);
-    t->name = name;
+    st_status s = rd_name(c, "tensor name", idx, GGUF_MAX_NAME, &t->name);
     if (s)
         return s;
     if ((s = rd(c, &t->n_dims, 4, "tensor dimension count")))
@@ -293,15 +313,12 @@ void st_gguf_free(st_gguf *g) {
     if (!g)
         return;
     if (g->kv)
-        for (int64_t i = 0; i < g->n_kv; i++) {
-            st_free(g->kv[i].key);
+        for (int64_t i = 0; i < g->n_kv; i++)
             st_free(g->kv[i].str_offs);
-        }
     st_free(g->kv);
-    if (g->tensors)
-        for (int64_t i = 0; i < g->n_tensors; i++)
-            st_free((char *)g->tensors[i].name);
     st_free(g->tensors);
+    st_free(g->keys);
+    st_free(g->tensor_names);
     st_name_index_free(&g->kv_index);
     st_name_index_free(&g->tensor_index);
     st_mmap_close(&g->map);
@@ -309,13 +326,17 @@ void st_gguf_free(st_gguf *g) {
     st_free(g);
 }
 
+/* The name after `name` in its block (names were appended in order). */
+static const char *next_name(const char *name) { return name + strlen(name) + 1; }
+
 static const char *kv_key(const void *kv, int64_t i) { return ((const gguf_kv *)kv)[i].key; }
 static const char *tensor_name(const void *t, int64_t i) {
     return ((const st_gguf_tensor *)t)[i].name;
 }
 
 static st_status gguf_parse(st_gguf *g) {
-    cursor c = {g->data, g->size, 0, g->name};
+    name_block keys = {0}, tensor_names = {0};
+    cursor c = {g->data, g->size, 0, g->name, &keys};
     char magic[4];
     st_status s = rd(&c, magic, 4, "magic");
     if (s)
@@ -354,9 +375,14 @@ static st_status gguf_parse(st_gguf *g) {
         return st_fail(ST_ERR_NOMEM, "%s: out of memory", g->name);
     for (int64_t i = 0; i < nkv; i++) {
         g->n_kv = i + 1;
-        if ((s = parse_kv(&c, &g->kv[i], i)))
+        if ((s = parse_kv(&c, &g->kv[i], i))) {
+            st_free(keys.p);
             return s;
+        }
     }
+    g->keys = keys.p; /* no more keys: point each at its final place */
+    for (int64_t i = 0; i < nkv; i++)
+        g->kv[i].key = i ? next_name(g->kv[i - 1].key) : g->keys;
     int64_t dup;
     if ((s = st_name_index_build(&g->kv_index, nkv, kv_key, g->kv, &dup))) {
         st_error_prefix("%s", g->name);
@@ -375,11 +401,17 @@ static st_status gguf_parse(st_gguf *g) {
             return st_fail(ST_ERR_FORMAT, "%s: general.alignment %u is not a power of two", g->name,
                            g->alignment);
     }
+    c.names = &tensor_names;
     for (int64_t i = 0; i < nt; i++) {
         g->n_tensors = i + 1;
-        if ((s = parse_tensor(&c, &g->tensors[i], i)))
+        if ((s = parse_tensor(&c, &g->tensors[i], i))) {
+            st_free(tensor_names.p);
             return s;
+        }
     }
+    g->tensor_names = tensor_names.p;
+    for (int64_t i = 0; i < nt; i++)
+        g->tensors[i].name = i ? next_name(g->tensors[i - 1].name) : g->tensor_names;
     if ((s = st_name_index_build(&g->tensor_index, nt, tensor_name, g->tensors, &dup))) {
         st_error_prefix("%s", g->name);
         return s;
