@@ -296,7 +296,7 @@ static void test_architectures(void **state) {
 
 /* Tokenizes every string of the oracle's list with the tokenizer converted from dir and
  * compares with the oracle's ids. */
-static void compare_tokens(const char *dir) {
+static void compare_tokens(const char *dir, const char *pre, const char *chat_template) {
     char strings[700], expect[700];
     snprintf(strings, sizeof strings, "%s/strings.txt", tmp);
     snprintf(expect, sizeof expect, "%s/expect.txt", tmp);
@@ -314,6 +314,13 @@ static void compare_tokens(const char *dir) {
     st_tokenizer *tok = NULL;
     assert_int_equal(st_gguf_open_memory(buf, size, dir, &g), ST_OK);
     assert_int_equal(st_tokenizer_load(g, &tok), ST_OK);
+    st_gguf_str kv;
+    assert_int_equal(st_gguf_get_str(g, "tokenizer.ggml.pre", &kv), ST_OK);
+    assert_true(kv.len == strlen(pre) && memcmp(kv.ptr, pre, kv.len) == 0);
+    if (chat_template) {
+        assert_int_equal(st_gguf_get_str(g, "tokenizer.chat_template", &kv), ST_OK);
+        assert_true(kv.len == strlen(chat_template) && memcmp(kv.ptr, chat_template, kv.len) == 0);
+    }
     FILE *f = fopen(expect, "r");
     assert_non_null(f);
     static char line[1 << 16];
@@ -359,14 +366,15 @@ static void compare_tokens(const char *dir) {
 
 static void test_tokenizers(void **state) {
     (void)state;
-    compare_tokens(tokdir());
+    compare_tokens(tokdir(), "default", NULL);
     static const char *const pre[] = {"llama3", "qwen2", "smollm"};
+    static const char *const gguf_pre[] = {"llama-bpe", "qwen2", "smollm"};
     for (int i = 0; i < 3; i++) {
         char dir[640];
         snprintf(dir, sizeof dir, "%s/tok_%s", tmp, pre[i]);
         sh("%s %s/tests/oracle/hf_bpe.py mkbytelevel '%s' %s", ST_PYTHON3, ST_SOURCE_DIR, dir,
            pre[i]);
-        compare_tokens(dir);
+        compare_tokens(dir, gguf_pre[i], "{{ messages }}");
     }
 }
 
