@@ -234,8 +234,18 @@ typedef struct st_model_hparams {
 /* Loads a GGUF Llama model with its tokenizer, the weights placed as ST_LOAD_AUTO says (below:
  * big files are copied into huge pages, small ones stay mmap'd read-only). Validates the
  * architecture, every hyper-parameter and every tensor's name, type and shape; on error *out is
- * NULL and st_last_error() names the file and the problem. */
+ * NULL and st_last_error() names the file and the problem. A directory is a Hugging Face
+ * checkpoint (config.json, model.safetensors or its shards with their index, tokenizer.json,
+ * tokenizer_config.json; model_type llama or mistral, F32/F16/BF16): it is converted to GGUF in
+ * memory as st_convert_hf would write it (the weights are copied, keeping their types) and
+ * loaded from there. */
 st_status st_model_load(const char *path, st_model **out);
+/* Writes the GGUF of the Hugging Face checkpoint `dir` to out_path: llama.cpp's llama
+ * architecture keys and tensor names, q/k in GGUF's rotary layout, the tokenizer.ggml.* keys.
+ * type: the matrices' type, ST_DTYPE_F32, F16, BF16, Q8_0 or Q4_0, or -1 to keep each as
+ * stored (a quantized type leaves matrices whose rows are not a multiple of 32 in F16); norms
+ * are F32. Errors name the file and the field or tensor at fault. */
+st_status st_convert_hf(const char *dir, const char *out_path, int type);
 /* Loads a GGUF Llama model from a caller-owned buffer of `size` bytes holding the whole file, with
  * the same checks as st_model_load (for tests, fuzzers and embedded models). The weights are not
  * copied: the buffer must stay valid and unchanged until st_model_free. `name` (NULL: "<memory>")
@@ -282,9 +292,10 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
 typedef struct st_load_info {
     st_load_mode mode;  /* the mode that ran: MMAP, COPY or BUFFER */
     const char *reason; /* why, a static string: "requested", "ST_LOAD", "file under 256 MB",
-                         * "not enough available memory", "big file", "buffer" */
+                         * "not enough available memory", "big file", "buffer",
+                         * "Hugging Face checkpoint converted in memory" */
     int locked;         /* the weights are mlock'ed */
-    size_t file_bytes;  /* the file's size */
+    size_t file_bytes;  /* the file's size (a converted checkpoint: its GGUF's) */
     size_t huge_bytes;  /* COPY: bytes backed by 2 MB pages when the load ended (0 without
                          * transparent huge pages) */
     double seconds;     /* wall time of the whole load (read, checks, tokenizer) */

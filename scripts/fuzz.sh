@@ -3,7 +3,7 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-fuzz/. Each starts from its corpus in
 # build-fuzz/corpus/<target> (kept between runs, so coverage accumulates) plus seeds made here:
 # the shared GGUF files, small models written by spectree-mkmodel, the tokenizer test inputs,
-# the TinyStories-656K safetensors checkpoint.
+# the TinyStories-656K safetensors checkpoint and tokenizer.json (and synthetic byte-level ones).
 # A crash, leak, sanitizer report or an input slower than 30 s fails the run; the input is kept
 # in build-fuzz/crashes/. The targets run side by side.
 # Usage: scripts/fuzz.sh [SECONDS]   (default 60, or $ST_FUZZ_SECONDS)
@@ -17,12 +17,12 @@ out=build-fuzz
 CC=clang cmake -S . -B $out -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_FUZZ=ON -DST_SANITIZE=ON \
     -DST_WERROR=ON -DST_SHARED_DIR="$shared" >/dev/null
 cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize fuzz_safetensors \
-    fuzz_serve_request >/dev/null
+    fuzz_serve_request fuzz_hf_tokenizer >/dev/null
 
 rm -rf $out/seeds
 mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/seeds/safetensors $out/corpus/gguf \
     $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/serve_request \
-    $out/corpus/serve_request
+    $out/corpus/serve_request $out/seeds/hf_tokenizer $out/corpus/hf_tokenizer
 cp "$shared"/models/stories260K.gguf "$shared"/vectors/tokenizer/*.gguf $out/seeds/gguf/
 head -c 4096 "$shared"/models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
 if [ -x build/spectree-mkmodel ]; then # small whole models, one per weight type
@@ -36,6 +36,12 @@ st=$(ls "$shared"/models/TinyStories-656K/*.safetensors | head -1)
 cp "$st" $out/seeds/safetensors/model.safetensors
 head -c 16384 "$st" >$out/seeds/safetensors/model-head.safetensors
 cp README.md $out/seeds/tokenize/
+cp "$shared"/models/TinyStories-656K/tokenizer.json $out/seeds/hf_tokenizer/tinystories.json
+for pre in llama3 qwen2; do # small byte-level tokenizer.json files (tests/oracle/hf_bpe.py)
+    /usr/bin/python3 tests/oracle/hf_bpe.py mkbytelevel $out/seeds/hf_tokenizer/$pre $pre
+    mv $out/seeds/hf_tokenizer/$pre/tokenizer.json $out/seeds/hf_tokenizer/$pre.json
+    rm -rf $out/seeds/hf_tokenizer/$pre
+done
 
 # Texts past 4 KiB add little to the tokenizers' coverage and slow each run down.
 # HTTP bodies: the first byte picks the endpoint (even: completions, odd: chat).
@@ -44,9 +50,10 @@ for f in tests/serve/bodies/*.json; do
     printf '1' | cat - "$f" >$out/seeds/serve_request/h-$(basename "$f")
 done
 
-declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [serve_request]=8192)
+declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [serve_request]=8192
+    [hf_tokenizer]=131072)
 pids=()
-for t in gguf tokenize safetensors serve_request; do
+for t in gguf tokenize safetensors serve_request hf_tokenizer; do
     ST_SHARED_DIR="$shared" ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         $out/fuzz_$t -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -max_len=${max_len[$t]} -artifact_prefix=$out/crashes/$t- $out/corpus/$t $out/seeds/$t \
@@ -55,7 +62,7 @@ for t in gguf tokenize safetensors serve_request; do
 done
 rc=0
 i=0
-for t in gguf tokenize safetensors serve_request; do
+for t in gguf tokenize safetensors serve_request hf_tokenizer; do
     if wait "${pids[$i]}"; then
         echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' $out/fuzz_$t.log |
             grep -o '[0-9]*$') runs in ${secs}s, corpus $(ls $out/corpus/$t | wc -l) inputs"

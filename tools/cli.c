@@ -81,10 +81,9 @@ uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v) {
     return (uint64_t)x;
 }
 
-/* A model path must be a regular file: opening a FIFO would block until some writer came, and
- * a directory (a Hugging Face checkpoint) is not readable yet. Prints why and returns 0 if not. */
-/* A model path worth opening: an EAGLE head is a directory (dir_ok), a model a GGUF file.
- * Other kinds of file (a FIFO, a device) are refused by the library, which names the kind. */
+/* A model path worth opening: an EAGLE head is a directory (dir_ok); a model a GGUF file or a
+ * Hugging Face checkpoint directory. Other kinds of file (a FIFO, a device) are refused by the
+ * library, which names the kind. */
 int cli_model_path_ok(const char *path, int dir_ok) {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -95,13 +94,6 @@ int cli_model_path_ok(const char *path, int dir_ok) {
         fprintf(stderr,
                 "spectree: %s: not a directory; an EAGLE head is a checkpoint directory "
                 "(config.json, model.safetensors)\n",
-                path);
-        return 0;
-    }
-    if (!dir_ok && S_ISDIR(st.st_mode)) {
-        fprintf(stderr,
-                "spectree: %s: is a directory; expected a GGUF file (checkpoint directories are "
-                "not supported yet)\n",
                 path);
         return 0;
     }
@@ -742,14 +734,25 @@ static int cmd_tokenize(int argc, char **argv) {
         return 1;
     st_gguf *g = NULL;
     st_tokenizer *tok = NULL;
+    const st_tokenizer *ctok = NULL;
+    st_model *hf = NULL;
     int32_t *ids = NULL;
     int rc = 1;
-    if (st_gguf_open(model, &g) != ST_OK || st_tokenizer_load(g, &tok) != ST_OK) {
+    struct stat sb;
+    if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face checkpoint */
+        if (st_model_load(model, &hf) != ST_OK) {
+            fprintf(stderr, "spectree: %s\n", st_last_error());
+            goto done;
+        }
+        ctok = st_model_tokenizer(hf);
+    } else if (st_gguf_open(model, &g) != ST_OK || st_tokenizer_load(g, &tok) != ST_OK) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
+    } else {
+        ctok = tok;
     }
     int64_t n = 0;
-    if (cli_tokenize_all(tok, text, strlen(text), add_bos, &ids, &n) != 0) {
+    if (cli_tokenize_all(ctok, text, strlen(text), add_bos, &ids, &n) != 0) {
         fprintf(stderr, "spectree: %s\n", ids ? st_last_error() : "out of memory");
         goto done;
     }
@@ -761,6 +764,7 @@ done:
     free(ids);
     st_tokenizer_free(tok);
     st_gguf_free(g);
+    st_model_free(hf);
     return rc;
 }
 
@@ -802,34 +806,43 @@ static int cmd_info(int argc, char **argv) {
         cli_die_usage("info", "unexpected argument");
     if (!cli_model_path_ok(model, 0))
         return 1;
-    st_gguf *g = NULL;
-    if (st_gguf_open(model, &g) != ST_OK) {
-        fprintf(stderr, "spectree: %s\n", st_last_error());
-        return 1;
-    }
-    printf("file: %s\nGGUF version %u, %" PRId64 " metadata keys, %" PRId64
-           " tensors, alignment %u\n\n",
-           model, st_gguf_version(g), st_gguf_n_kv(g), st_gguf_n_tensors(g), st_gguf_alignment(g));
-    char buf[1024];
-    for (int64_t i = 0; i < st_gguf_n_kv(g); i++) {
-        st_gguf_format_value(g, i, buf, sizeof buf);
-        printf("  %-44s %s\n", st_gguf_key(g, i), buf);
-    }
-    if (st_gguf_n_tensors(g) > 0) {
-        printf("\n  %-32s %-6s %-24s %12s %10s\n", "tensor", "type", "shape (ne)", "offset",
-               "bytes");
-        for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
-            const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
-            char shape[64];
-            int n = snprintf(shape, sizeof shape, "[%" PRId64, t->ne[0]);
-            for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
-                n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRId64, t->ne[d]);
-            snprintf(shape + n, sizeof shape - (size_t)n, "]");
-            printf("  %-32s %-6s %-24s %12" PRIu64 " %10zu\n", t->name, st_dtype_name(t->type),
-                   shape, t->offset, t->size);
+    struct stat sb;
+    const int is_dir = stat(model, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (is_dir) {
+        printf("checkpoint: %s (Hugging Face; 'spectree convert' writes the GGUF file this "
+               "command lists)\n",
+               model);
+    } else {
+        st_gguf *g = NULL;
+        if (st_gguf_open(model, &g) != ST_OK) {
+            fprintf(stderr, "spectree: %s\n", st_last_error());
+            return 1;
         }
+        printf("file: %s\nGGUF version %u, %" PRId64 " metadata keys, %" PRId64
+               " tensors, alignment %u\n\n",
+               model, st_gguf_version(g), st_gguf_n_kv(g), st_gguf_n_tensors(g),
+               st_gguf_alignment(g));
+        char buf[1024];
+        for (int64_t i = 0; i < st_gguf_n_kv(g); i++) {
+            st_gguf_format_value(g, i, buf, sizeof buf);
+            printf("  %-44s %s\n", st_gguf_key(g, i), buf);
+        }
+        if (st_gguf_n_tensors(g) > 0) {
+            printf("\n  %-32s %-6s %-24s %12s %10s\n", "tensor", "type", "shape (ne)", "offset",
+                   "bytes");
+            for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+                const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+                char shape[64];
+                int n = snprintf(shape, sizeof shape, "[%" PRId64, t->ne[0]);
+                for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
+                    n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRId64, t->ne[d]);
+                snprintf(shape + n, sizeof shape - (size_t)n, "]");
+                printf("  %-32s %-6s %-24s %12" PRIu64 " %10zu\n", t->name, st_dtype_name(t->type),
+                       shape, t->offset, t->size);
+            }
+        }
+        st_gguf_free(g);
     }
-    st_gguf_free(g);
     st_model *m = NULL;
     st_load_params lp = st_load_default_params();
     lp.mode = ST_LOAD_MMAP; /* the checks only: no copy of the weights */
@@ -849,6 +862,66 @@ static int cmd_info(int argc, char **argv) {
     return 0;
 }
 
+static const char *convert_help =
+    "usage: spectree convert DIR OUT.gguf [--type TYPE]\n"
+    "\n"
+    "Writes the GGUF file of a Hugging Face checkpoint directory (config.json, safetensors,\n"
+    "tokenizer.json): llama.cpp's llama architecture keys and tensor names.\n"
+    "\n"
+    "  --type TYPE   the matrices' type: f32, f16, bf16, q8_0, q4_0, or keep (default: each\n"
+    "                as stored); norms are always f32\n";
+
+static int cmd_convert(int argc, char **argv) {
+    static const struct option lo[] = {
+        {"type", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct {
+        const char *name;
+        int type;
+    } types[] = {{"keep", -1},
+                 {"f32", ST_DTYPE_F32},
+                 {"f16", ST_DTYPE_F16},
+                 {"bf16", ST_DTYPE_BF16},
+                 {"q8_0", ST_DTYPE_Q8_0},
+                 {"q4_0", ST_DTYPE_Q4_0}};
+    int type = -1, c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+        switch (c) {
+        case 't': {
+            size_t i = 0;
+            while (i < sizeof types / sizeof types[0] && strcmp(optarg, types[i].name) != 0)
+                i++;
+            if (i == sizeof types / sizeof types[0])
+                cli_die_usage("convert", "--type must be one of f32, f16, bf16, q8_0, q4_0, keep");
+            type = types[i].type;
+            break;
+        }
+        case 'h':
+            fputs(convert_help, stdout);
+            return 0;
+        case ':':
+            cli_die_option("convert", argv, 1);
+            break;
+        default:
+            cli_die_option("convert", argv, 0);
+        }
+    }
+    if (argc - optind != 2)
+        cli_die_usage("convert", "expected DIR and OUT.gguf");
+    const char *dir = argv[optind], *out = argv[optind + 1];
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "spectree: %s: not a checkpoint directory\n", dir);
+        return 1;
+    }
+    if (st_convert_hf(dir, out, type) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 static const char *main_help =
@@ -861,7 +934,7 @@ static const char *main_help =
     "  generate   generate text from a prompt\n"
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
-    "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
+    "  convert    write a Hugging Face checkpoint as a GGUF file\n"
     "\n"
     "'spectree COMMAND --help' describes each command.\n";
 
@@ -881,8 +954,8 @@ int main(int argc, char **argv) {
         return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))
         return cmd_info(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve"))
-        return cli_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert"))
+        return cmd_convert(argc - 1, argv + 1);
     fprintf(stderr, "spectree: unknown command '%s' (see 'spectree --help')\n", cmd);
     return 2;
 }

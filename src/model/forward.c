@@ -255,6 +255,13 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         const st_wt *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->kt, s->vt};
         matmuls(s, 3, wqkv, yqkv, s->xb, T);
+        const float *bqkv[3] = {L->bq, L->bk, L->bv};
+        const int64_t nqkv[3] = {Q, KV, KV};
+        for (int b = 0; b < 3; b++)
+            if (bqkv[b])
+                for (int64_t i = 0; i < T; i++)
+                    for (int64_t j = 0; j < nqkv[b]; j++)
+                        yqkv[b][i * nqkv[b] + j] += bqkv[b][j];
         for (int64_t i = 0; i < T; i++) {
             const float *cs = s->rope_cos + i * nrot2;
             const float *sn = s->rope_sin + i * nrot2;

@@ -5,9 +5,11 @@
  * defaults. The forward pass is in forward.c and attn.c,
  * the session that runs it in session.c and kv.c.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "model/model.h"
 
 #include "io/gguf_internal.h"
+#include "io/hf.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Loading                                                                                    */
@@ -115,66 +118,87 @@ static st_status get_vector(const st_gguf *g, const char *name, int64_t n, float
     return ST_OK;
 }
 
+/* An optional bias vector (NULL when the file has none). */
+static st_status get_bias(const st_gguf *g, const char *name, int64_t n, float **out) {
+    *out = NULL;
+    return st_gguf_tensor_find(g, name) ? get_vector(g, name, n, out) : ST_OK;
+}
+
+/* The architectures loaded: llama (Llama 1-3, Mistral, SmolLM) and qwen2 (the same layers with
+ * q/k/v biases); their keys differ only in the prefix. */
 static st_status load_hparams(const st_gguf *g, st_model_hparams *hp) {
     st_gguf_str arch;
     st_status s = st_gguf_get_str(g, "general.architecture", &arch);
     if (s)
         return s;
-    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return st_fail(ST_ERR_UNSUPPORTED, "%s: architecture '%.*s' is not supported (llama)",
-                       st_gguf_name(g), (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    const char *pfx = NULL;
+    if (arch.len == 5 && memcmp(arch.ptr, "llama", 5) == 0)
+        pfx = "llama";
+    else if (arch.len == 5 && memcmp(arch.ptr, "qwen2", 5) == 0)
+        pfx = "qwen2";
+    if (!pfx)
+        return st_fail(ST_ERR_UNSUPPORTED,
+                       "%s: architecture '%.*s' is not supported (llama, qwen2)", st_gguf_name(g),
+                       (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    char key[12][64]; /* the keys below with the architecture's prefix */
+    static const char *const suf[12] = {"embedding_length",
+                                        "block_count",
+                                        "feed_forward_length",
+                                        "attention.head_count",
+                                        "attention.head_count_kv",
+                                        "context_length",
+                                        "attention.key_length",
+                                        "attention.value_length",
+                                        "rope.dimension_count",
+                                        "rope.freq_base",
+                                        "attention.layer_norm_rms_epsilon",
+                                        "rope.scaling.type"};
+    for (int i = 0; i < 12; i++)
+        snprintf(key[i], sizeof key[i], "%s.%s", pfx, suf[i]);
     const int32_t big = 1 << 24;
-    if ((s = get_hparam(g, "llama.embedding_length", 1, 0, 1, big, &hp->n_embd)) ||
-        (s = get_hparam(g, "llama.block_count", 1, 0, 1, 4096, &hp->n_layer)) ||
-        (s = get_hparam(g, "llama.feed_forward_length", 1, 0, 1, big, &hp->n_ff)) ||
-        (s = get_hparam(g, "llama.attention.head_count", 1, 0, 1, 4096, &hp->n_head)) ||
-        (s = get_hparam(g, "llama.attention.head_count_kv", 0, hp->n_head, 1, hp->n_head,
-                        &hp->n_head_kv)) ||
-        (s = get_hparam(g, "llama.context_length", 1, 0, 1, 1 << 24, &hp->n_ctx_train)))
+    if ((s = get_hparam(g, key[0], 1, 0, 1, big, &hp->n_embd)) ||
+        (s = get_hparam(g, key[1], 1, 0, 1, 4096, &hp->n_layer)) ||
+        (s = get_hparam(g, key[2], 1, 0, 1, big, &hp->n_ff)) ||
+        (s = get_hparam(g, key[3], 1, 0, 1, 4096, &hp->n_head)) ||
+        (s = get_hparam(g, key[4], 0, hp->n_head, 1, hp->n_head, &hp->n_head_kv)) ||
+        (s = get_hparam(g, key[5], 1, 0, 1, 1 << 24, &hp->n_ctx_train)))
         return s;
     if (hp->n_head % hp->n_head_kv != 0)
         return st_fail(ST_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
                        st_gguf_name(g), hp->n_head, hp->n_head_kv);
     int32_t def_hd = hp->n_embd / hp->n_head;
-    if ((s = get_hparam(g, "llama.attention.key_length", 0, def_hd, 1, 65536, &hp->head_dim)))
+    if ((s = get_hparam(g, key[6], 0, def_hd, 1, 65536, &hp->head_dim)))
         return s;
     int32_t vlen;
-    if ((s = get_hparam(g, "llama.attention.value_length", 0, hp->head_dim, 1, 65536, &vlen)))
+    if ((s = get_hparam(g, key[7], 0, hp->head_dim, 1, 65536, &vlen)))
         return s;
     if (vlen != hp->head_dim)
         return st_fail(ST_ERR_UNSUPPORTED, "%s: value_length %d differs from key_length %d",
                        st_gguf_name(g), vlen, hp->head_dim);
-    if ((s = get_hparam(g, "llama.rope.dimension_count", 0, hp->head_dim, 2, hp->head_dim,
-                        &hp->n_rot)))
+    if ((s = get_hparam(g, key[8], 0, hp->head_dim, 2, hp->head_dim, &hp->n_rot)))
         return s;
     if (hp->n_rot % 2 != 0)
         return st_fail(ST_ERR_FORMAT, "%s: rope dimension count %d is odd", st_gguf_name(g),
                        hp->n_rot);
     hp->rope_base = 10000.0f;
-    if (st_gguf_find(g, "llama.rope.freq_base") >= 0 &&
-        (s = st_gguf_get_f32(g, "llama.rope.freq_base", &hp->rope_base)))
+    if (st_gguf_find(g, key[9]) >= 0 && (s = st_gguf_get_f32(g, key[9], &hp->rope_base)))
         return s;
     if (!(hp->rope_base > 1.0f) || !isfinite(hp->rope_base))
         return st_fail(ST_ERR_FORMAT, "%s: rope freq_base %g is invalid", st_gguf_name(g),
                        (double)hp->rope_base);
-    if ((s = st_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps)))
+    if ((s = st_gguf_get_f32(g, key[10], &hp->rms_eps)))
         return s;
     if (!(hp->rms_eps >= 0.0f) || !(hp->rms_eps < 1.0f))
         return st_fail(ST_ERR_FORMAT, "%s: rms epsilon %g is invalid", st_gguf_name(g),
                        (double)hp->rms_eps);
-    if (st_gguf_find(g, "llama.rope.scaling.type") >= 0) {
+    if (st_gguf_find(g, key[11]) >= 0) {
         st_gguf_str st;
-        if ((s = st_gguf_get_str(g, "llama.rope.scaling.type", &st)))
+        if ((s = st_gguf_get_str(g, key[11], &st)))
             return s;
         if (!(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
             return st_fail(ST_ERR_UNSUPPORTED, "%s: rope scaling '%.*s' is not supported yet",
                            st_gguf_name(g), (int)(st.len > 32 ? 32 : st.len), st.ptr);
     }
-    if (st_gguf_tensor_find(g, "rope_freqs.weight"))
-        return st_fail(ST_ERR_UNSUPPORTED,
-                       "%s: rope_freqs.weight (llama3 rope scaling) is not "
-                       "supported yet",
-                       st_gguf_name(g));
     return ST_OK;
 }
 
@@ -198,13 +222,18 @@ void st_model_free(st_model *m) {
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             st_free(m->layers[l].attn_norm);
             st_free(m->layers[l].ffn_norm);
+            st_free(m->layers[l].bq);
+            st_free(m->layers[l].bk);
+            st_free(m->layers[l].bv);
         }
     }
     st_free(m->layers);
     st_free(m->out_norm);
+    st_free(m->rope_factors);
     st_free_aligned(m->owned);
     st_tokenizer_free(m->tok);
     st_gguf_free(m->gguf);
+    free(m->gguf_mem);
     st_free(m);
 }
 
@@ -273,9 +302,20 @@ static st_status model_from_gguf(st_model *m) {
             (s = get_matrix(g, ST_NAME("attn_output.weight"), Q, E, 0, &L->wo)) ||
             (s = get_matrix(g, ST_NAME("ffn_gate.weight"), E, hp->n_ff, 0, &L->w_gate)) ||
             (s = get_matrix(g, ST_NAME("ffn_up.weight"), E, hp->n_ff, 0, &L->w_up)) ||
-            (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)))
+            (s = get_matrix(g, ST_NAME("ffn_down.weight"), hp->n_ff, E, 0, &L->w_down)) ||
+            (s = get_bias(g, ST_NAME("attn_q.bias"), Q, &L->bq)) ||
+            (s = get_bias(g, ST_NAME("attn_k.bias"), KV, &L->bk)) ||
+            (s = get_bias(g, ST_NAME("attn_v.bias"), KV, &L->bv)))
             return s;
 #undef ST_NAME
+    }
+    if (st_gguf_tensor_find(g, "rope_freqs.weight")) { /* Llama 3 rope scaling */
+        if ((s = get_vector(g, "rope_freqs.weight", hp->n_rot / 2, &m->rope_factors)))
+            return s;
+        for (int32_t j = 0; j < hp->n_rot / 2; j++)
+            if (!(m->rope_factors[j] > 0.0f))
+                return st_fail(ST_ERR_FORMAT, "%s: rope_freqs.weight[%d] = %g is not positive",
+                               path, (int)j, (double)m->rope_factors[j]);
     }
     hp->wtype = m->layers[0].wq.type;
     pack_matrices(m);
@@ -303,6 +343,40 @@ st_status st_model_from_gguf(st_gguf *g, st_model **out) {
     m->gguf = g;
     st_status s = model_from_gguf(m);
     if (s) {
+        st_model_free(m);
+        return s;
+    }
+    *out = m;
+    return ST_OK;
+}
+
+/* A Hugging Face checkpoint directory: its GGUF (hf.h) built in memory, then loaded like a file.
+ * The buffer is the model's (gguf_mem). Called by st_model_load_ex (load.c) for a directory. */
+st_status st_model_load_hf(const char *dir, st_model **out);
+st_status st_model_load_hf(const char *dir, st_model **out) {
+    st_gguf_writer *w = NULL;
+    void *buf = NULL;
+    size_t size = 0;
+    st_status s = st_hf_to_gguf(dir, ST_HF_KEEP, &w);
+    if (!s)
+        s = st_gguf_writer_write_memory(w, &buf, &size);
+    st_gguf_writer_free(w);
+    if (s)
+        return s;
+    st_gguf *g;
+    if ((s = st_gguf_open_memory(buf, size, dir, &g))) {
+        free(buf);
+        return s;
+    }
+    st_model *m = st_calloc(1, sizeof *m);
+    if (!m) {
+        st_gguf_free(g);
+        free(buf);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    m->gguf = g;
+    m->gguf_mem = buf;
+    if ((s = model_from_gguf(m))) {
         st_model_free(m);
         return s;
     }

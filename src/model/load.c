@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +22,8 @@ enum { ST_LOAD_CHUNK = 64 << 20 };
 
 /* Defined in llama.c (takes ownership of g). */
 st_status st_model_from_gguf(st_gguf *g, st_model **out);
+/* Defined in llama.c: a Hugging Face checkpoint directory. */
+st_status st_model_load_hf(const char *dir, st_model **out);
 
 st_load_params st_load_default_params(void) {
     st_load_params p = {.mode = ST_LOAD_AUTO};
@@ -130,9 +133,20 @@ st_status st_model_load_ex(const char *path, const st_load_params *params, st_mo
         return st_fail(ST_ERR_INVALID, "%s: load mode %d is not auto, mmap or copy", path,
                        (int)p.mode);
     const double t0 = st_time_now(), c0 = thread_cpu();
+    struct stat sb;
+    st_status s;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face checkpoint */
+        if ((s = st_model_load_hf(path, out)))
+            return s;
+        (*out)->load.mode = ST_LOAD_BUFFER; /* converted into a buffer of the model's */
+        (*out)->load.reason = "Hugging Face checkpoint converted in memory";
+        st_gguf_bytes((*out)->gguf, &(*out)->load.file_bytes);
+        (*out)->load.seconds = st_time_now() - t0;
+        (*out)->load.cpu_seconds = thread_cpu() - c0;
+        return ST_OK;
+    }
     st_gguf *g;
-    st_status s = st_gguf_open(path, &g);
-    if (s)
+    if ((s = st_gguf_open(path, &g)))
         return s;
     st_load_info info = {0};
     const void *bytes = st_gguf_bytes(g, &info.file_bytes);

@@ -33,24 +33,30 @@ typedef struct st_wt {
 #define ST_PACK_MAX_BYTES ((size_t)16 << 20)
 
 typedef struct st_layer {
-    float *attn_norm; /* (n_embd) owned float copy */
-    float *ffn_norm;  /* (n_embd) */
-    st_wt wq;         /* (n_head*head_dim, n_embd) */
-    st_wt wk;         /* (n_head_kv*head_dim, n_embd) */
-    st_wt wv;         /* (n_head_kv*head_dim, n_embd) */
-    st_wt wo;         /* (n_embd, n_head*head_dim) */
-    st_wt w_gate;     /* (n_ff, n_embd) */
-    st_wt w_up;       /* (n_ff, n_embd) */
-    st_wt w_down;     /* (n_embd, n_ff) */
+    float *attn_norm;    /* (n_embd) owned float copy */
+    float *ffn_norm;     /* (n_embd) */
+    st_wt wq;            /* (n_head*head_dim, n_embd) */
+    st_wt wk;            /* (n_head_kv*head_dim, n_embd) */
+    st_wt wv;            /* (n_head_kv*head_dim, n_embd) */
+    st_wt wo;            /* (n_embd, n_head*head_dim) */
+    st_wt w_gate;        /* (n_ff, n_embd) */
+    st_wt w_up;          /* (n_ff, n_embd) */
+    st_wt w_down;        /* (n_embd, n_ff) */
+    float *bq, *bk, *bv; /* q/k/v biases (Qwen2), owned float copies in the rows' order, or
+                          * NULL */
 } st_layer;
 
 struct st_model {
     st_gguf *gguf;
+    void *gguf_mem; /* the GGUF built from a Hugging Face checkpoint (gguf reads it; free()), or
+                     * NULL for a file */
     st_model_hparams hp;
-    st_wt tok_embd;   /* (n_vocab, n_embd) */
-    float *out_norm;  /* (n_embd) */
-    st_wt output;     /* (n_vocab, n_embd); = tok_embd when tied */
-    st_layer *layers; /* (n_layer) */
+    st_wt tok_embd;      /* (n_vocab, n_embd) */
+    float *out_norm;     /* (n_embd) */
+    st_wt output;        /* (n_vocab, n_embd); = tok_embd when tied */
+    st_layer *layers;    /* (n_layer) */
+    float *rope_factors; /* (n_rot/2) rope_freqs.weight (Llama 3 rope scaling): frequency j is
+                          * divided by rope_factors[j]; NULL: none */
     st_tokenizer *tok;
     /* an EAGLE head (src/draft/eagle_load.c) has an input projection over [embedding; feature] and
      * no norms where attn_norm / out_norm are NULL; plain models have fc.data NULL */

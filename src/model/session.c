@@ -161,8 +161,11 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->kv_seq_stride = s->kv_layer_stride * hp->n_layer;
     /* RoPE frequencies in double precision: theta = pos * base^(-2j/n_rot); the forward pass
      * computes cos and sin of each token's angles (forward.c) */
-    for (int32_t j = 0; j < hp->n_rot / 2; j++)
+    for (int32_t j = 0; j < hp->n_rot / 2; j++) {
         s->rope_freq[j] = pow((double)hp->rope_base, -2.0 * (double)j / (double)hp->n_rot);
+        if (m->rope_factors) /* Llama 3 scaling: the frequency divided by its factor */
+            s->rope_freq[j] /= (double)m->rope_factors[j];
+    }
     *out = s;
     return ST_OK;
 }

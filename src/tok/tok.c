@@ -141,6 +141,7 @@ static st_status pick_pre(st_tokenizer *t, const st_gguf *g, const char *name) {
         {"dbrx", ST_PRE_LLAMA3, 0, 0},      {"smaug-bpe", ST_PRE_LLAMA3, 0, 0},
         {"qwen2", ST_PRE_QWEN2, 0, 0},      {"stablelm2", ST_PRE_QWEN2, 0, 0},
         {"megrez", ST_PRE_QWEN2, 0, 0},     {"deepseek-llm", ST_PRE_DEEPSEEK, 0, 0},
+        {"smollm", ST_PRE_SMOLLM, 0, 0},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (str_is(p, names[i].name)) {
@@ -152,7 +153,7 @@ static st_status pick_pre(st_tokenizer *t, const st_gguf *g, const char *name) {
     }
     return st_fail(ST_ERR_UNSUPPORTED,
                    "%s: unsupported pre-tokenizer tokenizer.ggml.pre = \"%.*s\" (supported: "
-                   "gpt-2, llama-bpe, qwen2, deepseek-llm and their aliases)",
+                   "gpt-2, llama-bpe, qwen2, deepseek-llm, smollm and their aliases)",
                    name, (int)(p.len > 64 ? 64 : p.len), p.ptr);
 }
 
@@ -416,8 +417,7 @@ static void tok_layout(st_plan *pl, st_tokenizer *t, size_t text_bytes) {
     t->type = st_plan_take(pl, n, 1);
     t->eog = st_plan_take(pl, n, 1);
     t->map = st_plan_take(pl, t->map_mask + 1, sizeof *t->map);
-    t->merges =
-        t->kind == ST_TOK_BPE ? st_plan_take(pl, t->merge_mask + 1, sizeof *t->merges) : NULL;
+    t->merges = t->merge_mask ? st_plan_take(pl, t->merge_mask + 1, sizeof *t->merges) : NULL;
     t->dec_off = st_plan_take(pl, n + 1, sizeof *t->dec_off);
     t->dec = st_plan_take(pl, text_bytes, 1); /* see build_decoded */
     t->user = st_plan_take(pl, n, sizeof *t->user);
@@ -453,6 +453,10 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
                            name);
         if ((s = st_tok_merges_mask(g, mk, name, &h.merge_mask)))
             return s;
+    } else if ((mk = st_gguf_find(g, "tokenizer.ggml.merges")) >= 0) {
+        /* a Hugging Face BPE with byte fallback (hf_gguf.c writes its merges): merged by rank */
+        if ((s = st_tok_merges_mask(g, mk, name, &h.merge_mask)))
+            return s;
     }
     st_plan pl = {0};
     st_tokenizer sizing = h;
@@ -485,7 +489,7 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
     if (t->kind == ST_TOK_BPE)
         t->add_space_prefix = 0; /* only the SentencePiece path prepends a space */
     mark_eog(t, eot, eom);
-    if (t->kind == ST_TOK_BPE && (s = st_tok_load_merges(t, g, mk, name)))
+    if (mk >= 0 && (s = st_tok_load_merges(t, g, mk, name)))
         goto fail;
     build_byte_table(t);
     build_user_list(t);

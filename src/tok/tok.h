@@ -30,6 +30,7 @@ typedef enum st_pre_kind {
         1, /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|... */
     ST_PRE_QWEN2 = 2,    /* the Llama 3 pattern with \p{N} instead of \p{N}{1,3} */
     ST_PRE_DEEPSEEK = 3, /* six Split patterns applied in sequence (tok_pre.c) */
+    ST_PRE_SMOLLM = 4,   /* each \p{N} isolated (Hugging Face's Digits), then the GPT-2 pattern */
 } st_pre_kind;
 
 /* A merge: (left, right) -> result, applied in rank order. One slot of an open-addressing
@@ -55,7 +56,8 @@ struct st_tokenizer {
     size_t max_dec;  /* longest decoded token, bytes */
     int32_t *map;    /* (map_mask + 1) piece -> id table, -1 empty */
     uint64_t map_mask;
-    st_tok_merge *merges; /* (merge_mask + 1) gpt2 only */
+    st_tok_merge *merges; /* (merge_mask + 1) gpt2, and llama when the file has merges (a
+                           * Hugging Face BPE: SPM merges by rank, see tok_spm.c); else NULL */
     uint64_t merge_mask;
     int32_t byte_tok[256]; /* SPM: byte-fallback id of each byte; BPE: id of its alphabet char */
     int32_t *user;         /* (n_user) user-defined token ids, longest piece first */
@@ -93,6 +95,8 @@ st_status st_tok_bpe(const st_tokenizer *t, const char *text, size_t len, st_tok
 /* Checks tokenizer.ggml.merges (kv index) and gives the mask of the merge table that holds it
  * (a power of two at least twice the count, minus one). */
 st_status st_tok_merges_mask(const st_gguf *g, int64_t kv, const char *name, uint64_t *mask);
+/* The merge of pieces (l, r), or NULL (t->merges must exist). */
+const st_tok_merge *st_tok_merge_find(const st_tokenizer *t, int32_t l, int32_t r);
 /* Fills the merge table (t->merges, merge_mask + 1 slots, already allocated) from
  * tokenizer.ggml.merges once the piece map exists. */
 st_status st_tok_load_merges(st_tokenizer *t, const st_gguf *g, int64_t kv, const char *name);

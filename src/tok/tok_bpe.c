@@ -50,7 +50,7 @@ static uint64_t pair_hash(int32_t l, int32_t r) {
     return mix64(((uint64_t)(uint32_t)l << 32) | (uint32_t)r);
 }
 
-static const st_tok_merge *merge_find(const st_tokenizer *t, int32_t l, int32_t r) {
+const st_tok_merge *st_tok_merge_find(const st_tokenizer *t, int32_t l, int32_t r) {
     for (uint64_t h = pair_hash(l, r) & t->merge_mask;; h = (h + 1) & t->merge_mask) {
         const st_tok_merge *m = &t->merges[h];
         if (m->left < 0)
@@ -142,7 +142,7 @@ static void add_pair(const st_tokenizer *t, bsym *sym, st_tok_pair *heap, int64_
                      int32_t r) {
     if (l < 0 || r < 0 || sym[l].id < 0 || sym[r].id < 0)
         return;
-    const st_tok_merge *m = merge_find(t, sym[l].id, sym[r].id);
+    const st_tok_merge *m = st_tok_merge_find(t, sym[l].id, sym[r].id);
     if (m)
         st_tok_heap_push(heap, nh,
                          (st_tok_pair){(double)m->rank, l, r, sym[l].id, sym[r].id, m->result});

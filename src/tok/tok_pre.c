@@ -236,6 +236,12 @@ static int64_t match_ds_digits(span s, int64_t p, int64_t e) {
     return class_run(s, p, e, ST_UC_NUMBER) - p;
 }
 
+/* \p{N}: one digit (SmolLM's Digits pre-tokenizer with individual_digits). */
+static int64_t match_one_digit(span s, int64_t p, int64_t e) {
+    (void)e;
+    return s.k[p] == ST_UC_NUMBER;
+}
+
 /* One Split pass: each input piece (ends in[0..n_in)) is cut into matches and the gaps
  * between them; writes the new ends to out and returns their count. */
 static int64_t split_pass(span s, matcher m, const int64_t *in, int64_t n_in, int64_t *out) {
@@ -298,6 +304,12 @@ int64_t st_pre_split(st_pre_kind pre, const uint32_t *cps, const uint8_t *cls, i
         for (int64_t i = 0; i < k; i++)
             ends[i] = scratch[i];
         return k;
+    }
+    case ST_PRE_SMOLLM: {
+        int64_t k = split_pass(s, match_one_digit, scratch, 1, ends);
+        for (int64_t i = 0; i < k; i++)
+            scratch[i] = ends[i];
+        return split_pass(s, match_gpt2, scratch, k, ends);
     }
     case ST_PRE_GPT2:
     default:

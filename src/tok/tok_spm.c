@@ -4,9 +4,15 @@
  * the text starts as one symbol per UTF-8 character, and the adjacent pair whose concatenation
  * is a piece with the highest score merges first (ties: leftmost). A symbol that is not a piece
  * at the end is written as the <0xHH> pieces of its bytes.
+ *
+ * A vocabulary with merges (a Hugging Face tokenizer.json BPE with byte fallback, converted by
+ * hf_gguf.c) merges as Hugging Face's BPE model does instead: the adjacent pair of pieces with
+ * the lowest merge rank first (ties: leftmost), and a symbol that is not a piece becomes its
+ * <0xHH> pieces when all exist, else the unknown token, consecutive unknowns fused into one.
  */
 #include "tok/tok.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* A symbol: bytes [start, start + n) of the escaped text; n == 0 once merged away. */
@@ -20,6 +26,16 @@ static void try_pair(const st_tokenizer *t, const char *buf, const ssym *sym, st
     if (l < 0 || r < 0)
         return;
     uint32_t size = sym[l].n + sym[r].n; /* the two are contiguous in buf */
+    if (t->merges) {
+        int32_t a = st_tok_find(t, buf + sym[l].start, sym[l].n),
+                b = st_tok_find(t, buf + sym[r].start, sym[r].n);
+        const st_tok_merge *m = a >= 0 && b >= 0 ? st_tok_merge_find(t, a, b) : NULL;
+        if (m)
+            st_tok_heap_push(heap, nh,
+                             (st_tok_pair){(double)m->rank, l, r, (int32_t)sym[l].n,
+                                           (int32_t)sym[r].n, m->result});
+        return;
+    }
     int32_t id = st_tok_find(t, buf + sym[l].start, size);
     if (id >= 0)
         st_tok_heap_push(
@@ -84,10 +100,31 @@ st_status st_tok_spm(const st_tokenizer *t, const char *text, size_t len, int pr
         try_pair(t, buf, sym, heap, &nh, p.left, l->next);
     }
 
+    int prev_unk = 0;
     for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = sym[i].next) {
         int32_t id = st_tok_find(t, buf + sym[i].start, sym[i].n);
         if (id >= 0) {
             st_tok_emit(o, id);
+            prev_unk = 0;
+            continue;
+        }
+        if (t->merges) {
+            int32_t bt[4];
+            uint32_t j = 0;
+            for (; j < sym[i].n && j < 4; j++) {
+                char hex[8];
+                snprintf(hex, sizeof hex, "<0x%02X>", (uint8_t)buf[sym[i].start + j]);
+                if ((bt[j] = st_tok_find(t, hex, 6)) < 0)
+                    break;
+            }
+            if (j == sym[i].n) {
+                for (j = 0; j < sym[i].n; j++)
+                    st_tok_emit(o, bt[j]);
+                prev_unk = 0;
+            } else if (t->unk >= 0 && !prev_unk) {
+                st_tok_emit(o, t->unk);
+                prev_unk = 1;
+            }
             continue;
         }
         for (uint32_t j = 0; j < sym[i].n; j++) {

@@ -1,0 +1,41 @@
+/*
+ * hf.h: Hugging Face checkpoints as GGUF. A checkpoint directory (config.json, safetensors
+ * shards, tokenizer.json, tokenizer_config.json) is turned into a GGUF writer holding what
+ * llama.cpp's convert_hf_to_gguf.py would write for it: the llama architecture's keys, its
+ * tensor names (token_embd, blk.N.attn_q, ...), q/k rows permuted from Hugging Face's
+ * half-split rotary layout to the adjacent pairs GGUF files hold, and the tokenizer.ggml.* keys.
+ * `spectree convert` writes it to a file; st_model_load of a directory loads it from memory, so
+ * both go through the one GGUF loader. Files: hf_gguf.c (config and tensors), hf_tok.c
+ * (tokenizer.json).
+ */
+#ifndef ST_HF_H
+#define ST_HF_H
+
+#include "core/core.h"
+#include "io/gguf_write.h"
+
+/* The matrices' type for st_hf_to_gguf: as stored (F32, F16 or BF16, each matrix its own). */
+enum { ST_HF_KEEP = -1 };
+
+/* Builds the GGUF of checkpoint `dir` in a new writer (*out, freed with st_gguf_writer_free),
+ * holding copies of every tensor (the safetensors files are closed on return). wtype: the type
+ * of the 2-D weights (ST_HF_KEEP, or ST_DTYPE_F32, F16, BF16, Q8_0, Q4_0; a quantized type
+ * falls back to F16 for a matrix whose rows are not a multiple of 32). Norms stay F32. Errors
+ * name the file and the field or tensor: a config.json field missing or out of range, an
+ * unsupported model_type, hidden_act or rope_scaling, a missing shard or tensor, a tensor
+ * whose shape disagrees with config.json, an unknown dtype, an unexpected tensor, a
+ * tokenizer.json of another kind. */
+st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out);
+
+/* Adds the tokenizer.ggml.* keys (and tokenizer.chat_template) of dir/tokenizer.json and
+ * dir/tokenizer_config.json to w (hf_tok.c). config_bos / config_eos: config.json's ids (-1
+ * when absent), used when tokenizer_config.json names no bos or eos token. */
+st_status st_hf_tokenizer_to_gguf(const char *dir, st_gguf_writer *w, int64_t config_bos,
+                                  int64_t config_eos);
+
+/* The same for a tokenizer.json held in memory (len bytes; `name` stands for the path in
+ * errors), without tokenizer_config.json: for the fuzz target. */
+st_status st_hf_tokenizer_to_gguf_memory(const char *json, size_t len, const char *name,
+                                         st_gguf_writer *w);
+
+#endif /* ST_HF_H */
