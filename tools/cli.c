@@ -935,6 +935,7 @@ static const char *main_help =
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
     "  convert    write a Hugging Face checkpoint as a GGUF file\n"
+    "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
     "\n"
     "'spectree COMMAND --help' describes each command.\n";
 
@@ -956,6 +957,8 @@ int main(int argc, char **argv) {
         return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert"))
         return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return cli_cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "spectree: unknown command '%s' (see 'spectree --help')\n", cmd);
     return 2;
 }
