@@ -82,8 +82,8 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    const char *files[] = {"r.gguf", "r2.gguf",  "r3.gguf", "z.gguf",
-                           "q.gguf", "src.gguf", "run.out", "run.err"};
+    const char *files[] = {"r.gguf", "r2.gguf",  "r3.gguf", "z.gguf", "q.gguf",
+                           "k.gguf", "src.gguf", "run.out", "run.err"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
         remove(tmp(files[i]));
     return rmdir(dir);
