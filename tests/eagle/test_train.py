@@ -130,7 +130,7 @@ def main():
         # reads the cache writes the same bytes as the run that generated (and wrote) it
         base = [x for x in common if x not in ("--out", "head")]
         ext = base + ["--unroll", "3", "--unroll-decay", "0.8", "--intermediate-size", "96",
-                      "--gen-prompts", "6", "--steps", "10"]
+                      "--gen-prompts", "6", "--steps", "6"]
         for name, out in (("a", "tt1"), ("a", "tt2")):
             r = run([TRAIN] + ext + ["--out", out, "--data-cache", "data.pt"],
                     os.path.join(tmp, name))
@@ -147,7 +147,7 @@ def main():
             check(h2["layers.0.mlp.gate_proj.weight"]["shape"] == [96, H] and
                   h2["layers.0.mlp.down_proj.weight"]["shape"] == [H, 96],
                   "--intermediate-size 96 widens gate/up/down")
-        r = run([TRAIN] + base + ["--out", "ft", "--init", dirs[0], "--unroll", "2", "--steps", "5"],
+        r = run([TRAIN] + base + ["--out", "ft", "--init", dirs[0], "--unroll", "2", "--steps", "3"],
                 os.path.join(tmp, "b"))
         ft = {}
         if r.returncode == 0:

@@ -32,7 +32,7 @@ def main():
             prompts = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
     except (OSError, UnicodeDecodeError) as e:
         sys.exit("engine_tau.py: error: %s: %s" % (args.prompts, e))
-    taus = []
+    taus, hist = [], []
     for p in prompts:
         cmd = [args.spectree, "generate", "-m", args.target, "-p", p, "--temp", "0", "-n",
                str(args.n), "-t", "1", "--speculative-algorithm", "EAGLE",
@@ -44,8 +44,13 @@ def main():
                      (" ".join(cmd), r.stderr.strip().splitlines()[-1:]))
         stats = json.loads(r.stderr.strip().splitlines()[-1])
         taus.append(stats["tau"])
+        h = stats.get("accept_hist", [])
+        hist = [x + y for x, y in zip(hist + [0] * (len(h) - len(hist)), h + [0] * len(hist))]
         if args.v:
             print("%.4f  %s" % (stats["tau"], p))
+    cycles = sum(hist)
+    print("accepted drafts per step, all prompts: %s (%d steps; pooled tau %.4f)" %
+          (hist, cycles, sum((a + 1) * c for a, c in enumerate(hist)) / max(cycles, 1)))
     print("mean tau %.4f over %d prompts (min %.4f, max %.4f)" %
           (sum(taus) / len(taus), len(taus), min(taus), max(taus)))
 
