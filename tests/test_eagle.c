@@ -340,8 +340,9 @@ static void test_engine_checks(void **state) {
 
 /* The committed stories260K head (models/eagle-stories260K, trained by tools/eagle/train.py): on
  * held-out prompts the trainer never saw, chain drafting at K=1 S=4 accepts most drafts (the
- * mean tau of the 25 held-out prompts measured 2.82 through this engine; the bound here is
- * below that), and the text is exactly plain decoding's. */
+ * mean tau of the 25 held-out prompts measured 3.02 through this engine, and 2.97 on these three;
+ * the bound here is below that, so that kernel rounding cannot fail it), and the text is exactly
+ * plain decoding's. */
 typedef struct toks {
     int32_t t[256];
     int n;
@@ -386,7 +387,7 @@ static void test_trained_head(void **state) {
         assert_true(gs.spec_steps > 10);
         tau_sum += gs.tau;
     }
-    assert_true(tau_sum / 3 > 2.3);
+    assert_true(tau_sum / 3 > 2.6);
     st_model_free(head);
 }
 

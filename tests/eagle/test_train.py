@@ -126,6 +126,36 @@ def main():
                     open(os.path.join(dirs[1], fn), "rb") as f2:
                 check(f1.read() == f2.read(), "same seed, byte-identical %s" % fn)
 
+        # training-time test and a wider MLP, with --gen-prompts and --data-cache: the run that
+        # reads the cache writes the same bytes as the run that generated (and wrote) it
+        base = [x for x in common if x not in ("--out", "head")]
+        ext = base + ["--unroll", "3", "--unroll-decay", "0.8", "--intermediate-size", "96",
+                      "--gen-prompts", "6", "--steps", "6"]
+        for name, out in (("a", "tt1"), ("a", "tt2")):
+            r = run([TRAIN] + ext + ["--out", out, "--data-cache", "data.pt"],
+                    os.path.join(tmp, name))
+            check(r.returncode == 0 and "loss" in r.stderr,
+                  "train.py --unroll 3 --intermediate-size 96 --data-cache (%s) exits 0: %s" %
+                  (out, r.stderr.strip().splitlines()[-1:]))
+        check("30 prompts" in r.stderr and "from data.pt" in r.stderr,
+              "the second run read the cached data of 24 + 6 prompts")
+        tt = [os.path.join(tmp, "a", o, "model.safetensors") for o in ("tt1", "tt2")]
+        if all(os.path.exists(p) for p in tt):
+            with open(tt[0], "rb") as f1, open(tt[1], "rb") as f2:
+                check(f1.read() == f2.read(), "the cached data gives byte-identical heads")
+            h2, _, _ = parse_safetensors(tt[0])
+            check(h2["layers.0.mlp.gate_proj.weight"]["shape"] == [96, H] and
+                  h2["layers.0.mlp.down_proj.weight"]["shape"] == [H, 96],
+                  "--intermediate-size 96 widens gate/up/down")
+        r = run([TRAIN] + base + ["--out", "ft", "--init", dirs[0], "--unroll", "2", "--steps", "3"],
+                os.path.join(tmp, "b"))
+        ft = {}
+        if r.returncode == 0:
+            with open(os.path.join(tmp, "b", "ft", "config.json"), encoding="utf-8") as f:
+                ft = json.load(f).get("spectree", {}).get("init") or {}
+        check(ft.get("model_sha256") == el.sha256_file(st),
+              "--init fine-tunes the given head and records its sha256 (%s)" % ft)
+
         r = run([EVAL, "--target", target, "--head", dirs[0], "--gen-tokens", "24"], tmp)
         tau = float(r.stdout.split()[1]) if r.returncode == 0 and r.stdout.startswith("tau") else -1
         check(1.0 <= tau <= 5.0, "eval.py loads the head: tau %.3f in [1, 5]" % tau)

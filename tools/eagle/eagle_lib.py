@@ -279,12 +279,19 @@ def apply_rope(x, cos, sin):
 def attention(q, k, v, q_pos, k_pos):
     """q (B, nh, Tq, hd), k/v (B, nkv, Tk, hd); causal by position: query i sees keys with
     k_pos <= q_pos[i]; query head h reads kv head h // (nh / nkv). Returns (B, Tq, nh*hd)."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    bias = torch.zeros(Tq, Tk).masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    return attention_bias(q, k, v, bias)
+
+
+def attention_bias(q, k, v, bias):
+    """attention() with an explicit additive mask bias (Tq, Tk): 0 where query i sees key j,
+    -inf elsewhere (every row needs one 0)."""
     B, nh, Tq, hd = q.shape
     nkv, Tk = k.shape[1], k.shape[2]
     g = nh // nkv
     # the g query heads of one kv head as one (g*Tq)-row block: no copies of k and v
     qg = (q * (1.0 / math.sqrt(hd))).reshape(B * nkv, g * Tq, hd)
-    bias = torch.zeros(Tq, Tk).masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
     s = torch.baddbmm(bias.repeat(g, 1), qg, k.reshape(B * nkv, Tk, hd).transpose(1, 2))
     o = torch.bmm(torch.softmax(s, dim=-1), v.reshape(B * nkv, Tk, hd))  # (B*nkv, g*Tq, hd)
     return o.view(B, nh, Tq, hd).transpose(1, 2).reshape(B, Tq, nh * hd)
@@ -435,6 +442,33 @@ def head_shapes(cfg):
     }
 
 
+def _shift(x, n):
+    """x (B, heads, T, hd) moved n positions later along T (zeros in front)."""
+    if n == 0:
+        return x
+    return torch.cat([x.new_zeros(x.shape[0], x.shape[1], n, x.shape[3]), x[:, :, :-n]], dim=2)
+
+
+def _unrolled_attention(q, ks, vs):
+    """Attention of unrolled step j = len(ks) - 1 (Head.unrolled): query t sees ks[0] at positions
+    <= t - j and ks[i] at position t - j + i alone (i = 1..j). That key is one per query, so its
+    score is a row-wise dot product: O(T^2 + j T) rather than a (T, (j+1) T) masked matrix."""
+    B, nh, T, hd = q.shape
+    j, g, scale = len(ks) - 1, nh // ks[0].shape[1], 1.0 / math.sqrt(hd)
+    pos = torch.arange(T)
+    bias = torch.zeros(T, T).masked_fill(pos[None, :] > pos[:, None] - j, float("-inf"))
+    s = [torch.matmul(q, ks[0].repeat_interleave(g, 1).transpose(-1, -2)) * scale + bias]
+    v_diag = []
+    for i in range(1, j + 1):
+        s.append((q * _shift(ks[i], j - i).repeat_interleave(g, 1)).sum(-1, keepdim=True) * scale)
+        v_diag.append(_shift(vs[i], j - i).repeat_interleave(g, 1))
+    p = torch.softmax(torch.cat(s, dim=-1), dim=-1)
+    o = torch.matmul(p[..., :T], vs[0].repeat_interleave(g, 1))
+    for i, v in enumerate(v_diag):
+        o = o + p[..., T + i:T + i + 1] * v
+    return o.transpose(1, 2).reshape(B, T, nh * hd)
+
+
 class Head(torch.nn.Module):
     def __init__(self, cfg, embed):
         super().__init__()
@@ -474,6 +508,36 @@ class Head(torch.nn.Module):
         hn = rms_norm(h, self.post_norm, self.eps)
         h = h + self.down_proj(torch.nn.functional.silu(self.gate_proj(hn)) * self.up_proj(hn))
         return h, (k, v, k_pos)
+
+    def unrolled(self, feat, tok, depth):
+        """Training-time test (HASS; EAGLE-3's TTT): the head run as it drafts, `depth` steps deep,
+        for every position at once. feat (B, T, H): the target's features f_t; tok (B, T): x_{t+1}.
+        Step 0 is forward(): element t reads (f_t, x_{t+1}). Step j >= 1 is the j-th draft step
+        of a cycle that started at t - j: element t reads the head's own step j-1 output at t-1
+        (in place of f_t) with x_{t+1}, and attends as the drafting head's cache holds it: step 0's
+        keys at positions <= t - j (the committed prefix, the target's features) and step i's key
+        at position t - j + i for i = 1..j (the cycle's earlier drafts). Element t of step j is
+        meaningful for t >= j. Returns the list of the depth steps' outputs, each (B, T, H); every
+        one predicts f_{t+1}."""
+        B, T, H = feat.shape
+        pos = torch.arange(T)
+        cos, sin = rope_tables(pos, self.hd, self.theta)
+        ks, vs, outs, f = [], [], [], feat
+        for j in range(depth):
+            if j > 0:
+                f = torch.cat([torch.zeros(B, 1, H), outs[-1][:, :-1]], dim=1)
+            h = self.fc(torch.cat([self.embed[tok], f], dim=-1))
+            q = self.q_proj(h).view(B, T, self.nh, self.hd).transpose(1, 2)
+            k = self.k_proj(h).view(B, T, self.nkv, self.hd).transpose(1, 2)
+            v = self.v_proj(h).view(B, T, self.nkv, self.hd).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            ks.append(k)
+            vs.append(v)
+            h = h + self.o_proj(_unrolled_attention(q, ks, vs))
+            hn = rms_norm(h, self.post_norm, self.eps)
+            h = h + self.down_proj(torch.nn.functional.silu(self.gate_proj(hn)) * self.up_proj(hn))
+            outs.append(h)
+        return outs
 
     def state(self):
         """The weights under their published names (FORMATS.md d.1)."""

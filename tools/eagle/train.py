@@ -59,6 +59,12 @@ def parse_args(argv):
                     help="training prompts, one per line")
     ap.add_argument("--gen-tokens", type=positive(int), default=160,
                     help="tokens the target writes after the longest prompt")
+    ap.add_argument("--gen-prompts", type=int, default=0,
+                    help="also this many prompts the target writes itself: openings of "
+                    "--gen-prompt-len tokens at most (4 at least) sampled at temperature 1 from "
+                    "the start of text, then continued like the listed prompts")
+    ap.add_argument("--gen-prompt-len", type=positive(int), default=16,
+                    help="the longest --gen-prompts opening, in tokens")
     ap.add_argument("--samples", type=positive(int), default=4,
                     help="continuations per prompt: the first greedy, the others sampled at --temp")
     ap.add_argument("--temp", type=non_negative_float, default=0.8,
@@ -72,6 +78,20 @@ def parse_args(argv):
                     help="uniform noise of this width added to the input features (EAGLE: 0.2)")
     ap.add_argument("--w-cls", type=non_negative_float, default=0.1,
                     help="weight of the classification (soft cross-entropy) loss")
+    ap.add_argument("--unroll", type=positive(int), default=1,
+                    help="training-time test (HASS): train the head on its own outputs this many "
+                    "draft steps deep (1: on the target's features only, as EAGLE-1)")
+    ap.add_argument("--unroll-decay", type=non_negative_float, default=1.0,
+                    help="loss weight of unrolled step j is this to the power j")
+    ap.add_argument("--intermediate-size", type=positive(int), default=None,
+                    help="the head's MLP width (default: the target's feed_forward_length)")
+    ap.add_argument("--init", default=None,
+                    help="start from this head (a directory in the published layout, for the same "
+                    "target) instead of random weights: fine-tuning, e.g. with --unroll")
+    ap.add_argument("--data-cache", default=None,
+                    help="a file to keep the generated training data in: read if it exists "
+                    "(made by the same --target, --prompts, --gen-tokens, --samples, --temp and "
+                    "--seed), else written")
     ap.add_argument("--seed", type=int, default=0, help="seed of data sampling and training")
     ap.add_argument("--steps", type=positive(int), default=None,
                     help="stop after this many optimizer steps (the schedule ends there)")
@@ -89,6 +109,19 @@ def parse_args(argv):
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
+
+
+def sampled_prompts(target, args, gen):
+    """--gen-prompts openings written by the target: sampled at temperature 1 from BOS, each cut
+    at a random length in [4, --gen-prompt-len] tokens (or at its end of text)."""
+    n, top = args.gen_prompts, max(4, args.gen_prompt_len)
+    toks, _ = target.generate([[target.tok.bos]] * n, top, 1.0, gen)
+    lens = torch.randint(4, top + 1, (n,), generator=gen)
+    out = []
+    for b in range(n):
+        t = toks[b, :int(lens[b])].tolist()
+        out.append(t[:max(2, el.end_of_text(t, 1, target.tok))])
+    return out
 
 
 def build_data(target, prompts, args, gen):
@@ -131,27 +164,61 @@ def train(args):
     if args.eval:
         _, heldout = el.read_prompts(args.heldout, target.tok)
     cfg = el.head_config(target)
+    init = None
+    if args.init:
+        init, icfg = el.load_head(args.init, target)
+        for k in ("num_attention_heads", "num_key_value_heads"):
+            if icfg[k] != cfg[k]:
+                raise el.InputError("%s: %s %d differs from the target's %d" %
+                                    (args.init, k, icfg[k], cfg[k]))
+        if args.intermediate_size not in (None, icfg["intermediate_size"]):
+            raise el.InputError("--intermediate-size %d differs from the --init head's %d" %
+                                (args.intermediate_size, icfg["intermediate_size"]))
+        cfg["intermediate_size"] = icfg["intermediate_size"]
+    elif args.intermediate_size is not None:
+        cfg["intermediate_size"] = args.intermediate_size
     log("target %s: dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, rope theta %g, lm_head %s" %
         (args.target, target.dim, target.n_layer, target.n_head, target.n_kv, target.n_ff,
          target.vocab, target.theta, "tied to token_embd" if target.tied else "output.weight"))
 
-    feats, toks, valid = build_data(target, prompts, args, gen)
+    key = [el.sha256_file(args.target), prompts, args.gen_tokens, args.samples, args.temp,
+           args.seed, args.gen_prompts, args.gen_prompt_len]
+    cached = None
+    if args.data_cache and os.path.exists(args.data_cache):
+        cached = torch.load(args.data_cache)
+        if cached.get("key") != key:
+            raise el.InputError("%s: the cached data was made with other data options; remove it "
+                                "or name another file" % args.data_cache)
+        feats, toks, valid = cached["feats"], cached["toks"], cached["valid"]
+        gen.set_state(cached["gen_state"])
+    else:
+        if args.gen_prompts > 0:
+            prompts = prompts + sampled_prompts(target, args, gen)
+        feats, toks, valid = build_data(target, prompts, args, gen)
+        if args.data_cache:
+            torch.save({"key": key, "feats": feats, "toks": toks, "valid": valid,
+                        "gen_state": gen.get_state()}, args.data_cache)
     # element t: input (f_t, x_{t+1}) at position t; target f_{t+1} and softmax(lm_head(f_{t+1}))
     x_in, f_in, f_next = toks[:, 1:], feats[:, :-1], feats[:, 1:]
     mask = valid[:, 1:].float()
     N, T = x_in.shape
     n_tok = int(mask.sum())
     log("data: %d prompts x %d samples = %d sequences of %d positions, %d training pairs "
-        "(%.1f s)" % (len(prompts), args.samples, N, T + 1, n_tok, time.time() - t0))
+        "(%.1f s%s)" % (N // args.samples, args.samples, N, T + 1, n_tok, time.time() - t0,
+                        ", from %s" % args.data_cache if cached else ""))
+    # step j of the unrolled head is meaningful at elements t >= j
+    step_mask = [(torch.arange(T) >= j).float()[None, :, None] for j in range(args.unroll)]
+    step_w = [args.unroll_decay ** j for j in range(args.unroll)]
 
     head = el.Head(cfg, target.emb)
+    if init is not None:
+        head.load({k: v.detach().numpy() for k, v in init.state().items()})
     lm = target.out  # (V, H), frozen
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
     steps_per_epoch = (N + args.batch - 1) // args.batch
     total = args.epochs * steps_per_epoch
     if args.steps is not None:
         total = min(total, args.steps)
-    pos = torch.arange(T)
     step, t1, first_loss, last_loss = 0, time.time(), None, None
     acc_sum = loss_sum = cnt = 0.0
     while step < total:
@@ -166,33 +233,39 @@ def train(args):
                 fi = fi + (torch.rand(fi.shape, generator=gen) - 0.5) * args.noise
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total, args)
-            pred, _ = head(fi, x_in[idx], pos)
+            preds = head.unrolled(fi, x_in[idx], args.unroll)
             with torch.no_grad():
                 tgt_logits = f_next[idx] @ lm.T
                 tgt_p = torch.softmax(tgt_logits, -1)
-            out_logits = pred @ lm.T
-            denom = m.sum() + 1e-5
-            ploss = -(m * tgt_p * torch.log_softmax(out_logits, -1)).sum() / denom
-            vloss = (m * torch.nn.functional.smooth_l1_loss(pred, f_next[idx], reduction="none")
-                     .mean(-1, keepdim=True)).sum() / denom
-            loss = vloss + args.w_cls * ploss
+            loss = 0.0
+            for j, pred in enumerate(preds):
+                mj = m * step_mask[j]
+                out_logits = pred @ lm.T
+                denom = mj.sum() + 1e-5
+                ploss = -(mj * tgt_p * torch.log_softmax(out_logits, -1)).sum() / denom
+                vloss = (mj * torch.nn.functional.smooth_l1_loss(pred, f_next[idx],
+                                                                 reduction="none")
+                         .mean(-1, keepdim=True)).sum() / denom
+                loss = loss + step_w[j] * (vloss + args.w_cls * ploss)
+                if j == 0:
+                    m0, logits0, vloss0, ploss0 = mj, out_logits, vloss, ploss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
             opt.step()
             step += 1
             with torch.no_grad():
-                hit = (out_logits.argmax(-1) == tgt_logits.argmax(-1)).float()
-                acc_sum += float((hit * m[:, :, 0]).sum())
-                cnt += float(m.sum())
+                hit = (logits0.argmax(-1) == tgt_logits.argmax(-1)).float()
+                acc_sum += float((hit * m0[:, :, 0]).sum())
+                cnt += float(m0.sum())
                 loss_sum += float(loss)
             if first_loss is None:
                 first_loss = float(loss)
             if step % args.log_every == 0 or step == total:
                 last_loss = loss_sum / ((step - 1) % args.log_every + 1)
-                log("step %d/%d epoch %d loss %.5f (vloss %.5f ploss %.4f) acc %.4f lr %.2e "
-                    "%.1f s" % (step, total, (step - 1) // steps_per_epoch + 1, last_loss,
-                                float(vloss), float(ploss), acc_sum / max(cnt, 1),
+                log("step %d/%d epoch %d loss %.5f (step 0: vloss %.5f ploss %.4f) acc %.4f "
+                    "lr %.2e %.1f s" % (step, total, (step - 1) // steps_per_epoch + 1, last_loss,
+                                float(vloss0), float(ploss0), acc_sum / max(cnt, 1),
                                 lr_at(step - 1, total, args), time.time() - t1))
                 acc_sum = loss_sum = cnt = 0.0
     train_s = time.time() - t1
@@ -210,6 +283,9 @@ def train(args):
         "command": "python3 tools/eagle/train.py " + shlex.join(sys.argv[1:]),
         "seed": args.seed,
         "threads": args.threads,
+        "init": None if init is None else {
+            "dir": args.init,
+            "model_sha256": el.sha256_file(os.path.join(args.init, "model.safetensors"))},
         "torch": torch.__version__,
         "rope_layout": "q_proj/k_proj rows in Hugging Face half-split order",
         "training_pairs": n_tok,
@@ -233,8 +309,8 @@ def train(args):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.warmup < 0:
-        el.die("--warmup must be >= 0")
+    if args.warmup < 0 or args.gen_prompts < 0:
+        el.die("--warmup and --gen-prompts must be >= 0")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         el.die("--out %s exists and is not a directory" % args.out)
     try:
