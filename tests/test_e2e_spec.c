@@ -217,7 +217,8 @@ static void test_auto_and_stop(void **state) {
     st_spec_algo a;
     assert_int_equal(st_spec_algo_parse("ngram", &a), ST_OK);
     assert_int_equal(a, ST_SPEC_NGRAM);
-    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_ERR_UNSUPPORTED);
+    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_OK);
+    assert_int_equal(a, ST_SPEC_EAGLE3);
     assert_int_equal(st_spec_algo_parse("bogus", &a), ST_ERR_INVALID);
 }
 
