@@ -834,18 +834,18 @@ st_status st_eagle3_head_load(const char *dir, const st_model *target, st_model 
 
 /* What an EAGLE head is, for tools (`spectree info`). */
 typedef struct st_eagle_info {
-    int version;           /* 0: not an EAGLE head; 1: EAGLE-1/2; 3: EAGLE-3 */
-    int32_t n_embd;        /* the head's width */
-    int32_t n_ff;          /* its MLP's */
-    int32_t n_vocab;       /* the target's vocabulary (the head's inputs) */
-    int32_t n_draft_vocab; /* the vocabulary it drafts over (EAGLE-1/2: n_vocab) */
-    int32_t target_n_embd; /* the target's width */
-    int32_t target_layers; /* the target's layer count */
-    int32_t n_layers_read; /* EAGLE-3: 3; EAGLE-1/2: 1 (the final-normed state) */
+    int version;            /* 0: not an EAGLE head; 1: EAGLE-1/2; 3: EAGLE-3 */
+    int32_t n_embd;         /* the head's width */
+    int32_t n_ff;           /* its MLP's */
+    int32_t n_vocab;        /* the target's vocabulary (the head's inputs) */
+    int32_t n_draft_vocab;  /* the vocabulary it drafts over (EAGLE-1/2: n_vocab) */
+    int32_t target_n_embd;  /* the target's width */
+    int32_t target_layers;  /* the target's layer count */
+    int32_t n_layers_read;  /* EAGLE-3: 3; EAGLE-1/2: 1 (the final-normed state) */
     int32_t layers_read[3]; /* EAGLE-3: the residual stream entering these target layers
                              * (target_layers: the last layer's output); EAGLE-1/2: the
                              * final-normed output, written as target_layers */
-    int own_embedding;     /* 1: its own embed_tokens; 0: the target's */
+    int own_embedding;      /* 1: its own embed_tokens; 0: the target's */
 } st_eagle_info;
 
 /* Fills *out for a model: version 0 for a plain model. */

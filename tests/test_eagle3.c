@@ -360,7 +360,8 @@ static void test_errors(void **state) {
     h = base_head();
     h.layer_ids[2] = 5; /* the target has layers 0..4: an output id of 5 does not exist */
     assert_int_equal(tu_write_eagle3_head(dir = head_dir("layers"), &h), 0);
-    expect_error(dir, ST_ERR_FORMAT, "layers/config.json", "eagle_aux_hidden_state_layer_ids[2] = 5");
+    expect_error(dir, ST_ERR_FORMAT, "layers/config.json",
+                 "eagle_aux_hidden_state_layer_ids[2] = 5");
     h = base_head();
     h.n_draft = 600;
     assert_int_equal(tu_write_eagle3_head(dir = head_dir("dvocab"), &h), 0);

@@ -194,7 +194,7 @@ int tu_write_eagle3_head(const char *dir, const tu_head3 *h) {
             rows += 1;
         const int64_t ne = rows * cols;
         const int i32 = h->bad_dtype && !strcmp(h->bad_dtype, spec[i].name);
-        const st_sf_dtype dt = i32                        ? ST_SF_I32
+        const st_sf_dtype dt = i32                      ? ST_SF_I32
                                : spec[i].raw == RAW_D2T ? ST_SF_I64
                                : spec[i].raw == RAW_T2D ? ST_SF_BOOL
                                                         : (st_sf_dtype)h->dtype;

@@ -36,9 +36,9 @@ enum {
 
 /* What config.json says beyond the Llama hyper-parameters. */
 typedef struct e3_config {
-    int32_t n_draft;   /* draft_vocab_size (default vocab_size) */
-    int32_t target_e;  /* target_hidden_size (default hidden_size) */
-    bool tie;          /* tie_word_embeddings: lm_head is the embedding */
+    int32_t n_draft;  /* draft_vocab_size (default vocab_size) */
+    int32_t target_e; /* target_hidden_size (default hidden_size) */
+    bool tie;         /* tie_word_embeddings: lm_head is the embedding */
     int32_t cap[ST_CAP_MAX];
 } e3_config;
 
@@ -54,8 +54,7 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
     int32_t n_layer = 0, n_vocab = 0;
     if ((st = st_head_cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
         (st = st_head_cfg_int(c, path, "vocab_size", 0, 0, 1, big, &n_vocab)) ||
-        (st = st_head_cfg_int(c, path, "draft_vocab_size", 1, n_vocab, 1, n_vocab,
-                              &ec->n_draft)) ||
+        (st = st_head_cfg_int(c, path, "draft_vocab_size", 1, n_vocab, 1, n_vocab, &ec->n_draft)) ||
         (st = st_head_cfg_int(c, path, "target_hidden_size", 1, hp->n_embd, 1, big,
                               &ec->target_e)) ||
         (st = st_head_cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &n_layer)) ||
@@ -128,8 +127,8 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
         for (int i = 0; i < ST_CAP_MAX; i++) {
             if (ids[i] < -1 || ids[i] >= TL) {
                 st = st_fail(ST_ERR_FORMAT,
-                             "%s: %s[%d] = %lld is outside the target's layers [-1, %d)", path,
-                             key, i, (long long)ids[i], TL);
+                             "%s: %s[%d] = %lld is outside the target's layers [-1, %d)", path, key,
+                             i, (long long)ids[i], TL);
                 goto done;
             }
             ec->cap[i] = (int32_t)ids[i] + 1;
@@ -200,9 +199,8 @@ static st_status e3_maps(const st_head_tensor *d2t, const st_head_tensor *t2d, i
             if (b[t] > 1)
                 st = st_fail(ST_ERR_FORMAT, "%s: t2d[%d] = %u is not a boolean", f, t, b[t]);
             else if (b[t] != seen[t])
-                st = st_fail(ST_ERR_FORMAT,
-                             "%s: t2d[%d] is %s but d2t %s (the maps disagree)", f, t,
-                             b[t] ? "true" : "false",
+                st = st_fail(ST_ERR_FORMAT, "%s: t2d[%d] is %s but d2t %s (the maps disagree)", f,
+                             t, b[t] ? "true" : "false",
                              seen[t] ? "maps a draft id to it" : "maps no draft id to it");
     }
     st_free(seen);

@@ -41,7 +41,7 @@ static void shape_str(const st_sf_tensor *t, char *buf, size_t cap) {
 }
 
 st_status st_head_cfg_int(const st_hf_config *c, const char *path, const char *key, int optional,
-                         int64_t def, int64_t lo, int64_t hi, int32_t *out) {
+                          int64_t def, int64_t lo, int64_t hi, int32_t *out) {
     int64_t v = def;
     if (!optional || st_hf_config_has(c, key)) {
         st_status st = st_hf_config_get_int(c, key, &v);
@@ -72,8 +72,9 @@ static st_status read_config(const char *dir, const st_model *target, st_model_h
         (st = st_head_cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &n_layer)) ||
         (st = st_head_cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
         (st = st_head_cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
-                      &hp->n_head_kv)) ||
-        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536, &hp->head_dim)) ||
+                              &hp->n_head_kv)) ||
+        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536,
+                              &hp->head_dim)) ||
         (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
         goto done;
     if (hp->n_embd != target->hp.n_embd) {

@@ -67,9 +67,9 @@ struct st_model {
      * hidden_norm the incoming state, its q/k/v read both (2 * n_embd); out_norm and output
      * are its own (output: its lm_head over the draft vocabulary, output.n_out rows) */
     int eagle3;
-    float *hidden_norm;           /* (n_embd) in owned */
-    int32_t *d2t;                 /* (output.n_out) target id of each draft id, in owned */
-    int32_t n_cap;                /* target layers read */
+    float *hidden_norm;            /* (n_embd) in owned */
+    int32_t *d2t;                  /* (output.n_out) target id of each draft id, in owned */
+    int32_t n_cap;                 /* target layers read */
     int32_t cap_layer[ST_CAP_MAX]; /* residual stream entering each (n_layer: after the last) */
 };
 
@@ -130,16 +130,16 @@ struct st_session {
                          * rows (EAGLE-3: its layer's normed [embedding; state]) */
     int32_t n_cap;      /* st_session_set_capture: layers captured (0: none) */
     int32_t cap_layer[ST_CAP_MAX];
-    float *cap;         /* (n_batch, n_cap*n_embd) the residual stream entering each, owned */
-    float *q;           /* (n_batch, n_head*head_dim) */
-    float *kt;          /* (n_batch, n_head_kv*head_dim) */
-    float *vt;          /* (n_batch, n_head_kv*head_dim) */
-    float *att;         /* (n_batch, n_head*head_dim) attention output */
-    float *hb;          /* (n_batch, n_ff) */
-    float *hb2;         /* (n_batch, n_ff) */
-    float *tmp;         /* (n_batch, n_embd) matmul output before the residual add */
-    st_block_q8x *xq;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
-    st_block_q8k *xk;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/256) */
+    float *cap;       /* (n_batch, n_cap*n_embd) the residual stream entering each, owned */
+    float *q;         /* (n_batch, n_head*head_dim) */
+    float *kt;        /* (n_batch, n_head_kv*head_dim) */
+    float *vt;        /* (n_batch, n_head_kv*head_dim) */
+    float *att;       /* (n_batch, n_head*head_dim) attention output */
+    float *hb;        /* (n_batch, n_ff) */
+    float *hb2;       /* (n_batch, n_ff) */
+    float *tmp;       /* (n_batch, n_embd) matmul output before the residual add */
+    st_block_q8x *xq; /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
+    st_block_q8k *xk; /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/256) */
     float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
