@@ -24,36 +24,38 @@
 
 typedef struct mdraft {
     st_drafter base;
-    st_session *s;      /* the draft model's session (sequence 0) */
-    int eagle;          /* an EAGLE head (see the top of the file) */
-    int eagle3;         /* an EAGLE-3 head */
-    const int32_t *d2t; /* EAGLE-3: (n_vocab) target id of each draft id */
-    int64_t feat_w;     /* EAGLE: width of a target state (EAGLE-3: n_cap * target n_embd) */
+    st_session *s; /* the draft model's session (sequence 0) */
+    int eagle;     /* an EAGLE head (see the top of the file) */
     int64_t max_k, max_s;
-    int32_t valid;   /* rows [0, valid) of the draft KV hold committed tokens */
-    int32_t n_vocab; /* of the drafted logits (EAGLE-3: the draft vocabulary) */
-    int32_t nb;      /* tokens of one forward pass: the session's n_batch */
-    int32_t n_ctx;   /* positions */
-    int64_t n_embd;  /* EAGLE: width of a state */
-    int32_t n_feat;  /* EAGLE: the target's states of positions [0, n_feat) are in feat */
-    float *feat;     /* EAGLE: (n_ctx + 1, feat_w) the target's state at each position (one row
-                      * per position for now; only [valid, L) is read by a step) */
-    float *fin;      /* EAGLE: (max_k, n_embd) a level's input features: the parents' outputs */
-    float *hout;     /* EAGLE: (max_k, n_embd) a level's outputs */
-    float *logits;   /* (max_k, n_vocab) */
-    float *probs;    /* (n_vocab) */
-    int32_t *anc;    /* (max_k, max_s) ancestor rows of each expanded node of the level */
-    int32_t *nanc;   /* (max_k) */
-    int32_t *anc2;   /* (max_k, max_s) next level's */
-    int32_t *nanc2;  /* (max_k) */
-    float *score;    /* (max_k) cumulative score of each expanded node */
-    int32_t *tok;    /* (max_k) */
-    int32_t *toks;   /* (max_k) batch tokens */
+    int32_t valid; /* rows [0, valid) of the draft KV hold committed tokens */
+    int32_t n_vocab;
+    int32_t nb;     /* tokens of one forward pass: the session's n_batch */
+    int32_t n_ctx;  /* positions */
+    int64_t n_embd; /* EAGLE: width of a state */
+    int32_t n_feat; /* EAGLE: the target's states of positions [0, n_feat) are in feat */
+    float *feat;    /* EAGLE: (n_ctx + 1, feat_w) the target's state at each position (one row
+                     * per position for now; only [valid, L) is read by a step) */
+    float *fin;     /* EAGLE: (max_k, n_embd) a level's input features: the parents' outputs */
+    float *hout;    /* EAGLE: (max_k, n_embd) a level's outputs */
+    float *logits;  /* (max_k, n_vocab) */
+    float *probs;   /* (n_vocab) */
+    int32_t *anc;   /* (max_k, max_s) ancestor rows of each expanded node of the level */
+    int32_t *nanc;  /* (max_k) */
+    int32_t *anc2;  /* (max_k, max_s) next level's */
+    int32_t *nanc2; /* (max_k) */
+    float *score;   /* (max_k) cumulative score of each expanded node */
+    int32_t *tok;   /* (max_k) */
+    int32_t *toks;  /* (max_k) batch tokens */
     int32_t *pos, *seq, *row, *npre; /* (nb) each */
     int32_t *eoff;                   /* (max_k + 1) */
     int32_t *erow;                   /* (max_k, max_s + 1) */
     int64_t *pick;                   /* (max_k) expanded candidates of a level */
     void *mem;                       /* the one allocation all the arrays above live in */
+
+    /* EAGLE-3: logits cover the draft vocabulary (n_vocab = its size); d2t maps its ids */
+    int eagle3;
+    const int32_t *d2t; /* (n_vocab) target id of each draft id */
+    int64_t feat_w;     /* width of a target state (n_embd; EAGLE-3: n_cap * target n_embd) */
 } mdraft;
 
 /* Top-k of softmax(logits): ids and probabilities, descending, ties by lower id. */

@@ -126,20 +126,16 @@ struct st_session {
     float *xb;          /* (n_batch, n_embd) normed input */
     int32_t n_deferred; /* rows of xb that hold final-normed states for st_session_logits */
     int32_t n_states;   /* rows of xb that hold the last forward's final-normed states */
-    float *cat;         /* (n_batch, max(2*n_embd, fc.n_in)) an EAGLE head's [embedding; feature]
-                         * rows (EAGLE-3: its layer's normed [embedding; state]) */
-    int32_t n_cap;      /* st_session_set_capture: layers captured (0: none) */
-    int32_t cap_layer[ST_CAP_MAX];
-    float *cap;       /* (n_batch, n_cap*n_embd) the residual stream entering each, owned */
-    float *q;         /* (n_batch, n_head*head_dim) */
-    float *kt;        /* (n_batch, n_head_kv*head_dim) */
-    float *vt;        /* (n_batch, n_head_kv*head_dim) */
-    float *att;       /* (n_batch, n_head*head_dim) attention output */
-    float *hb;        /* (n_batch, n_ff) */
-    float *hb2;       /* (n_batch, n_ff) */
-    float *tmp;       /* (n_batch, n_embd) matmul output before the residual add */
-    st_block_q8x *xq; /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
-    st_block_q8k *xk; /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/256) */
+    float *cat;         /* (n_batch, max(2*n_embd, fc.n_in)) an EAGLE head's input rows */
+    float *q;           /* (n_batch, n_head*head_dim) */
+    float *kt;          /* (n_batch, n_head_kv*head_dim) */
+    float *vt;          /* (n_batch, n_head_kv*head_dim) */
+    float *att;         /* (n_batch, n_head*head_dim) attention output */
+    float *hb;          /* (n_batch, n_ff) */
+    float *hb2;         /* (n_batch, n_ff) */
+    float *tmp;         /* (n_batch, n_embd) matmul output before the residual add */
+    st_block_q8x *xq;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
+    st_block_q8k *xk;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/256) */
     float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
@@ -148,6 +144,11 @@ struct st_session {
     const uint8_t **b_pmask; /* (n_batch) prefix-mask row pointers (dense backend) */
     int64_t kv_seq_stride;   /* floats per sequence in k_cache */
     int64_t kv_layer_stride; /* floats per layer */
+
+    /* EAGLE-3 features (st_session_set_capture) */
+    int32_t n_cap; /* layers captured (0: none) */
+    int32_t cap_layer[ST_CAP_MAX];
+    float *cap; /* (n_batch, n_cap*n_embd) the residual stream entering each, owned */
 };
 
 /* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */
