@@ -846,10 +846,17 @@ typedef struct st_eagle_info {
                              * (target_layers: the last layer's output); EAGLE-1/2: the
                              * final-normed output, written as target_layers */
     int own_embedding;      /* 1: its own embed_tokens; 0: the target's */
+    int layers_default;     /* st_eagle_head_describe: EAGLE-3 with no layer ids in its config
+                             * (it reads the target's 2, L/2, L-3; layers_read unset) */
 } st_eagle_info;
 
-/* Fills *out for a model: version 0 for a plain model. */
+/* Fills *out for a loaded model: version 0 for a plain model. */
 void st_eagle_head_info(const st_model *m, st_eagle_info *out);
+/* Describes a head directory without a target, from config.json and the safetensors header:
+ * the kind (EAGLE-3 when it holds midlayer tensors), widths, vocabulary sizes and, for EAGLE-3,
+ * the target layers named in its config; target_layers is 0 (unknown) and target_n_embd the
+ * width the head expects. Errors as st_eagle_head_load's. */
+st_status st_eagle_head_describe(const char *dir, st_eagle_info *out);
 
 /* Statistics of one st_generate call. Times in milliseconds. */
 typedef struct st_gen_stats {
