@@ -482,8 +482,7 @@ static int cmd_generate(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t plen = 0;
     int rc = 1;
-    if (!model_path_ok(o.model, 0) ||
-        (o.draft_path && !model_path_ok(o.draft_path, eagle)))
+    if (!model_path_ok(o.model, 0) || (o.draft_path && !model_path_ok(o.draft_path, eagle)))
         return 1;
     if (o.prompt_file) {
         FILE *f = fopen(o.prompt_file, "rb");
