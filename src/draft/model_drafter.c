@@ -434,8 +434,9 @@ st_status st_drafter_eagle3_create(const st_model *head, const st_model *target,
     if (st)
         return st;
     if (!head->eagle3)
-        return st_fail(ST_ERR_INVALID, "EAGLE3: the draft model is not an EAGLE-3 head (load it "
-                                       "with st_eagle_head_load)");
+        return st_fail(ST_ERR_INVALID,
+                       head->fc.data ? "EAGLE3: this is an EAGLE-1/2 head (use the EAGLE algorithm)"
+                                     : "EAGLE3: the draft model is not an EAGLE-3 head");
     if (head->target != target)
         return st_fail(ST_ERR_INVALID, "EAGLE3: the head was loaded for another target model");
     if (head->output.n_out < max_k)
