@@ -71,6 +71,7 @@ typedef enum st_status {
     ST_ERR_NOMEM = -4,       /* an allocation failed */
     ST_ERR_UNSUPPORTED = -5, /* valid input this build does not handle (tensor type, arch) */
     ST_ERR_RANGE = -6,       /* an index or size outside its array or capacity */
+    ST_ERR_BUSY = -7,        /* a queue is full: try again later (st_engine_submit) */
 } st_status;
 
 /* Detail of the last error on the calling thread ("" if none). Valid until the next failing call
@@ -88,7 +89,7 @@ int64_t st_alloc_count(void);
 /* Monotonic clock in seconds (for timing in tools and benchmarks). */
 double st_time_seconds(void);
 
-/* Environment. The library reads two variables; neither changes a result (every kernel table is
+/* Environment. The library reads three variables; none changes a result (every kernel table is
  * bitwise equal to the scalar reference):
  *   ST_KERNELS=ref   the scalar reference kernels; ST_KERNELS=avx2: the AVX2 table even on an
  *                    AVX-512 machine; unset (or anything else): the best the CPU supports.
@@ -96,6 +97,8 @@ double st_time_seconds(void);
  *   ST_PACK=0        no packed copy of small F32 models' matrices (read by each st_model_load;
  *                    the copy, 1.3-1.9x faster on stories260K, is made for models with at most
  *                    16 MB of F32 matrices).
+ *   ST_LOAD=mmap|copy  how ST_LOAD_AUTO loads (st_load_mode; read by each load; an explicit
+ *                    mode in st_load_params wins).
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 
@@ -228,7 +231,8 @@ typedef struct st_model_hparams {
     uint32_t wtype;      /* type of the attention/FFN weights of block 0 (st_dtype) */
 } st_model_hparams;
 
-/* Loads a GGUF Llama model (weights mmap'd read-only) with its tokenizer. Validates the
+/* Loads a GGUF Llama model with its tokenizer, the weights placed as ST_LOAD_AUTO says (below:
+ * big files are copied into huge pages, small ones stay mmap'd read-only). Validates the
  * architecture, every hyper-parameter and every tensor's name, type and shape; on error *out is
  * NULL and st_last_error() names the file and the problem. */
 st_status st_model_load(const char *path, st_model **out);
@@ -238,6 +242,59 @@ st_status st_model_load(const char *path, st_model **out);
  * is used in error messages in place of a path. On error *out is NULL and st_last_error() names
  * `name` and the problem. */
 st_status st_model_load_memory(const void *data, size_t size, const char *name, st_model **out);
+
+/* How st_model_load_ex places the weights. */
+typedef enum st_load_mode {
+    ST_LOAD_AUTO = 0,   /* COPY for files of at least ST_LOAD_COPY_MIN_BYTES when the memory is
+                         * there (the file plus a quarter of it, at least 512 MB, within
+                         * MemAvailable), else MMAP; ST_LOAD=mmap or ST_LOAD=copy in the
+                         * environment decides instead (the test suite runs both ways) */
+    ST_LOAD_MMAP = 1,   /* the weights stay in the read-only file mapping (4 KB page-cache pages,
+                         * read in on first use, shared with other processes) */
+    ST_LOAD_COPY = 2,   /* the file is read into anonymous memory aligned to 2 MB and advised
+                         * MADV_HUGEPAGE (transparent huge pages), committed up front; the page
+                         * cache's copy of the file is then released (POSIX_FADV_DONTNEED), so
+                         * the machine holds the weights once. Decoding a multi-GB model streams
+                         * the weights faster from it (fewer TLB misses, no page faults) */
+    ST_LOAD_BUFFER = 3, /* reported for st_model_load_memory: the caller's buffer */
+} st_load_mode;
+#define ST_LOAD_COPY_MIN_BYTES ((size_t)256 << 20)
+
+/* Called during a COPY load as the file is read (every 64 MB and at the end) with the bytes
+ * read so far, the file's size and the seconds since the load started; in MMAP mode once, at the
+ * end. Tools print it for big files; return nothing, it cannot stop the load. */
+typedef void (*st_load_progress_fn)(void *user, size_t done, size_t total, double seconds);
+
+typedef struct st_load_params {
+    st_load_mode mode;            /* default ST_LOAD_AUTO */
+    int mlock;                    /* 1: lock the weights in RAM (mlock; fails with a message
+                                   * when RLIMIT_MEMLOCK is too low); default 0 */
+    st_load_progress_fn progress; /* NULL: none */
+    void *progress_user;
+} st_load_params;
+st_load_params st_load_default_params(void);
+
+/* st_model_load with load parameters (params NULL: the defaults). Output is bitwise the same in
+ * every mode: only where the bytes live changes. */
+st_status st_model_load_ex(const char *path, const st_load_params *params, st_model **out);
+
+/* What a load did (st_model_get_load_info). */
+typedef struct st_load_info {
+    st_load_mode mode;  /* the mode that ran: MMAP, COPY or BUFFER */
+    const char *reason; /* why, a static string: "requested", "ST_LOAD", "file under 256 MB",
+                         * "not enough available memory", "big file", "buffer" */
+    int locked;         /* the weights are mlock'ed */
+    size_t file_bytes;  /* the file's size */
+    size_t huge_bytes;  /* COPY: bytes backed by 2 MB pages when the load ended (0 without
+                         * transparent huge pages) */
+    double seconds;     /* wall time of the whole load (read, checks, tokenizer) */
+    double cpu_seconds; /* CPU time of the loading thread over the same span (the load runs
+                         * on it alone): what the load costs on a machine busy with others */
+} st_load_info;
+const st_load_info *st_model_get_load_info(const st_model *m);
+/* "auto", "mmap", "copy", "buffer". */
+const char *st_load_mode_name(st_load_mode mode);
+
 void st_model_free(st_model *m);
 const st_model_hparams *st_model_get_hparams(const st_model *m);
 /* The model's tokenizer; owned by the model. */
@@ -794,9 +851,11 @@ typedef enum st_stop_reason {
     ST_STOP_LENGTH = 2,  /* n_predict tokens were generated */
     ST_STOP_STOP = 3,    /* the emit callback asked to stop (a stop string, a client) */
     ST_STOP_CONTEXT = 4, /* the context is full */
+    ST_STOP_CANCEL = 5,  /* st_engine_cancel, or the engine was freed with the request pending */
 } st_stop_reason;
 
-/* "eos", "length", "stop", "context" (OpenAI's finish_reason words where they exist), "none". */
+/* "eos", "length", "stop", "context", "cancelled" (OpenAI's finish_reason words where they
+ * exist), "none". */
 const char *st_stop_reason_name(st_stop_reason r);
 
 /* Loads an EAGLE-1/2 draft head (Li et al., EAGLE, 2024) for `target` from a checkpoint
@@ -915,6 +974,146 @@ typedef int (*st_emit_seq_fn)(void *user, int32_t seq, int32_t token);
 st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const *prompts,
                             const int64_t *n_prompts, const st_gen_params *p, st_emit_seq_fn emit,
                             void *user, st_gen_stats *stats);
+
+/* ---------------------------------------------------------------------------------------------
+ * The continuous-batching engine (for servers)
+ *
+ * Requests join and leave between steps. Each st_engine_step admits queued requests while a
+ * slot and the KV budget allow (a running request is never evicted), prefills at most one
+ * chunk of the joining prompts, then runs ONE target forward pass over every running sequence:
+ * a speculative step (every sequence's tree verified together, as st_generate_batch does) or a
+ * plain step, as the `auto` controller chooses for the batch as a whole from the measured cost
+ * at the current batch size (a fixed K/S/N always speculates). A request's tokens equal
+ * st_generate's with the same prompt, sampler, n_predict and engine parameters (greedy and
+ * seeded sampling alike), whatever else runs, joins or leaves: the kernels are batch-invariant
+ * and st_sample's draw is coupled to the position.
+ *
+ * Threads: an engine is NOT thread-safe. A server serializes every st_engine_* call on one
+ * engine (a mutex) and runs st_engine_step on one thread. Callbacks run inside st_engine_step
+ * (and st_engine_free) on the calling thread; they must not call st_engine_* on the same engine
+ * (to stop a request from a callback, return nonzero from its emit callback).
+ *
+ * Typical loop:
+ *     st_engine_create(model, &ep, &e);
+ *     st_engine_submit(e, ids, n_ids, &rp, on_token, on_finish, ctx, &id);  // any time
+ *     while (st_engine_running(e) + st_engine_queued(e) > 0) st_engine_step(e);
+ *     st_engine_free(e);
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct st_engine st_engine;
+
+typedef struct st_engine_params {
+    /* For every request: gen.spec (algorithm, draft model, K/S/N, backend), gen.n_threads and
+     * gen.n_ctx (positions per sequence, 0 = st_session_params' default); gen.n_predict and
+     * gen.sampler are the defaults of a request submitted without st_request_params. The draft
+     * model is borrowed and must outlive the engine. */
+    st_gen_params gen;
+    int32_t max_running;   /* slots: sequences running at once, 1..ST_GEN_MAX_BATCH (default 8) */
+    int32_t max_queued;    /* requests waiting for a slot, >= 0 (default 256); beyond: BUSY */
+    int32_t prefill_chunk; /* most prompt tokens prefilled per step, >= 1 (default 256) */
+    int64_t kv_budget;     /* most KV positions reserved by the running requests together;
+                            * 0 = max_running * n_ctx (every slot can hold a full context) */
+} st_engine_params;
+
+st_engine_params st_engine_default_params(void);
+
+/* Per-request generation parameters. */
+typedef struct st_request_params {
+    int64_t n_predict;         /* most tokens to generate, >= 0 */
+    st_sampler_params sampler; /* temp 0 = greedy; a seed makes sampling reproducible */
+} st_request_params;
+
+/* The engine's defaults: its gen.n_predict and gen.sampler. */
+st_request_params st_engine_request_defaults(const st_engine *e);
+
+/* Statistics of one request, handed to its finish callback. Times in milliseconds from
+ * st_engine_submit. */
+typedef struct st_request_stats {
+    uint64_t id;
+    st_status status;           /* ST_OK, or the error that ended the request (the message was
+                                 * st_last_error() when the callback ran) */
+    st_stop_reason stop_reason; /* ST_STOP_NONE with an error */
+    int64_t prompt_tokens, gen_tokens;
+    int64_t spec_steps;   /* steps that verified a drafted tree of this request */
+    int64_t plain_steps;  /* decoding steps without drafts */
+    int64_t verify_ct;    /* SGLang's spec_verify_ct: decoding forward passes (spec + plain) */
+    double accept_length; /* SGLang's spec_accept_length: gen_tokens / verify_ct (0 if none) */
+    double tau;           /* mean tokens per speculative step (accepted drafts + bonus) */
+    int64_t accept_hist[ST_SPEC_MAX_S + 1]; /* [k]: speculative steps accepting k drafts */
+    double queue_ms;                        /* until admitted to a slot */
+    double ttft_ms;                         /* until the first token (-1: none) */
+    double total_ms;                        /* until finished */
+} st_request_stats;
+
+/* Called for each generated token of a request, in order (user: the submit's); return nonzero
+ * to stop the request there (a stop string matched, a client went away): it finishes with
+ * ST_STOP_STOP. */
+typedef int (*st_request_emit_fn)(void *user, int32_t token);
+
+/* Called exactly once for every request st_engine_submit accepted, when it ends for any reason
+ * (including cancellation, an error, and st_engine_free). After it returns the engine no
+ * longer uses `user`. stats is valid during the call only. */
+typedef void (*st_request_finish_fn)(void *user, const st_request_stats *stats);
+
+/* Creates an engine over model m: a session of max_running sequences, one drafter per slot,
+ * the verify-mask owner and the controller, all allocated here. p NULL: the defaults. Errors:
+ * ST_ERR_INVALID for bad parameters (the message names the field), ST_ERR_NOMEM. */
+st_status st_engine_create(const st_model *m, const st_engine_params *p, st_engine **out);
+
+/* Finishes every queued or running request with ST_STOP_CANCEL (calling their finish
+ * callbacks), then frees the engine; accepts NULL. */
+void st_engine_free(st_engine *e);
+
+/* Queues a request: the prompt (n_prompt >= 1 tokens, copied), its parameters (rp NULL: the
+ * engine's defaults), callbacks (emit may be NULL; finish may be NULL) and their user pointer.
+ * *id (may be NULL) receives its id, unique for the engine's lifetime and never 0. Nothing
+ * runs until st_engine_step. A request reserves min(n_prompt + n_predict + N, n_ctx) KV
+ * positions from admission to its end (N: the largest verified tree, 1 for plain decoding).
+ * Refused at once, with no callback:
+ *   ST_ERR_BUSY     max_queued requests are already waiting;
+ *   ST_ERR_RANGE    the prompt can never run: n_prompt >= n_ctx, or its reservation exceeds
+ *                   kv_budget;
+ *   ST_ERR_INVALID  a bad argument (token id outside the vocabulary, negative n_predict or
+ *                   temperature, ...), ST_ERR_NOMEM. */
+st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt,
+                           const st_request_params *rp, st_request_emit_fn emit,
+                           st_request_finish_fn finish, void *user, uint64_t *id);
+
+/* Cancels request id, queued or running: at the next st_engine_step it finishes with
+ * ST_STOP_CANCEL and its slot and KV reservation are freed. ST_ERR_RANGE if no such request is
+ * pending (unknown, or already finished). */
+st_status st_engine_cancel(st_engine *e, uint64_t id);
+
+/* One step: cancellations, admissions, at most prefill_chunk prompt tokens of joining
+ * requests (a prompt whose last chunk is done gets its first token), then one forward pass
+ * over every running sequence that has its first token; requests that end finish (callback)
+ * and free their slot. Does nothing when no request is pending. Returns ST_OK, or the error
+ * of a forward pass: every request that pass ran then finishes with that status and the
+ * engine stays usable. */
+st_status st_engine_step(st_engine *e);
+
+/* Requests holding a slot (prefilling or decoding). */
+int32_t st_engine_running(const st_engine *e);
+/* Requests waiting for a slot. */
+int32_t st_engine_queued(const st_engine *e);
+/* KV positions in use: committed by the running sequences, and reserved for them. */
+int64_t st_engine_kv_used(const st_engine *e);
+int64_t st_engine_kv_reserved(const st_engine *e);
+
+/* Totals of an engine since its creation (for a server's metrics). */
+typedef struct st_engine_stats {
+    int64_t steps;                             /* st_engine_step calls that ran a forward pass */
+    int64_t spec_steps, plain_steps;           /* decoding forward passes of each kind */
+    int64_t requests_finished;                 /* finish callbacks called */
+    int64_t prompt_tokens, gen_tokens;         /* prefilled and generated */
+    int64_t accept_hist[ST_SPEC_MAX_S + 1];    /* over all requests' speculative steps */
+    double prefill_ms, draft_ms, verify_ms;    /* prefill, drafting, target forward passes */
+    int32_t n_ctx, max_running;                /* as resolved at creation */
+    int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and largest tree N (0: plain) */
+    int64_t kv_budget;                         /* as resolved */
+} st_engine_stats;
+
+void st_engine_get_stats(const st_engine *e, st_engine_stats *out);
 
 #ifdef __cplusplus
 }

@@ -17,11 +17,13 @@ out=build-fuzz
 
 CC=clang cmake -S . -B $out -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_FUZZ=ON -DST_SANITIZE=ON \
     -DST_WERROR=ON -DST_SHARED_DIR="$shared" >/dev/null
-cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize fuzz_safetensors fuzz_eagle3 >/dev/null
+cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize fuzz_safetensors \
+    fuzz_serve_request fuzz_eagle3 >/dev/null
 
 rm -rf $out/seeds
 mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/seeds/safetensors $out/corpus/gguf \
-    $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/eagle3 $out/corpus/eagle3
+    $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/serve_request \
+    $out/corpus/serve_request $out/seeds/eagle3 $out/corpus/eagle3
 for d in build/test_e2e_eagle3_f32 build/test_e2e_eagle3_f16 models/eagle3-stories260K; do
     [ -f $d/model.safetensors ] && cp $d/model.safetensors $out/seeds/eagle3/$(basename $d).safetensors
 done
@@ -41,9 +43,15 @@ head -c 16384 "$st" >$out/seeds/safetensors/model-head.safetensors
 cp README.md $out/seeds/tokenize/
 
 # Texts past 4 KiB add little to the tokenizers' coverage and slow each run down.
-declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [eagle3]=0)
+# HTTP bodies: the first byte picks the endpoint (even: completions, odd: chat).
+for f in tests/serve/bodies/*.json; do
+    printf '0' | cat - "$f" >$out/seeds/serve_request/c-$(basename "$f")
+    printf '1' | cat - "$f" >$out/seeds/serve_request/h-$(basename "$f")
+done
+
+declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [serve_request]=8192 [eagle3]=0)
 pids=()
-for t in gguf tokenize safetensors eagle3; do
+for t in gguf tokenize safetensors serve_request eagle3; do
     ST_SHARED_DIR="$shared" ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         $out/fuzz_$t -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -max_len=${max_len[$t]} -artifact_prefix=$out/crashes/$t- $out/corpus/$t $out/seeds/$t \
@@ -52,7 +60,7 @@ for t in gguf tokenize safetensors eagle3; do
 done
 rc=0
 i=0
-for t in gguf tokenize safetensors eagle3; do
+for t in gguf tokenize safetensors serve_request eagle3; do
     if wait "${pids[$i]}"; then
         echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' $out/fuzz_$t.log |
             grep -o '[0-9]*$') runs in ${secs}s, corpus $(ls $out/corpus/$t | wc -l) inputs"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: builds with -Werror and runs every test plain, with the scalar kernels
-# (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; runs the fuzz
+# The whole test suite: builds with -Werror and runs every test plain, with every model's weights
+# copied into huge pages (ST_LOAD=copy; plain runs keep small models mmap'd), with the scalar
+# kernels (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; runs the fuzz
 # targets for a minute each (scripts/fuzz.sh; ST_FUZZ_SECONDS=N to change); checks formatting.
 # Usage: scripts/test.sh [--quick]   (--quick: the plain run only)
 # Tests labelled `slow` (the Python EAGLE trainer, which uses no C kernel) run in the first pass
@@ -18,6 +19,9 @@ cmake --build build -j"$jobs" >/dev/null
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs"
 [ $quick -eq 1 ] && exit 0
+
+echo "== tests with the weights copied into huge pages (ST_LOAD=copy)"
+ST_LOAD=copy ctest --test-dir build --output-on-failure -j"$jobs" -LE slow
 
 echo "== tests with the scalar reference kernels (ST_KERNELS=ref)"
 ST_KERNELS=ref ctest --test-dir build --output-on-failure -j"$jobs" -LE slow

@@ -194,10 +194,92 @@ static void test_classes(void **state) {
     st_ctl_free(c);
 }
 
+/* The choice weighs a tree against plain decoding at the batch's own size: on a machine where a
+ * forward pass costs the same up to 4 tokens and grows linearly beyond (compute-bound), right
+ * drafts pay for one sequence, but for four the plain step's tokens are already 4x cheaper and
+ * the trees would cost more than they return: plain. */
+static void test_batch_backoff(void **state) {
+    (void)state;
+    st_ctl *c;
+    const int64_t S = 2;
+    assert_int_equal(st_ctl_create(4, 1, S, 3, 1, 0.0, &c), ST_OK);
+    st_ctl_time_plain_batch(c, 1, 1e-3);
+    st_ctl_time_plain_batch(c, 4, 1e-3);
+    for (int32_t T = 2; T <= 12; T++)
+        for (int r = 0; r < 30; r++)
+            st_ctl_time_verify(c, T, 1e-3 * (T > 4 ? T / 4.0 : 1.0));
+    int32_t hist[1024];
+    int64_t n_hist = 1;
+    float scores[2] = {1.0f, 1.0f};
+    int32_t tokens[2] = {5, 6};
+    int64_t lp[3] = {-1, 0, 0};
+    for (int step = 0; step < 100; step++) { /* the drafts are right */
+        st_ctl_rank(c, 0, 0, 1, S, scores, tokens, lp, n_hist, 0);
+        hist[n_hist++] = 5;
+        st_ctl_observe(c, 0, hist, n_hist, 0);
+        hist[n_hist++] = 6;
+        st_ctl_observe(c, 0, hist, n_hist, 0);
+    }
+    double g;
+    st_ctl_rank(c, 0, 0, 1, S, scores, tokens, lp, n_hist, 0);
+    assert_int_equal(st_ctl_choose(c, 1, 0, &g), 3);
+    assert_true(g > 2.0);
+    for (int32_t a = 0; a < 4; a++)
+        st_ctl_rank(c, a, a, 1, S, scores, tokens, lp, n_hist, 0);
+    assert_int_equal(st_ctl_choose(c, 4, 0, &g), 1);
+    /* the same curve without a plain measurement at 4 (and only the prior's acceptance): the
+     * batch is priced at t1 and the trees look worth it, as the controller judged before it
+     * measured per batch size */
+    st_ctl *c2;
+    assert_int_equal(st_ctl_create(4, 1, S, 3, 1, 0.0, &c2), ST_OK);
+    st_ctl_time_plain_batch(c2, 1, 1e-3);
+    st_ctl_time_plain(c2, 0.25e-3);
+    for (int32_t T = 2; T <= 12; T++)
+        for (int r = 0; r < 30; r++)
+            st_ctl_time_verify(c2, T, 1e-3 * (T > 4 ? T / 4.0 : 1.0));
+    for (int32_t a = 0; a < 4; a++)
+        st_ctl_rank(c2, a, a, 1, S, scores, tokens, lp, n_hist, 0);
+    assert_true(st_ctl_choose(c2, 4, 0, &g) > 1);
+    st_ctl_free(c2);
+    st_ctl_free(c);
+}
+
+/* Proposals that keep ending in plain steps are sampled: when proposing costs 20% of a step,
+ * one step in 10 drafts at that batch size (about 2% of the time), every step at another batch
+ * size, and every step again once a tree is chosen; when proposing costs nothing next to the
+ * forward, every step drafts. */
+static void test_proposal_sampling(void **state) {
+    (void)state;
+    for (int cheap = 0; cheap < 2; cheap++) {
+        st_ctl *c;
+        assert_int_equal(st_ctl_create(4, 2, 3, 6, 1, 0.0, &c), ST_OK);
+        const double t_fwd = cheap ? 1.0 : 0.8;
+        int drafted = 0;
+        for (int s = 0; s < 200; s++) {
+            const int d = st_ctl_want_draft(c, 4);
+            drafted += d;
+            st_ctl_step_end(c, d, 1, 4, 4, 1.0, d ? t_fwd : 1.0, 0.0);
+        }
+        if (cheap) {
+            assert_int_equal(drafted, 200);
+        } else {
+            assert_true(drafted >= 20 && drafted <= 24);
+            assert_true(st_ctl_want_draft(c, 3)); /* another batch size: not judged yet */
+            while (!st_ctl_want_draft(c, 4))
+                st_ctl_step_end(c, 0, 1, 4, 4, 1.0, 1.0, 0.0);
+            st_ctl_step_end(c, 1, 3, 4, 8, 1.0, 0.8, 0.0); /* a tree was chosen */
+            assert_true(st_ctl_want_draft(c, 4));
+        }
+        st_ctl_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_matches_organize),
         cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_batch_backoff),
+        cmocka_unit_test(test_proposal_sampling),
         cmocka_unit_test(test_classes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

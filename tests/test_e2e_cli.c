@@ -12,6 +12,8 @@
  * - Buffers sized from the tokenizer: a vocabulary without the word-boundary piece spends three
  *   byte tokens on each space, more tokens than bytes; a model with more rows than its tokenizer
  *   has pieces generates ids without text, which are printed as U+FFFD and counted.
+ * - --mmap and --no-mmap (weights copied into huge pages) print the same text, plain and
+ *   speculative, greedy and sampled; --json names the load mode and time.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -104,6 +106,34 @@ static void test_generate_golden(void **state) {
         assert_non_null(strstr(r.err, "\"gen_tok_s\""));
         assert_non_null(strstr(r.err, "\"tau\""));
         done(&r);
+    }
+}
+
+static void test_load_flags(void **state) {
+    (void)state;
+    const char *runs[] = {"--temp 0", "--temp 0.8 --seed 11 --speculative-algorithm NGRAM"};
+    for (int i = 0; i < 2; i++) {
+        char *text[2] = {NULL, NULL};
+        for (int mode = 0; mode < 2; mode++) {
+            char args[2048];
+            snprintf(args, sizeof args,
+                     "generate -m %s -p 'Once upon a time' -n 80 -t 2 --json %s %s",
+                     tu_shared("models/stories260K.gguf"), runs[i], mode ? "--no-mmap" : "--mmap");
+            result r = run(args);
+            assert_int_equal(r.code, 0);
+            assert_non_null(
+                strstr(r.err, mode ? "\"load_mode\": \"copy\"" : "\"load_mode\": \"mmap\""));
+            assert_non_null(strstr(r.err, "\"load_s\": "));
+            assert_non_null(
+                strstr(r.err, mode ? "weights copy (requested)" : "weights mmap (requested)"));
+            assert_true(strlen(r.out) > 100);
+            text[mode] = strdup(r.out);
+            done(&r);
+        }
+        if (strcmp(text[0], text[1]) != 0)
+            fail_msg("%s: --mmap printed\n%s\n--no-mmap printed\n%s", runs[i], text[0], text[1]);
+        free(text[0]);
+        free(text[1]);
     }
 }
 
@@ -520,6 +550,7 @@ static void test_tokenizer_sized_buffers(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_golden),
+        cmocka_unit_test(test_load_flags),
         cmocka_unit_test(test_stop_and_tokenize),
         cmocka_unit_test(test_bad_usage),
         cmocka_unit_test(test_numeric_flags),

@@ -9,6 +9,9 @@
  *   gives bitwise the logits of the row-major kernels.
  * - Thread counts: on a model big enough that single-token steps run in parallel (regions of
  *   stories260K's size run on one thread), 1, 2 and all-core sessions give bitwise the logits.
+ * - Load modes (issue 15): the same file mmap'd and copied into huge pages gives bitwise the
+ *   same logits (an F32 model with packed matrices and a Q8_0 one, 1 and 2 threads); the copy is
+ *   2 MB aligned and holds the weights; ST_LOAD, the auto rule, --mlock, progress and bad modes.
  * - Bad input: token ids, sequences and context overflow give errors, not crashes.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -19,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "io/gguf_internal.h"
 #include "model/model.h"
 #include "spectree.h"
 #include "testutil.h"
@@ -209,6 +213,166 @@ static void test_packed_weights(void **state) {
     st_model_free(plain);
 }
 
+typedef struct progress_log {
+    int calls;
+    size_t last, total;
+    int monotonic;
+} progress_log;
+
+static void on_progress(void *user, size_t done, size_t total, double seconds) {
+    progress_log *l = user;
+    if (done < l->last || done > total || seconds < 0)
+        l->monotonic = 0;
+    l->calls++;
+    l->last = done;
+    l->total = total;
+}
+
+static st_model *load_mode(const char *path, st_load_mode mode, progress_log *log) {
+    st_load_params p = st_load_default_params();
+    p.mode = mode;
+    p.progress = on_progress;
+    p.progress_user = log;
+    st_model *m = NULL;
+    if (st_model_load_ex(path, &p, &m) != ST_OK)
+        fail_msg("load %s (%s): %s", path, st_load_mode_name(mode), st_last_error());
+    const st_load_info *li = st_model_get_load_info(m);
+    assert_int_equal(li->mode, mode);
+    assert_string_equal(li->reason, "requested");
+    assert_true(li->file_bytes > 0 && li->seconds >= 0);
+    assert_true(log->calls >= 1 && log->monotonic && log->last == log->total &&
+                log->total == li->file_bytes);
+    return m;
+}
+
+static void test_load_modes(void **state) {
+    (void)state;
+    char q8[1024], cmd[4096];
+    snprintf(q8, sizeof q8, "%s/test_load_modes_q8_0.gguf", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd,
+             "%s/spectree-mkmodel %s --vocab %s --dim 256 --ff 512 --layers 2 --heads 8 "
+             "--kv-heads 4 --type q8_0 --seed 5 --ctx 512 2>/dev/null",
+             ST_BUILD_DIR, q8, tu_shared("models/stories260K.gguf"));
+    assert_int_equal(system(cmd), 0);
+    const char *paths[] = {tu_shared("models/stories260K.gguf"), q8};
+    for (int pi = 0; pi < 2; pi++) {
+        progress_log lm = {.monotonic = 1}, lc = {.monotonic = 1};
+        st_model *mm = load_mode(paths[pi], ST_LOAD_MMAP, &lm);
+        st_model *mc = load_mode(paths[pi], ST_LOAD_COPY, &lc);
+        /* the copy: its own 2 MB-aligned region holding the file's bytes */
+        size_t nm, nc;
+        const uint8_t *bm = st_gguf_bytes(mm->gguf, &nm), *bc = st_gguf_bytes(mc->gguf, &nc);
+        assert_true(nm == nc && bm != bc);
+        assert_int_equal((uintptr_t)bc % ST_HUGE_PAGE, 0);
+        assert_memory_equal(bm, bc, nm);
+        const uint8_t *w = mc->layers[1].w_down.data;
+        assert_true(w > bc && w < bc + nc);
+        assert_ptr_equal(w - bc, (const uint8_t *)mm->layers[1].w_down.data - bm);
+        assert_true(st_model_get_load_info(mm)->huge_bytes == 0);
+        enum { T = 100 };
+        const int32_t V = st_model_get_hparams(mm)->n_vocab;
+        int32_t toks[T];
+        for (int i = 0; i < T; i++)
+            toks[i] = (int32_t)((i * 53 + 7) % V);
+        float *a = malloc((size_t)T * V * 4), *b = malloc((size_t)T * V * 4);
+        for (int threads = 1; threads <= 2; threads++) {
+            logits_in_chunks(mm, threads, toks, T, a);
+            logits_in_chunks(mc, threads, toks, T, b);
+            if (memcmp(a, b, (size_t)T * V * 4) != 0)
+                fail_msg("%s: copied weights give other logits than mapped ones (%d threads)",
+                         paths[pi], threads);
+        }
+        free(a);
+        free(b);
+        st_model_free(mm);
+        st_model_free(mc);
+    }
+    remove(q8);
+
+    /* the environment decides ST_LOAD_AUTO, not an explicit mode */
+    const char *env = getenv("ST_LOAD");
+    char *saved = env ? strdup(env) : NULL;
+    const char *stories = tu_shared("models/stories260K.gguf");
+    st_model *m = NULL;
+    assert_int_equal(setenv("ST_LOAD", "copy", 1), 0);
+    assert_int_equal(st_model_load(stories, &m), ST_OK);
+    assert_int_equal(st_model_get_load_info(m)->mode, ST_LOAD_COPY);
+    assert_string_equal(st_model_get_load_info(m)->reason, "ST_LOAD");
+    st_model_free(m);
+    st_load_params p = st_load_default_params();
+    p.mode = ST_LOAD_MMAP;
+    assert_int_equal(st_model_load_ex(stories, &p, &m), ST_OK);
+    assert_int_equal(st_model_get_load_info(m)->mode, ST_LOAD_MMAP);
+    st_model_free(m);
+    assert_int_equal(setenv("ST_LOAD", "mmap", 1), 0);
+    assert_int_equal(st_model_load(stories, &m), ST_OK);
+    assert_int_equal(st_model_get_load_info(m)->mode, ST_LOAD_MMAP);
+    st_model_free(m);
+    assert_int_equal(unsetenv("ST_LOAD"), 0);
+    assert_int_equal(st_model_load(stories, &m), ST_OK); /* 1 MB: auto keeps the mapping */
+    assert_int_equal(st_model_get_load_info(m)->mode, ST_LOAD_MMAP);
+    assert_string_equal(st_model_get_load_info(m)->reason, "file under 256 MB");
+    st_model_free(m);
+    if (saved)
+        assert_int_equal(setenv("ST_LOAD", saved, 1), 0);
+    free(saved);
+
+    /* the auto rule */
+    const size_t MB = (size_t)1 << 20, GB = (size_t)1 << 30;
+    const char *why;
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_AUTO, 100 * MB, 20 * GB, &why),
+                     ST_LOAD_MMAP);
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_AUTO, 256 * MB, 20 * GB, &why),
+                     ST_LOAD_COPY);
+    assert_string_equal(why, "big file");
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_AUTO, 4 * GB, 5 * GB, &why),
+                     ST_LOAD_COPY); /* 4 GB + 1 GB reserve */
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_AUTO, 4 * GB, 5 * GB - 1, &why),
+                     ST_LOAD_MMAP);
+    assert_string_equal(why, "not enough available memory");
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_AUTO, 1 * GB, 1 * GB + 511 * MB, &why),
+                     ST_LOAD_MMAP); /* the reserve is at least 512 MB */
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_AUTO, 1 * GB, 0, &why), ST_LOAD_MMAP);
+    assert_int_equal(st_load_choose(ST_LOAD_AUTO, ST_LOAD_COPY, 1 * MB, 0, &why), ST_LOAD_COPY);
+    assert_int_equal(st_load_choose(ST_LOAD_MMAP, ST_LOAD_COPY, 4 * GB, 20 * GB, &why),
+                     ST_LOAD_MMAP);
+    assert_int_equal(st_load_choose(ST_LOAD_COPY, ST_LOAD_MMAP, 1 * MB, 0, &why), ST_LOAD_COPY);
+
+    /* mlock: locked, or a message saying why not (RLIMIT_MEMLOCK) */
+    p = st_load_default_params();
+    p.mode = ST_LOAD_COPY;
+    p.mlock = 1;
+    st_status s = st_model_load_ex(stories, &p, &m);
+    if (s == ST_OK) {
+        assert_true(st_model_get_load_info(m)->locked);
+        st_model_free(m);
+    } else {
+        assert_int_equal(s, ST_ERR_NOMEM);
+        assert_non_null(strstr(st_last_error(), "cannot lock"));
+        assert_null(m);
+    }
+    /* bad arguments and files in copy mode */
+    p.mlock = 0;
+    p.mode = (st_load_mode)7;
+    assert_int_equal(st_model_load_ex(stories, &p, &m), ST_ERR_INVALID);
+    assert_non_null(strstr(st_last_error(), "load mode"));
+    p.mode = ST_LOAD_COPY;
+    assert_int_equal(st_model_load_ex("/nonexistent/model.gguf", &p, &m), ST_ERR_IO);
+    assert_true(st_model_load_ex(tu_shared("vectors/tokenizer/ggml-vocab-llama-spm.gguf"), &p, &m) <
+                0);
+    assert_null(m);
+    assert_non_null(strstr(st_last_error(), "token_embd.weight"));
+    assert_int_equal(st_model_load_ex(stories, &p, NULL), ST_ERR_INVALID);
+    /* a buffer is the caller's */
+    size_t size;
+    char *bytes = tu_read_file(stories, &size);
+    assert_non_null(bytes);
+    assert_int_equal(st_model_load_memory(bytes, size, "mem", &m), ST_OK);
+    assert_int_equal(st_model_get_load_info(m)->mode, ST_LOAD_BUFFER);
+    st_model_free(m);
+    free(bytes);
+}
+
 static void test_parallel_decode(void **state) {
     (void)state;
     const char *types[] = {"f32", "q8_0"};
@@ -293,7 +457,7 @@ int main(void) {
         cmocka_unit_test(test_golden_greedy),    cmocka_unit_test(test_oracle_prompts),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_packed_weights),
         cmocka_unit_test(test_parallel_decode),  cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_no_alloc_in_eval),
+        cmocka_unit_test(test_no_alloc_in_eval), cmocka_unit_test(test_load_modes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

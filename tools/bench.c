@@ -23,6 +23,8 @@ static const char *help =
     "  threads decode tokens/s with 1 and 2 threads, as the machine is and with a\n"
     "          busy loop it runs on every core (-m MODEL, --json)\n"
     "  gguf    st_gguf_open on hostile 100 MB headers it writes itself (--mb M)\n"
+    "  engine  the continuous-batching engine under a closed-loop load at each\n"
+    "          concurrency, plain vs speculative (-m MODEL, --algo, --json)\n"
     "\n"
     "'spectree-bench COMMAND --help' describes each command.\n";
 
@@ -64,6 +66,12 @@ int st_bench_parse(const char *name, const char *usage, int argc, char **argv, s
         } else if (!strcmp(a, "--threads") && has) {
             if (!parse_int(name, a, argv[++i], 0, 1024, &o->threads))
                 return 2;
+        } else if (!strcmp(a, "--mmap")) {
+            o->load = ST_LOAD_MMAP;
+        } else if (!strcmp(a, "--no-mmap")) {
+            o->load = ST_LOAD_COPY;
+        } else if (!strcmp(a, "--mlock")) {
+            o->mlock = 1;
         } else if (!strcmp(a, "--reps") && has) {
             if (!parse_int(name, a, argv[++i], 1, 1000, &o->reps))
                 return 2;
@@ -88,7 +96,12 @@ int st_bench_parse(const char *name, const char *usage, int argc, char **argv, s
 int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_model **m,
                   st_session **s) {
     *s = NULL;
-    if (st_model_load(o->model, m) != ST_OK) {
+    st_load_params lp = st_load_default_params();
+    lp.mode = o->load;
+    lp.mlock = o->mlock;
+    lp.progress = st_bench_load_progress;
+    lp.progress_user = (void *)name;
+    if (st_model_load_ex(o->model, &lp, m) != ST_OK) {
         fprintf(stderr, "%s: %s\n", name, st_last_error());
         return 1;
     }
@@ -103,6 +116,22 @@ int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_mo
         return 1;
     }
     return 0;
+}
+
+void st_bench_load_progress(void *user, size_t done, size_t total, double seconds) {
+    if (total < ((size_t)1 << 30))
+        return;
+    fprintf(stderr, "%s: loading %.0f / %.0f MB (%.1f s)%s", (const char *)user, (double)done / 1e6,
+            (double)total / 1e6, seconds, done == total ? "\n" : "\r");
+}
+
+const char *st_bench_load_desc(const st_model *m, char *buf, size_t cap) {
+    const st_load_info *li = st_model_get_load_info(m);
+    snprintf(buf, cap, "%s (%s), %.2f s (%.2f s CPU), %.0f of %.0f MB in huge pages%s",
+             st_load_mode_name(li->mode), li->reason, li->seconds, li->cpu_seconds,
+             (double)li->huge_bytes / 1e6, (double)li->file_bytes / 1e6,
+             li->locked ? ", locked" : "");
+    return buf;
 }
 
 const char *st_bench_wtype(const st_model *m) {
@@ -130,6 +159,8 @@ int main(int argc, char **argv) {
         return st_bench_threads_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "gguf"))
         return st_bench_gguf_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "engine"))
+        return st_bench_engine_main(argc - 1, argv + 1);
     fprintf(stderr, "spectree-bench: unknown command '%s' (see --help)\n", argv[1]);
     return 2;
 }

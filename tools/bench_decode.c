@@ -19,10 +19,12 @@ enum { DECODE_TOKENS = 128, COPY_REPS = 5, DISPATCH_CALLS = 20000 };
 
 static const char *usage =
     "usage: spectree-bench decode -m MODEL [--json] [--threads N] [--reps R] [--tokens T]\n"
+    "                             [--mmap | --no-mmap] [--mlock]\n"
     "  decode tokens/s over T tokens (default 128) after a one-token prompt, median of R runs\n"
     "  (default 3) after a warm-up; GB/s = weight bytes per token x tokens/s, against the\n"
     "  copy bandwidth (bytes read + written per second, 256 MB buffers, same threads)\n"
-    "  measured in the same run; and the thread pool's dispatch cost per parallel region\n";
+    "  measured in the same run; and the thread pool's dispatch cost per parallel "
+    "region\n" ST_BENCH_LOAD_USAGE;
 
 typedef struct copy_job {
     char *dst;
@@ -153,24 +155,29 @@ int st_bench_decode_main(int argc, char **argv) {
     const double gbps = wbytes * tok_s / 1e9;
     const double copy = 0.5 * (copy0 + copy1);
     const char *kern = st_kernels_name();
+    const st_load_info *li = st_model_get_load_info(m);
+    char ld[160];
     if (o.json)
         printf("{\"bench\":\"decode\",\"model\":\"%s\",\"wtype\":\"%s\",\"n_embd\":%d,"
                "\"n_layer\":%d,\"threads\":%d,\"kernels\":\"%s\",\"tokens\":%d,\"reps\":%d,"
                "\"tok_s\":%.2f,\"ms_per_tok\":%.4f,\"weight_mb\":%.2f,\"gbps\":%.3f,"
                "\"copy_gbps\":%.3f,\"frac_copy\":%.4f,\"dispatch_us\":%.3f,"
-               "\"dispatch_threads\":%d}\n",
+               "\"dispatch_threads\":%d,\"load_mode\":\"%s\",\"load_s\":%.3f,"
+               "\"load_cpu_s\":%.3f,\"huge_mb\":%.1f}\n",
                o.model, st_bench_wtype(m), hp->n_embd, hp->n_layer, threads, kern, n_tok, o.reps,
                tok_s, 1e3 * sec / n_tok, wbytes / 1e6, gbps, copy, copy > 0 ? gbps / copy : 0.0,
-               disp, disp_threads);
+               disp, disp_threads, st_load_mode_name(li->mode), li->seconds, li->cpu_seconds,
+               (double)li->huge_bytes / 1e6);
     else
         printf("decode %s (%s, %d threads, kernels %s): %.2f tokens/s (%.3f ms/token, median "
                "of %d runs of %d tokens)\n"
                "  weights %.1f MB/token -> %.2f GB/s; copy bandwidth %.2f GB/s (%.2f / %.2f before "
                "/ after): %.0f%%\n"
-               "  pool dispatch %.3f us per parallel region (%d threads)\n",
+               "  pool dispatch %.3f us per parallel region (%d threads)\n"
+               "  weights loaded: %s\n",
                o.model, st_bench_wtype(m), threads, kern, tok_s, 1e3 * sec / n_tok, o.reps, n_tok,
                wbytes / 1e6, gbps, copy, copy0, copy1, copy > 0 ? 100.0 * gbps / copy : 0.0, disp,
-               disp_threads);
+               disp_threads, st_bench_load_desc(m, ld, sizeof ld));
     rc = 0;
     goto done;
 fail:

@@ -17,9 +17,11 @@ enum { VERIFY_MAX_N = ST_SPEC_MAX_N, VERIFY_NS = 7 };
 
 static const char *usage =
     "usage: spectree-bench verify -m MODEL [--json] [--threads N] [--reps R] [--ctx L]\n"
+    "                             [--mmap | --no-mmap] [--mlock]\n"
     "  one forward pass over N = 1, 2, 4, 8, 16, 32, 64 tokens (logits for all) after a\n"
     "  committed context of L tokens (default 512): ms per pass, median of R rounds (default\n"
-    "  5), each timed pass after an untimed one of the same size, and ratio = ms(N) / ms(1)\n";
+    "  5), each timed pass after an untimed one of the same size, and ratio = ms(N) / "
+    "ms(1)\n" ST_BENCH_LOAD_USAGE;
 
 static int ctx_opt(void *ctx, int argc, char **argv) {
     if (strcmp(argv[0], "--ctx") || argc < 2)
@@ -89,15 +91,18 @@ int st_bench_verify_main(int argc, char **argv) {
     double ms[VERIFY_NS];
     for (int k = 0; k < VERIFY_NS; k++)
         ms[k] = 1e3 * st_bench_median(t + k * o.reps, o.reps);
+    const char *lmode = st_load_mode_name(st_model_get_load_info(m)->mode);
+    char ld[160];
     if (!o.json)
         printf("verify %s (%s, %d threads): one forward over N tokens at context %d, median of "
-               "%d rounds\n",
-               o.model, st_bench_wtype(m), threads, ctx, o.reps);
+               "%d rounds; weights loaded: %s\n",
+               o.model, st_bench_wtype(m), threads, ctx, o.reps,
+               st_bench_load_desc(m, ld, sizeof ld));
     for (int k = 0; k < VERIFY_NS; k++) {
         if (o.json)
             printf("{\"bench\":\"verify\",\"model\":\"%s\",\"wtype\":\"%s\",\"threads\":%d,"
-                   "\"ctx\":%d,\"n\":%d,\"ms\":%.4f,\"ratio\":%.4f}\n",
-                   o.model, st_bench_wtype(m), threads, ctx, ns[k], ms[k], ms[k] / ms[0]);
+                   "\"ctx\":%d,\"n\":%d,\"ms\":%.4f,\"ratio\":%.4f,\"load_mode\":\"%s\"}\n",
+                   o.model, st_bench_wtype(m), threads, ctx, ns[k], ms[k], ms[k] / ms[0], lmode);
         else
             printf("  N=%-3d %10.3f ms   ratio %6.2f   %8.3f ms/token\n", ns[k], ms[k],
                    ms[k] / ms[0], ms[k] / ns[k]);

@@ -1,9 +1,11 @@
 /*
- * cli.c: the `spectree` command: generate (streamed text, speed on stderr), tokenize and info.
+ * cli.c: the `spectree` command: generate (streamed text, speed on stderr), tokenize and info
+ * (serve is in cli_serve.c).
  * Built only on the public header. Every bad argument or file ends in a one-line message and a
  * non-zero exit.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cli.h"
 #include "spectree.h"
 
 #include <errno.h>
@@ -17,14 +19,14 @@
 #include <time.h>
 #include <unistd.h>
 
-static void die_usage(const char *cmd, const char *msg) {
+void cli_die_usage(const char *cmd, const char *msg) {
     fprintf(stderr, "spectree %s: %s (see 'spectree %s --help')\n", cmd, msg, cmd);
     exit(2);
 }
 
 /* Names the option getopt_long just refused: a missing value's option as typed, an unknown
  * short option as "-x" (it may sit in a group like -hx), an unknown long one as typed. */
-static void die_option(const char *cmd, char **argv, int missing_value) {
+void cli_die_option(const char *cmd, char **argv, int missing_value) {
     char shortopt[3] = {'-', (char)optopt, 0};
     const char *name = !missing_value && optopt > 0 && optopt < 128 ? shortopt : argv[optind - 1];
     fprintf(stderr, "spectree %s: %s '%s' (see 'spectree %s --help')\n", cmd,
@@ -42,8 +44,7 @@ static int number_start(const char *v) {
     return *p >= '0' && *p <= '9';
 }
 
-static int parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi,
-                     long *out) {
+int cli_parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
@@ -56,7 +57,7 @@ static int parse_int(const char *cmd, const char *flag, const char *v, long lo, 
     return 0;
 }
 
-static float parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi) {
+float cli_parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi) {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
@@ -69,7 +70,7 @@ static float parse_float(const char *cmd, const char *flag, const char *v, doubl
     return (float)x;
 }
 
-static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
+uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v) {
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
@@ -84,7 +85,7 @@ static uint64_t parse_u64(const char *cmd, const char *flag, const char *v) {
  * a directory (a Hugging Face checkpoint) is not readable yet. Prints why and returns 0 if not. */
 /* A model path worth opening: an EAGLE head is a directory (dir_ok), a model a GGUF file.
  * Other kinds of file (a FIFO, a device) are refused by the library, which names the kind. */
-static int model_path_ok(const char *path, int dir_ok) {
+int cli_model_path_ok(const char *path, int dir_ok) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "spectree: %s: cannot open: %s\n", path, strerror(errno));
@@ -164,6 +165,10 @@ static const char *generate_help =
     "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
     "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
+    "      --mmap           keep the weights in the read-only file mapping\n"
+    "      --no-mmap        copy the weights into anonymous memory in 2 MB huge pages\n"
+    "                       (default: copy files of 256 MB and more when the memory is there)\n"
+    "      --mlock          lock the weights in RAM (needs ulimit -l)\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
@@ -194,6 +199,8 @@ typedef struct gen_opts {
     st_sampler_params sp;
     st_spec_params spec;
     int seed_set, json, no_bos;
+    st_load_mode load; /* --mmap, --no-mmap */
+    int mlock;
     int spec_flags; /* a speculative flag other than the algorithm was given */
     const char *stops[MAX_STOPS];
     int n_stops;
@@ -262,8 +269,8 @@ static int on_token(void *user, int32_t tok) {
 }
 
 /* Tokenizes text into *out (malloc'd, sized from what the tokenizer reports); 0 on success. */
-static int tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
-                        int32_t **out, int64_t *n) {
+int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                     int32_t **out, int64_t *n) {
     int64_t cap = (int64_t)len + 8;
     for (int tries = 0; tries < 2; tries++) {
         free(*out);
@@ -280,12 +287,21 @@ static int tokenize_all(const st_tokenizer *tok, const char *text, size_t len, i
     return -1;
 }
 
-static int32_t parse_auto(const char *flag, const char *v, long lo, long hi) {
+int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo, long hi) {
     if (!strcmp(v, "auto"))
         return 0;
     long x;
-    parse_int("generate", flag, v, lo, hi, &x);
+    cli_parse_int(cmd, flag, v, lo, hi, &x);
     return (int32_t)x;
+}
+
+/* Load progress of files over 1 GB on stderr: bytes and seconds, on one line. */
+static void load_progress(void *user, size_t done, size_t total, double seconds) {
+    (void)user;
+    if (total < ((size_t)1 << 30))
+        return;
+    fprintf(stderr, "\rloading: %.0f / %.0f MB (%.1f s)%s", (double)done / 1e6, (double)total / 1e6,
+            seconds, done == total ? "\n" : "");
 }
 
 static int cmd_generate(int argc, char **argv) {
@@ -308,7 +324,10 @@ static int cmd_generate(int argc, char **argv) {
         O_BACKEND,
         O_NG_MIN,
         O_NG_MAX,
-        O_NG_BREADTH
+        O_NG_BREADTH,
+        O_MMAP,
+        O_NO_MMAP,
+        O_MLOCK
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},
@@ -336,6 +355,9 @@ static int cmd_generate(int argc, char **argv) {
         {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
         {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
         {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+        {"mmap", no_argument, 0, O_MMAP},
+        {"no-mmap", no_argument, 0, O_NO_MMAP},
+        {"mlock", no_argument, 0, O_MLOCK},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
@@ -354,29 +376,29 @@ static int cmd_generate(int argc, char **argv) {
             o.prompt_file = optarg;
             break;
         case 'n':
-            parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
+            cli_parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
             break;
         case 't':
-            parse_int("generate", "-t", optarg, 1, 1024, &o.threads);
+            cli_parse_int("generate", "-t", optarg, 1, 1024, &o.threads);
             break;
         case 'c':
-            parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
+            cli_parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
             break;
         case O_TEMP:
-            o.sp.temp = parse_float("generate", "--temp", optarg, 0, 1e6);
+            o.sp.temp = cli_parse_float("generate", "--temp", optarg, 0, 1e6);
             break;
         case O_TOPK:
-            parse_int("generate", "--top-k", optarg, 0, 1 << 30, &v);
+            cli_parse_int("generate", "--top-k", optarg, 0, 1 << 30, &v);
             o.sp.top_k = (int32_t)v;
             break;
         case O_TOPP:
-            o.sp.top_p = parse_float("generate", "--top-p", optarg, 1e-9, 1);
+            o.sp.top_p = cli_parse_float("generate", "--top-p", optarg, 1e-9, 1);
             break;
         case O_MINP:
-            o.sp.min_p = parse_float("generate", "--min-p", optarg, 0, 1);
+            o.sp.min_p = cli_parse_float("generate", "--min-p", optarg, 0, 1);
             break;
         case O_SEED:
-            o.sp.seed = parse_u64("generate", "--seed", optarg);
+            o.sp.seed = cli_parse_u64("generate", "--seed", optarg);
             o.seed_set = 1;
             break;
         case O_JSON:
@@ -387,9 +409,9 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case O_STOP:
             if (o.n_stops == MAX_STOPS)
-                die_usage("generate", "at most 16 --stop strings");
+                cli_die_usage("generate", "at most 16 --stop strings");
             if (!optarg[0] || strlen(optarg) > 1024)
-                die_usage("generate", "--stop needs a text of 1..1024 bytes");
+                cli_die_usage("generate", "--stop needs a text of 1..1024 bytes");
             o.stops[o.n_stops++] = optarg;
             break;
         case O_ALGO:
@@ -403,16 +425,18 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case O_STEPS:
             o.spec_flags = 1;
-            o.spec.num_steps = parse_auto("--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
+            o.spec.num_steps =
+                cli_parse_auto("generate", "--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
             break;
         case O_EAGLE_TOPK:
             o.spec_flags = 1;
-            o.spec.topk = parse_auto("--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
+            o.spec.topk =
+                cli_parse_auto("generate", "--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
             break;
         case O_NDRAFT:
             o.spec_flags = 1;
-            o.spec.num_draft_tokens =
-                parse_auto("--speculative-num-draft-tokens", optarg, 2, ST_SPEC_MAX_N);
+            o.spec.num_draft_tokens = cli_parse_auto("generate", "--speculative-num-draft-tokens",
+                                                     optarg, 2, ST_SPEC_MAX_N);
             break;
         case O_BACKEND:
             o.spec_flags = 1;
@@ -423,44 +447,54 @@ static int cmd_generate(int argc, char **argv) {
             break;
         case O_NG_MIN:
             o.spec_flags = 1;
-            parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
+            cli_parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_min_match = (int32_t)v;
             break;
         case O_NG_MAX:
             o.spec_flags = 1;
-            parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
+            cli_parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
             o.spec.ngram_max_match = (int32_t)v;
             break;
         case O_NG_BREADTH:
             o.spec_flags = 1;
-            parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
+            cli_parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
             o.spec.ngram_breadth = (int32_t)v;
+            break;
+        case O_MMAP:
+            o.load = ST_LOAD_MMAP;
+            break;
+        case O_NO_MMAP:
+            o.load = ST_LOAD_COPY;
+            break;
+        case O_MLOCK:
+            o.mlock = 1;
             break;
         case 'h':
             fputs(generate_help, stdout);
             return 0;
         case ':':
-            die_option("generate", argv, 1);
+            cli_die_option("generate", argv, 1);
             break;
         default:
-            die_option("generate", argv, 0);
+            cli_die_option("generate", argv, 0);
         }
     }
     if (optind < argc)
-        die_usage("generate", "unexpected argument");
+        cli_die_usage("generate", "unexpected argument");
     if (!o.model)
-        die_usage("generate", "-m MODEL is required");
+        cli_die_usage("generate", "-m MODEL is required");
     if (!o.prompt && !o.prompt_file)
-        die_usage("generate", "-p PROMPT or -f FILE is required");
+        cli_die_usage("generate", "-p PROMPT or -f FILE is required");
     if (o.prompt && o.prompt_file)
-        die_usage("generate", "give the prompt with -p or with -f, not both");
+        cli_die_usage("generate", "give the prompt with -p or with -f, not both");
     const int eagle = o.spec.algo == ST_SPEC_EAGLE || o.spec.algo == ST_SPEC_EAGLE3;
     const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || eagle;
     if (model_drafter && !o.draft_path)
-        die_usage("generate", "STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
+        cli_die_usage("generate",
+                      "STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
     if (!model_drafter && o.draft_path)
-        die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
-                              "STANDALONE, EAGLE or EAGLE3");
+        cli_die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
+                                  "STANDALONE, EAGLE or EAGLE3");
     if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -482,7 +516,7 @@ static int cmd_generate(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t plen = 0;
     int rc = 1;
-    if (!model_path_ok(o.model, 0) || (o.draft_path && !model_path_ok(o.draft_path, eagle)))
+    if (!cli_model_path_ok(o.model, 0) || (o.draft_path && !cli_model_path_ok(o.draft_path, eagle)))
         return 1;
     if (o.prompt_file) {
         FILE *f = fopen(o.prompt_file, "rb");
@@ -500,9 +534,13 @@ static int cmd_generate(int argc, char **argv) {
     if ((o.prompt_file || !strcmp(o.prompt, "-")) && !prompt_buf)
         return 1;
     const char *prompt = prompt_buf ? prompt_buf : o.prompt;
-    if (st_model_load(o.model, &m) != ST_OK ||
+    st_load_params lp = st_load_default_params();
+    lp.mode = o.load;
+    lp.mlock = o.mlock;
+    lp.progress = load_progress;
+    if (st_model_load_ex(o.model, &lp, &m) != ST_OK ||
         (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
-         st_model_load(o.draft_path, &dm) != ST_OK) ||
+         st_model_load_ex(o.draft_path, &lp, &dm) != ST_OK) ||
         (o.draft_path && eagle && st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
@@ -511,7 +549,7 @@ static int cmd_generate(int argc, char **argv) {
     const st_tokenizer *tok = st_model_tokenizer(m);
     int64_t n_prompt = 0;
     int add_bos = !o.no_bos && st_tokenizer_add_bos_default(tok);
-    if (tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
+    if (cli_tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
     }
@@ -568,6 +606,11 @@ static int cmd_generate(int argc, char **argv) {
     fflush(stdout);
     if (!o.seed_set && o.sp.temp > 0)
         fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
+    const st_load_info *li = st_model_get_load_info(m);
+    fprintf(
+        stderr, "load: %.2f s (%.2f s CPU), weights %s (%s), %.0f MB, %.0f MB in huge pages%s\n",
+        li->seconds, li->cpu_seconds, st_load_mode_name(li->mode), li->reason,
+        (double)li->file_bytes / 1e6, (double)li->huge_bytes / 1e6, li->locked ? ", locked" : "");
     fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
             gs.prompt_ms, gs.prompt_tok_s);
     fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s), stopped: %s\n",
@@ -612,10 +655,12 @@ static int cmd_generate(int argc, char **argv) {
             stderr,
             "], \"draft_ms\": %.3f, \"verify_ms\": %.3f, \"overhead_ms\": %.3f, \"topk\": %d, "
             "\"num_steps\": %d, \"num_draft_tokens\": %d, \"auto\": %s, \"tree_tokens\": %" PRId64
-            ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\"}\n",
+            ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\", \"load_s\": %.3f, "
+            "\"load_cpu_s\": %.3f, \"load_mode\": \"%s\", \"load_huge_mb\": %.1f}\n",
             gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
             gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend),
-            st_stop_reason_name(gs.stop_reason[0]));
+            st_stop_reason_name(gs.stop_reason[0]), li->seconds, li->cpu_seconds,
+            st_load_mode_name(li->mode), (double)li->huge_bytes / 1e6);
     }
     rc = 0;
 done:
@@ -659,18 +704,18 @@ static int cmd_tokenize(int argc, char **argv) {
             fputs(tokenize_help, stdout);
             return 0;
         case ':':
-            die_option("tokenize", argv, 1);
+            cli_die_option("tokenize", argv, 1);
             break;
         default:
-            die_option("tokenize", argv, 0);
+            cli_die_option("tokenize", argv, 0);
         }
     }
     if (!model)
-        die_usage("tokenize", "-m MODEL is required");
+        cli_die_usage("tokenize", "-m MODEL is required");
     if (argc - optind != 1)
-        die_usage("tokenize", "expected exactly one TEXT argument");
+        cli_die_usage("tokenize", "expected exactly one TEXT argument");
     const char *text = argv[optind];
-    if (!model_path_ok(model, 0))
+    if (!cli_model_path_ok(model, 0))
         return 1;
     st_gguf *g = NULL;
     st_tokenizer *tok = NULL;
@@ -681,7 +726,7 @@ static int cmd_tokenize(int argc, char **argv) {
         goto done;
     }
     int64_t n = 0;
-    if (tokenize_all(tok, text, strlen(text), add_bos, &ids, &n) != 0) {
+    if (cli_tokenize_all(tok, text, strlen(text), add_bos, &ids, &n) != 0) {
         fprintf(stderr, "spectree: %s\n", ids ? st_last_error() : "out of memory");
         goto done;
     }
@@ -740,7 +785,7 @@ static int info_head(const char *dir, const char *target_path) {
     if (!target_path)
         return 0;
     st_model *t = NULL, *h = NULL;
-    if (!model_path_ok(target_path, 0))
+    if (!cli_model_path_ok(target_path, 0))
         return 1;
     if (st_model_load(target_path, &t) != ST_OK || st_eagle_head_load(dir, t, &h) != ST_OK) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
@@ -781,22 +826,22 @@ static int cmd_info(int argc, char **argv) {
             fputs(info_help, stdout);
             return 0;
         case ':':
-            die_option("info", argv, 1);
+            cli_die_option("info", argv, 1);
             break;
         default:
-            die_option("info", argv, 0);
+            cli_die_option("info", argv, 0);
         }
     }
     if (!model)
-        die_usage("info", "-m MODEL is required");
+        cli_die_usage("info", "-m MODEL is required");
     if (optind < argc)
-        die_usage("info", "unexpected argument");
+        cli_die_usage("info", "unexpected argument");
     struct stat mst;
     if (stat(model, &mst) == 0 && S_ISDIR(mst.st_mode))
         return info_head(model, target);
     if (target)
-        die_usage("info", "--target goes with an EAGLE head directory");
-    if (!model_path_ok(model, 0))
+        cli_die_usage("info", "--target goes with an EAGLE head directory");
+    if (!cli_model_path_ok(model, 0))
         return 1;
     st_gguf *g = NULL;
     if (st_gguf_open(model, &g) != ST_OK) {
@@ -827,7 +872,9 @@ static int cmd_info(int argc, char **argv) {
     }
     st_gguf_free(g);
     st_model *m = NULL;
-    if (st_model_load(model, &m) == ST_OK) {
+    st_load_params lp = st_load_default_params();
+    lp.mode = ST_LOAD_MMAP; /* the checks only: no copy of the weights */
+    if (st_model_load_ex(model, &lp, &m) == ST_OK) {
         const st_model_hparams *hp = st_model_get_hparams(m);
         printf("\nllama: n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d, head_dim %d, "
                "n_ff %d, n_ctx_train %d, rope base %g, rms eps %g, %s output, weights %s, "
@@ -855,6 +902,7 @@ static const char *main_help =
     "  generate   generate text from a prompt\n"
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
+    "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
     "\n"
     "'spectree COMMAND --help' describes each command.\n";
 
@@ -874,6 +922,8 @@ int main(int argc, char **argv) {
         return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))
         return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return cli_cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "spectree: unknown command '%s' (see 'spectree --help')\n", cmd);
     return 2;
 }

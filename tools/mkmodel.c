@@ -472,7 +472,9 @@ static st_status inflate_metadata(st_gguf_writer *w, const st_gguf *g, const pla
  * hyper-parameters. */
 static st_gguf *inflate_open(const plan *p, st_gguf_writer *w, st_model_hparams *hp) {
     st_model *m;
-    st_status s = st_model_load(p->inflate, &m); /* every shape and type check on SRC */
+    st_load_params lp = st_load_default_params();
+    lp.mode = ST_LOAD_MMAP;                              /* the checks only: no copy */
+    st_status s = st_model_load_ex(p->inflate, &lp, &m); /* every shape and type check on SRC */
     if (s)
         die_st(s);
     *hp = *st_model_get_hparams(m);

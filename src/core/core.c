@@ -38,6 +38,8 @@ const char *st_status_str(st_status s) {
         return "unsupported";
     case ST_ERR_RANGE:
         return "out of range";
+    case ST_ERR_BUSY:
+        return "busy";
     }
     return "unknown status";
 }
@@ -132,6 +134,69 @@ void st_lazy_free(void *p, size_t size) {
 size_t st_phys_mem(void) {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+}
+
+size_t st_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
+void *st_huge_alloc(size_t size) {
+    const size_t huge = ST_HUGE_PAGE;
+    size_t len, total;
+    if (!st_add_size(size ? size : 1, huge - 1, &len))
+        return NULL;
+    len &= ~(huge - 1);
+    if (!st_add_size(len, huge, &total))
+        return NULL;
+    char *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    /* keep the 2 MB-aligned len bytes inside, give back the rest */
+    char *a = (char *)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (a > p)
+        munmap(p, (size_t)(a - p));
+    if (p + total > a + len)
+        munmap(a + len, (size_t)(p + total - (a + len)));
+    madvise(a, len, MADV_HUGEPAGE); /* a kernel without THP keeps 4 KB pages: still anonymous */
+    atomic_fetch_add(&st_n_allocs, 1);
+    return a;
+}
+
+void st_huge_free(void *p, size_t size) {
+    if (!p)
+        return;
+    const size_t len = ((size ? size : 1) + ST_HUGE_PAGE - 1) & ~(ST_HUGE_PAGE - 1);
+    munmap(p, len);
+}
+
+size_t st_huge_bytes(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int in = 0;
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi;
+        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2) {
+            if (in)
+                break;
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return (size_t)kb * 1024;
 }
 
 void *st_plan_take(st_plan *p, size_t n, size_t elem) {

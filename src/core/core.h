@@ -44,6 +44,22 @@ void *st_lazy_alloc(size_t size);
 void st_lazy_free(void *p, size_t size);
 /* Bytes of physical memory of the machine (0 if unknown). */
 size_t st_phys_mem(void);
+/* MemAvailable of /proc/meminfo in bytes: what can be allocated without swapping, page cache
+ * that can be dropped included (0 if unknown). */
+size_t st_mem_available(void);
+/* Memory for a model's weights: an anonymous region aligned to ST_HUGE_PAGE, advised
+ * MADV_HUGEPAGE (transparent huge pages in `madvise` mode back it with 2 MB pages: one TLB entry
+ * where a file mapping needs 512). Each page is committed (zeroed) on its first write: the model
+ * loader fills the whole region at once, so every page is in place before a forward pass reads
+ * it (faulting a huge page in and filling it costs 10-35% less CPU than committing the region
+ * with MADV_POPULATE_WRITE and then copying, measured on 1.1 GB). NULL on failure. Free with
+ * st_huge_free and the same size. */
+#define ST_HUGE_PAGE ((size_t)2 << 20)
+void *st_huge_alloc(size_t size);
+void st_huge_free(void *p, size_t size);
+/* Bytes of the mapping that holds p backed by transparent huge pages (AnonHugePages of
+ * /proc/self/smaps; 0 if none or unknown). Reads a file: not for hot paths. */
+size_t st_huge_bytes(const void *p);
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with st_free_aligned. */
 void *st_malloc_aligned(size_t size, size_t align);
 void st_free_aligned(void *p);
@@ -135,7 +151,8 @@ typedef enum st_env_kernels {
 } st_env_kernels;
 typedef struct st_env {
     st_env_kernels kernels;
-    int pack; /* 0 when ST_PACK=0 */
+    int pack;          /* 0 when ST_PACK=0 */
+    st_load_mode load; /* ST_LOAD=mmap|copy: MMAP or COPY, else AUTO */
 } st_env;
 st_env st_env_get(void);
 

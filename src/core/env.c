@@ -1,8 +1,9 @@
 /*
- * env.c: the library's only reading of the environment. Two variables change how spectree runs
+ * env.c: the library's only reading of the environment. Three variables change how spectree runs
  * (never what it computes): ST_KERNELS picks the kernel table (read once, when the table is
- * chosen), ST_PACK=0 turns off the packed copy of small F32 models (read at each model load).
- * Both are documented in spectree.h.
+ * chosen), ST_PACK=0 turns off the packed copy of small F32 models and ST_LOAD=mmap|copy
+ * decides how ST_LOAD_AUTO places the weights (both read at each model load). All are
+ * documented in spectree.h.
  */
 #include "core/core.h"
 
@@ -18,5 +19,10 @@ st_env st_env_get(void) {
                                          : ST_ENV_KERNELS_AUTO;
     const char *p = getenv("ST_PACK");
     e.pack = !(p && strcmp(p, "0") == 0);
+    const char *l = getenv("ST_LOAD");
+    e.load = !l                       ? ST_LOAD_AUTO
+             : strcmp(l, "mmap") == 0 ? ST_LOAD_MMAP
+             : strcmp(l, "copy") == 0 ? ST_LOAD_COPY
+                                      : ST_LOAD_AUTO;
     return e;
 }

@@ -24,6 +24,9 @@ struct st_drafter {
      * for every committed position in increasing order (the prompt's after prefill, then each
      * step's), before the next target forward pass; NULL for drafters that read no states. */
     st_status (*observe)(st_drafter *d, int64_t pos, const float *state);
+    /* Forgets the history: the next proposal (and observe, from position 0) is for a new
+     * sequence (a request joining the engine's slot). ms and evals keep accumulating. */
+    void (*reset)(st_drafter *d);
     void (*free)(st_drafter *d);
     double ms;     /* time spent drafting, accumulated by the drafter */
     int64_t evals; /* tokens the drafter's model evaluated (0 for model-free drafters) */

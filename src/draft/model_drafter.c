@@ -292,6 +292,14 @@ static st_status eagle_observe(st_drafter *d, int64_t pos, const float *state) {
     return ST_OK;
 }
 
+/* A new sequence: no committed draft rows, no target states. */
+static void mdraft_reset(st_drafter *d) {
+    mdraft *g = (mdraft *)d;
+    g->valid = 0;
+    g->n_feat = 0;
+    st_session_seq_reset(g->s, 0);
+}
+
 static void mdraft_free(st_drafter *d) {
     mdraft *g = (mdraft *)d;
     if (!g)
@@ -336,6 +344,7 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, int
         return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
     g->base.propose = mdraft_propose;
     g->base.observe = eagle ? eagle_observe : NULL;
+    g->base.reset = mdraft_reset;
     g->base.free = mdraft_free;
     g->eagle = eagle;
     g->eagle3 = draft->eagle3;

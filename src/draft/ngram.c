@@ -81,6 +81,9 @@ static int32_t kth_child(const ngram *g, int32_t parent, int64_t k) {
     return prev;
 }
 
+/* A history that is not the one indexed so far resets the index at the next proposal. */
+static void ngram_reset(st_drafter *d) { ((ngram *)d)->indexed = INT64_MAX; }
+
 static st_status ngram_propose(st_drafter *d, const int32_t *hist, int64_t n_hist, int64_t K,
                                int64_t S, float *scores, int32_t *tokens, int64_t *level_parents,
                                int64_t *n_real) {
@@ -224,6 +227,7 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
     if (!g)
         return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory");
     g->base.propose = ngram_propose;
+    g->base.reset = ngram_reset;
     g->base.free = ngram_free;
     g->min_match = min_match;
     g->max_match = max_match;

@@ -15,9 +15,12 @@ enum {
     CTL_BINS = 5,
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
     CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
-    CTL_PLAIN_EVERY = 64, /* under auto, a plain step at least this often keeps t1 fresh */
+    CTL_PLAIN_EVERY = 64,   /* under auto, a plain step at least this often keeps t1 fresh */
+    CTL_PROP_SKIP_MAX = 16, /* proposals that do not pay: at least one step in this many */
 };
 
+/* Proposals that keep not paying may cost this share of the steps' time. */
+#define CTL_PROP_SHARE 0.02
 /* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
 #define CTL_PRIOR_SCALE 0.6
 #define CTL_PRIOR_WEIGHT 2.0
@@ -37,7 +40,13 @@ struct st_ctl {
     int autotune; /* 0: a fixed shape, verified as drafted (no ranking, timing or back-off) */
     /* drafting policy of a drafter that costs time before the choice (a draft model) */
     int model_drafter;
-    int64_t step, last_plain;         /* steps so far; the last plain step */
+    int64_t step, last_plain; /* steps so far; the last plain step */
+    /* drafting that does not pay: per batch size, drafted steps in a row whose choice was
+     * plain; the last drafted step; the share of a drafted step's time spent before the choice
+     * (proposing and ranking; a moving average) */
+    int32_t idle[ST_GEN_MAX_BATCH + 1];
+    int64_t last_draft, prop_n;
+    double prop_frac;
     int64_t off_until, backoff;       /* no drafting before step off_until; next pause */
     int32_t failed_probes, win_steps; /* losing windows in a row; drafted steps this window */
     double win_benefit;               /* seconds gained by this window's drafted steps */
@@ -58,9 +67,12 @@ struct st_ctl {
     /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
     shadow *sh;
     int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth;
-    /* timing */
+    /* timing: t1 over every plain step; t1b[na] over those of na sequences (a batch's plain
+     * step costs less per token than one sequence's: the weights are read once for all) */
     double t1;
     int64_t t1_n;
+    double t1b[ST_GEN_MAX_BATCH + 1];
+    int64_t t1b_n[ST_GEN_MAX_BATCH + 1];
     int64_t explore;  /* near-paying steps seen (exploration counter) */
     double *tv;       /* (Tmax + 1) */
     int32_t *tv_n;    /* (Tmax + 1) */
@@ -134,9 +146,19 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     return ST_OK;
 }
 
-int st_ctl_want_draft(const st_ctl *c) {
+int st_ctl_want_draft(const st_ctl *c, int32_t na) {
     if (!c->autotune)
         return 1;
+    /* Proposals that keep ending in a plain step at this batch size are sampled, one step in
+     * k, k chosen so that they cost about CTL_PROP_SHARE of the steps' time (k = 1 where
+     * proposing is cheap beside the forward: a large model); the proposals still calibrate the
+     * acceptance, and a speculative choice drafts every step again. */
+    if (na >= 1 && na <= ST_GEN_MAX_BATCH && c->idle[na] >= 2) {
+        double k = ceil(c->prop_frac / CTL_PROP_SHARE);
+        k = k < 1.0 ? 1.0 : k > CTL_PROP_SKIP_MAX ? CTL_PROP_SKIP_MAX : k;
+        if ((double)(c->step - c->last_draft) < k)
+            return 0;
+    }
     /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh; a model drafter only drafts
      * once that time is known (its drafts cost time before they can be judged) */
     return c->step >= c->off_until && c->step - c->last_plain < CTL_PLAIN_EVERY &&
@@ -297,11 +319,16 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
     int32_t best = 1;
     double bg = 1.03; /* a speculative step must promise a clear gain */
     double g[ST_SPEC_MAX_N + 1];
+    /* plain decoding's time per token at this batch size, over t1 (the scale of the verify
+     * curve): the larger the batch, the cheaper its plain tokens and the more a tree must
+     * deliver. Unmeasured at this size: t1's. */
+    const double f =
+        na >= 1 && na <= ST_GEN_MAX_BATCH && c->t1b_n[na] > 0 ? c->t1b[na] / c->t1 : 1.0;
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        g[m] = tok / est_ratio(c, (int64_t)na * m);
+        g[m] = tok * f / est_ratio(c, (int64_t)na * m);
         if (g[m] > bg) {
             bg = g[m];
             best = m;
@@ -367,6 +394,16 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
         c->tv_n[T]++;
 }
 
+void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
+    if (na < 1 || !(seconds > 0.0))
+        return;
+    st_ctl_time_plain(c, seconds / (double)na);
+    if (na <= ST_GEN_MAX_BATCH) {
+        track(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
+        c->t1b_n[na]++;
+    }
+}
+
 double st_ctl_t1(const st_ctl *c) { return c->t1; }
 
 void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done) {
@@ -402,9 +439,21 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     c->step++;
     if (!c->autotune)
         return;
+    if (drafted) {
+        c->last_draft = c->step - 1;
+        if (na >= 1 && na <= ST_GEN_MAX_BATCH)
+            c->idle[na] = n > 1 ? 0 : c->idle[na] + (c->idle[na] < INT32_MAX);
+        if (t_step > 0.0) {
+            double f = (t_step - t_fwd) / t_step;
+            f = f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+            c->prop_frac +=
+                (c->prop_n < 8 ? 1.0 / (double)(c->prop_n + 1) : 0.1) * (f - c->prop_frac);
+            c->prop_n++;
+        }
+    }
     if (n == 1) {
         if (emitted > 0)
-            st_ctl_time_plain(c, t_fwd / (double)na);
+            st_ctl_time_plain_batch(c, na, t_fwd);
         c->last_plain = c->step;
     } else {
         st_ctl_time_verify(c, (int64_t)na * n, t_fwd);

@@ -34,8 +34,10 @@ typedef struct st_ctl st_ctl;
 st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotune,
                         double draft_weight_ratio, st_ctl **out);
 
-/* Whether this step drafts at all (the engine also checks that the trees fit the context). */
-int st_ctl_want_draft(const st_ctl *c);
+/* Whether this step of na sequences drafts at all (the engine also checks that the trees fit
+ * the context). Under `auto`, proposals that keep ending in a plain step at this batch size are
+ * made only one step in k, k such that they cost about 2% of the time (at most 16). */
+int st_ctl_want_draft(const st_ctl *c, int32_t na);
 void st_ctl_free(st_ctl *c);
 
 /* Ranks the candidates of active slot a (sequence b, whose history has n_hist tokens) as
@@ -57,6 +59,9 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n);
 
 /* Timing of a plain step (seconds per token) and of a verify step over T tree tokens. */
 void st_ctl_time_plain(st_ctl *c, double per_token);
+/* A plain step of na sequences that took `seconds`: t1, and the per-token time at that batch
+ * size, which scales the expected speed-up of a tree for a batch of na (st_ctl_choose). */
+void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds);
 void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds);
 double st_ctl_t1(const st_ctl *c);
 

@@ -1,8 +1,8 @@
 /*
- * engine.c: the generation loop. Resolves the parameters (SGLang's rules for the tree shape),
- * plans every buffer of a generation into one allocation, prefills each prompt, then runs steps
- * until every sequence is done: a speculative step (step.c) when the controller wants drafts
- * and the trees fit the context, a plain step otherwise. Statistics are gathered here.
+ * engine.c: the generation's set-up. Resolves the parameters (SGLang's rules for the tree
+ * shape), plans every buffer of the slots into one allocation and creates the session, the
+ * drafters, the verify-mask owner and the controller; st_generate_batch runs its prompts as
+ * the requests of one continuous-batching engine (sched.c) and gathers their statistics.
  */
 #include "engine/engine.h"
 
@@ -51,8 +51,7 @@ st_gen_params st_gen_default_params(void) {
     return p;
 }
 
-/* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N). */
-static st_status resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S, int32_t *N) {
+st_status st_gen_resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S, int32_t *N) {
     *K = sp->topk, *S = sp->num_steps, *N = sp->num_draft_tokens;
     if (*K < 0 || *S < 0 || *N < 0)
         return st_fail(ST_ERR_INVALID, "speculative tree: negative topk/steps/draft tokens");
@@ -77,7 +76,7 @@ static st_status resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S,
     return ST_OK;
 }
 
-static void gen_free(st_gen *g) {
+void st_gen_free(st_gen *g) {
     st_session_free(g->s);
     for (int i = 0; i < ST_GEN_MAX_BATCH; i++)
         if (g->dr[i])
@@ -123,8 +122,29 @@ static st_status gen_alloc(st_gen *g, int32_t n_ctx) {
     return ST_OK;
 }
 
-/* Creates the session, the drafters, the verify-mask owner and the controller. */
-static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
+st_status st_gen_check(const st_gen_params *p, const char *who, int32_t *K, int32_t *S,
+                       int32_t *N) {
+    if (p->n_predict < 0)
+        return st_fail(ST_ERR_INVALID, "%s: n_predict %lld is negative", who,
+                       (long long)p->n_predict);
+    if (!(p->sampler.temp >= 0.0f))
+        return st_fail(ST_ERR_INVALID, "%s: sampler temp %g is negative", who,
+                       (double)p->sampler.temp);
+    *K = 1, *S = 0, *N = 1;
+    st_status rc;
+    if (p->spec.algo != ST_SPEC_NONE && (rc = st_gen_resolve_shape(&p->spec, K, S, N)))
+        return rc;
+    if ((p->spec.algo == ST_SPEC_STANDALONE || p->spec.algo == ST_SPEC_EAGLE ||
+         p->spec.algo == ST_SPEC_EAGLE3) &&
+        !p->spec.draft_model)
+        return st_fail(ST_ERR_INVALID,
+                       "%s: %s needs a draft model "
+                       "(--speculative-draft-model-path)",
+                       who, st_spec_algo_name(p->spec.algo));
+    return ST_OK;
+}
+
+st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     const st_spec_params *sp = &g->p.spec;
     st_session_params ps = st_session_default_params();
     ps.n_ctx = g->p.n_ctx;
@@ -181,81 +201,22 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     return ST_OK;
 }
 
-/* Hands a prompt token's state to the drafter that reads the target's states (st_state_fn). */
-static st_status observe_prompt(void *user, int64_t pos, const float *state) {
-    st_drafter *d = user;
-    return d->observe(d, pos, state);
+/* st_generate_batch's requests: the caller's emit for sequence seq, and its stop reason. */
+typedef struct batch_seq {
+    st_emit_seq_fn emit;
+    void *user;
+    int32_t seq;
+    st_stop_reason *reason;
+} batch_seq;
+
+static int batch_emit(void *user, int32_t token) {
+    batch_seq *q = user;
+    return q->emit ? q->emit(q->user, q->seq, token) : 0;
 }
 
-/* Evaluates each prompt (its states to a drafter that reads them) and samples its first
- * token. */
-static st_status gen_prefill(st_gen *g, const int32_t *const *prompts, const int64_t *n_prompts) {
-    for (int32_t b = 0; b < g->bs; b++) {
-        memcpy(g->hist[b], prompts[b], (size_t)n_prompts[b] * sizeof(int32_t));
-        g->n_hist[b] = n_prompts[b];
-        g->stats->prompt_tokens += n_prompts[b];
-        st_drafter *d = g->dr[b] && g->dr[b]->observe ? g->dr[b] : NULL;
-        st_status rc = st_session_eval_states(g->s, b, prompts[b], (int32_t)n_prompts[b], g->logits,
-                                              1, d ? observe_prompt : NULL, d);
-        if (rc)
-            return rc;
-        int32_t next;
-        if (g->p.n_predict == 0) {
-            g->done[b] = 1;
-            g->stats->stop_reason[b] = ST_STOP_LENGTH;
-            continue;
-        }
-        if ((rc = st_gen_target_token(g, g->logits, n_prompts[b], &next)))
-            return rc;
-        st_gen_push(g, b, next);
-    }
-    return ST_OK;
-}
-
-/* Steps until every sequence is done or out of context. */
-static st_status gen_loop(st_gen *g) {
-    const int32_t n_ctx = st_session_get_params(g->s)->n_ctx;
-    for (;;) {
-        int32_t maxL = 0;
-        g->na = 0;
-        for (int32_t b = 0; b < g->bs; b++) {
-            const int32_t L = st_session_seq_len(g->s, b);
-            if (!g->done[b] && L + 1 >= n_ctx) {
-                g->done[b] = 1;
-                g->stats->stop_reason[b] = ST_STOP_CONTEXT;
-            }
-            if (!g->done[b]) {
-                g->seqs[g->na++] = b;
-                maxL = L > maxL ? L : maxL;
-            }
-        }
-        if (g->na == 0)
-            return ST_OK;
-        /* a speculative step needs room for the drafters' pools and the trees */
-        const int drafted =
-            g->ctl && st_ctl_want_draft(g->ctl) && maxL + g->N + 1 + g->K * g->S < n_ctx;
-        const double ts = st_time_now();
-        int64_t emitted = 0;
-        int32_t n = 1;
-        st_status rc = drafted ? st_gen_spec_step(g, &n, &emitted) : st_gen_plain_step(g, &emitted);
-        if (rc)
-            return rc;
-        if (!g->ctl)
-            continue;
-        const double te = st_time_now();
-        double dms = 0.0;
-        int64_t ev = 0;
-        for (int32_t a = 0; a < g->na; a++) {
-            const int32_t b = g->seqs[a];
-            st_ctl_observe(g->ctl, b, g->hist[b], g->n_hist[b], g->done[b]);
-        }
-        for (int32_t b = 0; b < g->bs; b++)
-            dms += g->dr[b]->ms, ev += g->dr[b]->evals;
-        /* the forward's time: from the choice of the tree size on */
-        const double t_fwd = te - (drafted ? g->t_chosen : ts);
-        st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts, t_fwd,
-                        ev > 0 ? dms / 1e3 / (double)ev : 0.0);
-    }
+static void batch_finish(void *user, const st_request_stats *rs) {
+    batch_seq *q = user;
+    *q->reason = rs->stop_reason;
 }
 
 st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const *prompts,
@@ -265,12 +226,10 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
     if (!m || !prompts || !n_prompts || bs < 1 || bs > ST_GEN_MAX_BATCH)
         return st_fail(ST_ERR_INVALID, "generate: need a model and 1..%d prompts",
                        ST_GEN_MAX_BATCH);
-    if (gp.n_predict < 0)
-        return st_fail(ST_ERR_INVALID, "generate: n_predict %lld is negative",
-                       (long long)gp.n_predict);
-    if (!(gp.sampler.temp >= 0.0f))
-        return st_fail(ST_ERR_INVALID, "generate: sampler temp %g is negative",
-                       (double)gp.sampler.temp);
+    int32_t K, S, N;
+    st_status rc = st_gen_check(&gp, "generate", &K, &S, &N);
+    if (rc)
+        return rc;
     const int32_t n_ctx = gp.n_ctx > 0 ? gp.n_ctx : st_model_default_ctx(m);
     for (int32_t b = 0; b < bs; b++) {
         if (!prompts[b] || n_prompts[b] < 1)
@@ -280,49 +239,43 @@ st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const 
                            "generate: prompt %d (%lld tokens) does not fit the context of %d", b,
                            (long long)n_prompts[b], n_ctx);
     }
-    int32_t K = 1, S = 0, N = 1;
-    st_status rc;
-    if (gp.spec.algo != ST_SPEC_NONE && (rc = resolve_shape(&gp.spec, &K, &S, &N)))
-        return rc;
-    if ((gp.spec.algo == ST_SPEC_STANDALONE || gp.spec.algo == ST_SPEC_EAGLE ||
-         gp.spec.algo == ST_SPEC_EAGLE3) &&
-        !gp.spec.draft_model)
-        return st_fail(ST_ERR_INVALID,
-                       "generate: %s needs a draft model "
-                       "(--speculative-draft-model-path)",
-                       st_spec_algo_name(gp.spec.algo));
+    /* every prompt holds a slot from the start, prefilled whole in the first step */
+    st_engine_params ep = st_engine_default_params();
+    ep.gen = gp;
+    ep.max_running = bs;
+    ep.max_queued = bs;
+    ep.prefill_chunk = INT32_MAX;
     st_gen_stats st0;
-    st_gen g;
-    memset(&g, 0, sizeof g);
-    g.m = m, g.p = gp, g.bs = bs, g.V = m->hp.n_vocab, g.emit = emit, g.user = user;
-    g.stats = stats ? stats : &st0;
-    memset(g.stats, 0, sizeof *g.stats);
-    if ((rc = gen_setup(&g, K, S, N)))
-        goto done;
-    st_gen_stats *st = g.stats;
-    st->n_ctx = st_session_get_params(g.s)->n_ctx;
-    if (gp.spec.algo != ST_SPEC_NONE)
-        st->num_steps = S, st->topk = K, st->num_draft_tokens = N;
+    st_gen_stats *st = stats ? stats : &st0;
+    memset(st, 0, sizeof *st);
+    st_engine *e;
+    if ((rc = st_engine_create(m, &ep, &e)))
+        return rc;
+    batch_seq q[ST_GEN_MAX_BATCH];
     const double t0 = st_time_now();
-    if ((rc = gen_prefill(&g, prompts, n_prompts)))
-        goto done;
-    const double t1 = st_time_now();
-    if ((rc = gen_loop(&g)))
-        goto done;
-    const double t2 = st_time_now();
-    for (int32_t b = 0; b < bs; b++) {
-        st->gen_tokens += g.n_gen[b];
-        st->draft_ms += g.dr[b] ? g.dr[b]->ms : 0.0;
+    for (int32_t b = 0; b < bs && !rc; b++) {
+        q[b] = (batch_seq){emit, user, b, &st->stop_reason[b]};
+        rc = st_engine_submit(e, prompts[b], n_prompts[b], NULL, batch_emit, batch_finish, &q[b],
+                              NULL);
     }
-    st->prompt_ms = (t1 - t0) * 1e3;
-    st->gen_ms = (t2 - t1) * 1e3;
-    st->verify_ms = g.verify_s * 1e3;
-    st->overhead_ms = st->gen_ms - st->draft_ms - st->verify_ms;
-    st->tau = st->spec_steps ? (double)g.spec_emitted / (double)st->spec_steps : 0.0;
-    st->prompt_tok_s = st->prompt_ms > 0 ? (double)st->prompt_tokens / (st->prompt_ms / 1e3) : 0.0;
-    st->gen_tok_s = st->gen_ms > 0 ? (double)st->gen_tokens / (st->gen_ms / 1e3) : 0.0;
-done:
-    gen_free(&g);
+    while (!rc && st_engine_running(e) + st_engine_queued(e) > 0)
+        rc = st_engine_step(e);
+    const double t1 = st_time_now();
+    if (!rc) {
+        /* the engine's totals are those of this generation (gen_tokens and stop_reason were
+         * filled in by the requests' callbacks) */
+        st_stop_reason reasons[ST_GEN_MAX_BATCH];
+        memcpy(reasons, st->stop_reason, sizeof reasons);
+        st_engine_gen_stats(e, st);
+        memcpy(st->stop_reason, reasons, sizeof reasons);
+        st->prompt_ms = st_engine_prefill_ms(e);
+        st->gen_ms = (t1 - t0) * 1e3 - st->prompt_ms;
+        st->overhead_ms = st->gen_ms - st->draft_ms - st->verify_ms;
+        st->prompt_tok_s =
+            st->prompt_ms > 0 ? (double)st->prompt_tokens / (st->prompt_ms / 1e3) : 0.0;
+        st->gen_tok_s = st->gen_ms > 0 ? (double)st->gen_tokens / (st->gen_ms / 1e3) : 0.0;
+    }
+    st_engine_free(e);
     return rc;
 }
 

@@ -1,7 +1,9 @@
 /*
- * engine.h: internal header of the engine: the state of one generation (st_generate_batch) and
- * the two kinds of step it runs. engine.c sets up, prefills, loops and reports; step.c holds the
- * speculative step (DESIGN.md "One speculative step") and the plain step.
+ * engine.h: internal header of the engine: the state of the slots of a continuous-batching
+ * engine (st_engine; st_generate_batch is a loop over one) and the two kinds of step it runs.
+ * engine.c resolves the parameters and sets the state up; sched.c queues, admits, prefills,
+ * steps and finishes requests; step.c holds the speculative step (DESIGN.md "One speculative
+ * step") and the plain step.
  */
 #ifndef ST_ENGINE_H
 #define ST_ENGINE_H
@@ -9,22 +11,43 @@
 #include "draft/drafter.h"
 #include "engine/ctl.h"
 
+/* One request: queued (slot -1), then holding a slot until it finishes. */
+typedef struct st_req st_req;
+struct st_req {
+    uint64_t id;
+    st_request_params rp;
+    st_request_emit_fn emit;
+    st_request_finish_fn finish;
+    void *user;
+    st_request_stats st;  /* kept up to date by the steps; st.gen_tokens counts emitted ones */
+    double t_submit;      /* st_time_now() at submit */
+    int64_t reserve;      /* KV positions reserved while it holds a slot */
+    int64_t n_prefilled;  /* prompt tokens evaluated so far */
+    int64_t spec_emitted; /* tokens of its speculative steps (accepted drafts + bonus) */
+    int32_t slot;         /* -1 while queued */
+    int cancelled;        /* st_engine_cancel was called: finishes at the next step */
+    st_req *next;         /* the queue, in submission order */
+    int64_t n_prompt;
+    int32_t prompt[]; /* (n_prompt) */
+};
+
 typedef struct st_gen {
     const st_model *m;
-    st_gen_params p; /* as given, with auto K/S/N resolved into K, S, N below */
+    st_gen_params p; /* as given, with auto K/S/N resolved into K, S, N below; p.sampler and
+                      * p.n_predict are only defaults: each slot's request has its own */
     st_session *s;
     st_verify_mask *vm;
     st_ctl *ctl;                      /* NULL for plain decoding */
     st_drafter *dr[ST_GEN_MAX_BATCH]; /* one drafter per sequence (each keeps its state) */
-    int32_t V, bs, K, S, N;           /* vocabulary, sequences, the tree pool and largest tree */
+    int32_t V, bs, K, S, N;           /* vocabulary, slots, the tree pool and largest tree */
     int64_t M, LPW, PW;               /* candidates, level_parents and parent_list widths */
-    st_emit_seq_fn emit;
-    void *user;
-    st_gen_stats *stats;
+    st_gen_stats *stats;  /* totals over every sequence (spec_steps counts each sequence's) */
     double verify_s;      /* seconds in verify forwards and the logits they deferred */
     int64_t spec_emitted; /* tokens emitted by speculative steps (for tau) */
     double t_chosen;      /* when the last speculative step had chosen its tree size */
-    /* the sequences: histories (prompt + generated), counts, state */
+    int32_t n_cur;        /* this speculative step's tree size */
+    /* the slots: their requests (NULL: free), histories (prompt + generated), counts, state */
+    st_req *req[ST_GEN_MAX_BATCH];
     int32_t *hist[ST_GEN_MAX_BATCH]; /* (n_ctx + 1) each */
     int64_t n_hist[ST_GEN_MAX_BATCH];
     int64_t n_gen[ST_GEN_MAX_BATCH];
@@ -49,12 +72,30 @@ typedef struct st_gen {
     void *mem;     /* the one allocation of every array above */
 } st_gen;
 
-/* The target's token at the node whose logits are lg, at absolute position pos: exactly what
- * plain decoding samples there (greedy is st_sample at temp 0). */
-st_status st_gen_target_token(st_gen *g, const float *lg, int64_t pos, int32_t *out);
+/* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N) for speculation sp. */
+st_status st_gen_resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S, int32_t *N);
 
-/* Appends token tok to sequence b and emits it; returns nonzero when b is finished. */
+/* Checks p (n_predict, sampler, draft model) and resolves the tree shape: K, S, N (1, 0, 1 for
+ * plain decoding). who names the caller in messages. */
+st_status st_gen_check(const st_gen_params *p, const char *who, int32_t *K, int32_t *S, int32_t *N);
+
+/* Sets g up for g->bs slots (g->m, g->p and g->stats set): the session, one drafter per slot,
+ * the step buffers, the verify-mask owner and the controller. st_gen_free releases them. */
+st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N);
+void st_gen_free(st_gen *g);
+
+/* The target's token for slot b at the node whose logits are lg, at absolute position pos:
+ * exactly what plain decoding samples there with the slot's sampler (greedy is st_sample at
+ * temp 0). */
+st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out);
+
+/* Appends token tok to slot b and emits it; returns nonzero when b is finished. */
 int st_gen_push(st_gen *g, int32_t b, int32_t tok);
+
+/* The engine's totals as st_generate_batch reports them (the times of prefill and generation
+ * left to the caller), and the milliseconds spent prefilling. */
+void st_engine_gen_stats(const st_engine *e, st_gen_stats *out);
+double st_engine_prefill_ms(const st_engine *e);
 
 /* One speculative step of the g->na active sequences: propose, choose the tree size, organize,
  * mask, build, verify forward, targets along the path and accept, commit. When the drafts are

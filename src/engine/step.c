@@ -11,7 +11,7 @@
 
 #include <math.h>
 
-st_status st_gen_target_token(st_gen *g, const float *lg, int64_t pos, int32_t *out) {
+st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out) {
     /* NaN or infinity: broken weights, never a token. x * 0 is 0 for finite x and NaN
      * otherwise; eight independent sums (a loop compilers vectorize, as in st_argmax) stay 0
      * unless one is not finite, and only then is the row searched for the culprit. */
@@ -32,24 +32,27 @@ st_status st_gen_target_token(st_gen *g, const float *lg, int64_t pos, int32_t *
                                "generate: the logits at position %lld are not finite (token %d "
                                "is %s): the model's weights or activations are broken",
                                (long long)pos, i, isnan(lg[i]) ? "NaN" : "infinite");
-    return st_sample(lg, g->V, &g->p.sampler, pos, g->scratch, out);
+    return st_sample(lg, g->V, &g->req[b]->rp.sampler, pos, g->scratch, out);
 }
 
-/* Ends sequence b for reason r; returns 1. */
+/* Ends slot b for reason r; returns 1. */
 static int finish(st_gen *g, int32_t b, st_stop_reason r) {
     g->done[b] = 1;
-    g->stats->stop_reason[b] = r;
+    g->req[b]->st.stop_reason = r;
     return 1;
 }
 
 int st_gen_push(st_gen *g, int32_t b, int32_t tok) {
+    st_req *r = g->req[b];
     if (st_tokenizer_is_eog(g->m->tok, tok))
         return finish(g, b, ST_STOP_EOS);
     g->hist[b][g->n_hist[b]++] = tok;
     g->n_gen[b]++;
-    if (g->emit && g->emit(g->user, b, tok))
+    g->stats->gen_tokens++;
+    r->st.gen_tokens++;
+    if (r->emit && r->emit(r->user, tok))
         return finish(g, b, ST_STOP_STOP);
-    if (g->n_gen[b] >= g->p.n_predict)
+    if (g->n_gen[b] >= r->rp.n_predict)
         return finish(g, b, ST_STOP_LENGTH);
     return 0;
 }
@@ -64,6 +67,8 @@ const char *st_stop_reason_name(st_stop_reason r) {
         return "stop";
     case ST_STOP_CONTEXT:
         return "context";
+    case ST_STOP_CANCEL:
+        return "cancelled";
     default:
         return "none";
     }
@@ -74,7 +79,9 @@ const char *st_stop_reason_name(st_stop_reason r) {
 static st_status path_target(void *user, int64_t x, int32_t *token) {
     st_gen *g = user;
     st_status rc = st_session_logits(g->s, x, g->logits);
-    return rc ? rc : st_gen_target_token(g, g->logits, (int64_t)g->positions[x] + 1, token);
+    return rc ? rc
+              : st_gen_target_token(g, g->seqs[x / g->n_cur], g->logits,
+                                    (int64_t)g->positions[x] + 1, token);
 }
 
 /* Commits active sequence a after the walk: its accepted nodes' KV rows, then the accepted
@@ -101,6 +108,10 @@ static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
     g->stats->tree_tokens += n;
     g->stats->accept_hist[k]++;
     g->spec_emitted += k + 1;
+    st_req *r = g->req[b];
+    r->st.spec_steps++;
+    r->st.accept_hist[k]++;
+    r->spec_emitted += k + 1;
     *emitted += g->n_gen[b] - before;
     return ST_OK;
 }
@@ -132,6 +143,7 @@ st_status st_gen_spec_step(st_gen *g, int32_t *n_out, int64_t *emitted) {
     if (n == 1)
         return st_gen_plain_step(g, emitted);
     /* organize: the n-1 best-scored candidates of each pool, with their parents */
+    g->n_cur = n;
     const st_tree_shape shape = {na, K, S, n};
     if ((rc = st_tree_organize(&shape, g->scores, g->cand_tokens, g->level_parents, g->sel,
                                g->drafts, g->parent_list)))
@@ -178,11 +190,12 @@ st_status st_gen_plain_step(st_gen *g, int64_t *emitted) {
         if (d && d->observe && (rc = d->observe(d, g->seq_lens[a], st_session_state(g->s, a))))
             return rc;
         int32_t next;
-        if ((rc = st_gen_target_token(g, g->logits + (size_t)a * (size_t)g->V, g->seq_lens[a] + 1,
-                                      &next)))
+        if ((rc = st_gen_target_token(g, g->seqs[a], g->logits + (size_t)a * (size_t)g->V,
+                                      g->seq_lens[a] + 1, &next)))
             return rc;
         st_gen_push(g, g->seqs[a], next);
         g->stats->plain_steps++;
+        g->req[g->seqs[a]]->st.plain_steps++;
         (*emitted)++;
     }
     return ST_OK;

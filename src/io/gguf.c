@@ -27,6 +27,7 @@ typedef struct gguf_kv {
 struct st_gguf {
     char *name;
     st_mmap map; /* owned when opened from a path */
+    void *copy;  /* owned: a st_huge_alloc copy of the file that replaced the mapping, or NULL */
     const uint8_t *data;
     size_t size;
     uint32_t version;
@@ -322,6 +323,7 @@ void st_gguf_free(st_gguf *g) {
     st_name_index_free(&g->kv_index);
     st_name_index_free(&g->tensor_index);
     st_mmap_close(&g->map);
+    st_huge_free(g->copy, g->size);
     st_free(g->name);
     st_free(g);
 }
@@ -500,6 +502,21 @@ st_status st_gguf_open(const char *path, st_gguf **out) {
     g->data = g->map.data;
     g->size = g->map.size;
     return gguf_open_common(g, out);
+}
+
+void st_gguf_adopt_copy(st_gguf *g, void *copy) {
+    const uint8_t *old = g->data;
+    g->data = copy;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        g->tensors[i].data = g->data + ((const uint8_t *)g->tensors[i].data - old);
+    st_mmap_close(&g->map);
+    st_huge_free(g->copy, g->size);
+    g->copy = copy;
+}
+
+const void *st_gguf_bytes(const st_gguf *g, size_t *size) {
+    *size = g->size;
+    return g->data;
 }
 
 const char *st_gguf_name(const st_gguf *g) { return g->name; }

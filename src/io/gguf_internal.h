@@ -5,6 +5,13 @@
 
 /* The name the file was opened with (used to prefix error messages). */
 const char *st_gguf_name(const st_gguf *g);
+/* The bytes the reader parsed (the mapped file or the caller's buffer) and their size. */
+const void *st_gguf_bytes(const st_gguf *g, size_t *size);
+/* Moves the reader onto `copy`, a st_huge_alloc region of at least the file's size holding the
+ * same bytes (the caller checked them): tensor data pointers move with it, the file mapping (if
+ * any) is closed and the reader owns copy from now on (st_gguf_free releases it). Metadata is
+ * kept as offsets, so nothing else changes. */
+void st_gguf_adopt_copy(st_gguf *g, void *copy);
 /* Byte offset of the tensor data blob from the start of the file. */
 size_t st_gguf_data_offset(const st_gguf *g);
 /* Bytes of one value of a fixed-size metadata type; 0 for STRING and ARRAY. */

@@ -1,7 +1,8 @@
 /*
- * llama.c: loading a GGUF Llama model: every tensor's presence, type and shape is checked, the
- * weights stay in the mapped file (small F32 models also get a packed copy, see model.h), and the
- * hyper-parameters are read with their defaults. The forward pass is in forward.c and attn.c,
+ * llama.c: building a model over an opened GGUF: every tensor's presence, type and shape is
+ * checked, the weights are used where the file's bytes are (mapped or copied, load.c; small F32
+ * models also get a packed copy, see model.h), and the hyper-parameters are read with their
+ * defaults. The forward pass is in forward.c and attn.c,
  * the session that runs it in session.c and kv.c.
  */
 #include "model/model.h"
@@ -289,7 +290,7 @@ static st_status model_from_gguf(st_model *m) {
 }
 
 /* Builds a model over an opened GGUF, taking ownership of g (freed on error). Shared by
- * st_model_load and st_model_load_memory (load_memory.c). */
+ * st_model_load_ex (load.c) and st_model_load_memory (load_memory.c). */
 st_status st_model_from_gguf(st_gguf *g, st_model **out);
 st_status st_model_from_gguf(st_gguf *g, st_model **out) {
     *out = NULL;
@@ -307,17 +308,6 @@ st_status st_model_from_gguf(st_gguf *g, st_model **out) {
     }
     *out = m;
     return ST_OK;
-}
-
-st_status st_model_load(const char *path, st_model **out) {
-    if (!out || !path)
-        return st_fail(ST_ERR_INVALID, "st_model_load: NULL argument");
-    *out = NULL;
-    st_gguf *g;
-    st_status s = st_gguf_open(path, &g);
-    if (s)
-        return s;
-    return st_model_from_gguf(g, out);
 }
 
 const st_model_hparams *st_model_get_hparams(const st_model *m) { return &m->hp; }

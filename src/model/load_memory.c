@@ -17,5 +17,10 @@ st_status st_model_load_memory(const void *data, size_t size, const char *name, 
     st_status s = st_gguf_open_memory(data, size, name, &g);
     if (s)
         return s;
-    return st_model_from_gguf(g, out);
+    if ((s = st_model_from_gguf(g, out)))
+        return s;
+    (*out)->load.mode = ST_LOAD_BUFFER;
+    (*out)->load.reason = "buffer";
+    (*out)->load.file_bytes = size;
+    return ST_OK;
 }

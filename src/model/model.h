@@ -62,6 +62,7 @@ struct st_model {
     void *owned;            /* an EAGLE head's weights: one 64-byte-aligned block, or NULL */
     const st_model *target; /* an EAGLE head: the model it was loaded for (its embedding and
                              * output layer are borrowed from it), else NULL */
+    st_load_info load;      /* what the load did (load.c) */
     /* EAGLE-3 (src/draft/eagle3_load.c): fc (n_embd, n_cap * target n_embd) fuses the target's
      * states entering layers cap_layer; layer 0's attn_norm normalizes the embedding and
      * hidden_norm the incoming state, its q/k/v read both (2 * n_embd); out_norm and output
@@ -72,6 +73,13 @@ struct st_model {
     int32_t n_cap;                 /* target layers read */
     int32_t cap_layer[ST_CAP_MAX]; /* residual stream entering each (n_layer: after the last) */
 };
+
+/* The mode a load runs in (load.c): an explicit MMAP or COPY as requested; for AUTO the
+ * environment's choice (env, from ST_LOAD) if any, else COPY for a file of at least
+ * ST_LOAD_COPY_MIN_BYTES when avail (MemAvailable) holds it plus max(a quarter of it, 512 MB),
+ * else MMAP. *reason gets a static string saying which rule decided. */
+st_load_mode st_load_choose(st_load_mode requested, st_load_mode env, size_t file_bytes,
+                            size_t avail, const char **reason);
 
 /* What a token of a forward pass attends to: the rows [0, n_prefix) of its sequence's KV (each
  * only where prefix_mask[row] != 0 when prefix_mask is given), then the rows listed in

@@ -1,0 +1,453 @@
+/*
+ * sched.c: the continuous-batching engine (st_engine). Requests wait in a FIFO queue, are
+ * admitted to a slot (a sequence of the session, with its own drafter) while the slots and the
+ * KV budget allow, have their prompts prefilled a chunk per step, and then take part in every
+ * step's one forward pass over all running sequences (step.c: speculative or plain, as the
+ * controller chooses for the whole batch). A request's tokens do not depend on what else runs:
+ * every forward is batch-invariant and each token is drawn from its own position's coin.
+ */
+#include "engine/engine.h"
+
+#include <string.h>
+
+struct st_engine {
+    st_gen g;
+    st_gen_stats gs; /* totals over every sequence (g.stats points here) */
+    int32_t n_ctx, max_running, max_queued, prefill_chunk;
+    int64_t kv_budget, kv_reserved;
+    int32_t n_running, n_queued;
+    st_req *qhead, *qtail; /* the queue, oldest first */
+    uint64_t next_id;
+    double prefill_s;                   /* seconds in prefill */
+    int64_t steps, spec_fwd, plain_fwd; /* steps that ran a forward; decoding passes by kind */
+    int64_t finished;                   /* finish callbacks called */
+    int64_t accept_hist[ST_SPEC_MAX_S + 1];
+};
+
+st_engine_params st_engine_default_params(void) {
+    st_engine_params p = {.gen = st_gen_default_params(),
+                          .max_running = 8,
+                          .max_queued = 256,
+                          .prefill_chunk = 256,
+                          .kv_budget = 0};
+    return p;
+}
+
+st_request_params st_engine_request_defaults(const st_engine *e) {
+    st_request_params r = {.n_predict = e->g.p.n_predict, .sampler = e->g.p.sampler};
+    return r;
+}
+
+/* Ends request r: releases its slot and reservation, fills in its final statistics, calls its
+ * finish callback and frees it. status: ST_OK, or the error that ended it. */
+static void req_finish(st_engine *e, st_req *r, st_status status) {
+    st_gen *g = &e->g;
+    const int32_t b = r->slot;
+    if (b >= 0) {
+        g->req[b] = NULL;
+        g->done[b] = 1;
+        st_session_seq_reset(g->s, b);
+        if (g->ctl) /* its pending shadows are dropped */
+            st_ctl_observe(g->ctl, b, NULL, 0, 1);
+        e->kv_reserved -= r->reserve;
+        e->n_running--;
+    }
+    st_request_stats *st = &r->st;
+    st->status = status;
+    if (status != ST_OK)
+        st->stop_reason = ST_STOP_NONE;
+    st->verify_ct = st->spec_steps + st->plain_steps;
+    st->accept_length = st->verify_ct ? (double)st->gen_tokens / (double)st->verify_ct : 0.0;
+    st->tau = st->spec_steps ? (double)r->spec_emitted / (double)st->spec_steps : 0.0;
+    st->total_ms = (st_time_now() - r->t_submit) * 1e3;
+    e->finished++;
+    if (r->finish)
+        r->finish(r->user, st);
+    st_free(r);
+}
+
+void st_engine_free(st_engine *e) {
+    if (!e)
+        return;
+    for (int32_t b = 0; b < e->g.bs; b++)
+        if (e->g.req[b]) {
+            e->g.req[b]->st.stop_reason = ST_STOP_CANCEL;
+            req_finish(e, e->g.req[b], ST_OK);
+        }
+    while (e->qhead) {
+        st_req *r = e->qhead;
+        e->qhead = r->next;
+        r->st.stop_reason = ST_STOP_CANCEL;
+        req_finish(e, r, ST_OK);
+    }
+    st_gen_free(&e->g);
+    st_free(e);
+}
+
+st_status st_engine_create(const st_model *m, const st_engine_params *pp, st_engine **out) {
+    if (!out)
+        return st_fail(ST_ERR_INVALID, "engine: NULL output");
+    *out = NULL;
+    if (!m)
+        return st_fail(ST_ERR_INVALID, "engine: need a model");
+    const st_engine_params p = pp ? *pp : st_engine_default_params();
+    if (p.max_running < 1 || p.max_running > ST_GEN_MAX_BATCH)
+        return st_fail(ST_ERR_INVALID, "engine: max_running %d outside 1..%d", p.max_running,
+                       ST_GEN_MAX_BATCH);
+    if (p.max_queued < 1)
+        return st_fail(ST_ERR_INVALID, "engine: max_queued %d must be at least 1", p.max_queued);
+    if (p.prefill_chunk < 1)
+        return st_fail(ST_ERR_INVALID, "engine: prefill_chunk %d must be at least 1",
+                       p.prefill_chunk);
+    if (p.kv_budget < 0)
+        return st_fail(ST_ERR_INVALID, "engine: kv_budget %lld is negative",
+                       (long long)p.kv_budget);
+    int32_t K, S, N;
+    st_status rc = st_gen_check(&p.gen, "engine", &K, &S, &N);
+    if (rc)
+        return rc;
+    st_engine *e = st_calloc(1, sizeof *e);
+    if (!e)
+        return st_fail(ST_ERR_NOMEM, "engine: out of memory");
+    e->g.m = m;
+    e->g.p = p.gen;
+    e->g.bs = p.max_running;
+    e->g.V = m->hp.n_vocab;
+    e->g.stats = &e->gs;
+    if ((rc = st_gen_setup(&e->g, K, S, N))) {
+        st_engine_free(e);
+        return rc;
+    }
+    e->n_ctx = st_session_get_params(e->g.s)->n_ctx;
+    e->gs.n_ctx = e->n_ctx;
+    if (p.gen.spec.algo != ST_SPEC_NONE)
+        e->gs.num_steps = S, e->gs.topk = K, e->gs.num_draft_tokens = N;
+    e->max_running = p.max_running;
+    e->max_queued = p.max_queued;
+    e->prefill_chunk = p.prefill_chunk;
+    e->kv_budget = p.kv_budget ? p.kv_budget : (int64_t)p.max_running * e->n_ctx;
+    e->next_id = 1;
+    for (int32_t b = 0; b < e->g.bs; b++)
+        e->g.done[b] = 1;
+    *out = e;
+    return ST_OK;
+}
+
+st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt,
+                           const st_request_params *rp, st_request_emit_fn emit,
+                           st_request_finish_fn finish, void *user, uint64_t *id) {
+    if (id)
+        *id = 0;
+    if (!e || !prompt || n_prompt < 1)
+        return st_fail(ST_ERR_INVALID, "engine: a request needs a prompt of at least one token");
+    const st_request_params r = rp ? *rp : st_engine_request_defaults(e);
+    if (r.n_predict < 0)
+        return st_fail(ST_ERR_INVALID, "engine: n_predict %lld is negative",
+                       (long long)r.n_predict);
+    if (!(r.sampler.temp >= 0.0f))
+        return st_fail(ST_ERR_INVALID, "engine: sampler temp %g is negative",
+                       (double)r.sampler.temp);
+    if (n_prompt >= e->n_ctx)
+        return st_fail(ST_ERR_RANGE,
+                       "engine: a prompt of %lld tokens does not fit the context of %d",
+                       (long long)n_prompt, e->n_ctx);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->g.V)
+            return st_fail(ST_ERR_INVALID,
+                           "engine: prompt token %d at %lld is outside the vocabulary of %d",
+                           prompt[i], (long long)i, e->g.V);
+    /* the most positions it can use: prompt, generated tokens and one tree beyond them */
+    int64_t reserve = e->n_ctx;
+    if (r.n_predict < e->n_ctx && n_prompt + r.n_predict + e->g.N < e->n_ctx)
+        reserve = n_prompt + r.n_predict + e->g.N;
+    if (reserve > e->kv_budget)
+        return st_fail(ST_ERR_RANGE,
+                       "engine: the request needs %lld KV positions, more than the budget of %lld",
+                       (long long)reserve, (long long)e->kv_budget);
+    if (e->n_queued >= e->max_queued)
+        return st_fail(ST_ERR_BUSY, "engine: the queue is full (%d requests waiting)", e->n_queued);
+    st_req *q = st_malloc(sizeof *q + (size_t)n_prompt * sizeof(int32_t));
+    if (!q)
+        return st_fail(ST_ERR_NOMEM, "engine: out of memory for a request of %lld tokens",
+                       (long long)n_prompt);
+    memset(q, 0, sizeof *q);
+    memcpy(q->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
+    q->n_prompt = n_prompt;
+    q->id = e->next_id++;
+    q->rp = r;
+    q->emit = emit;
+    q->finish = finish;
+    q->user = user;
+    q->t_submit = st_time_now();
+    q->reserve = reserve;
+    q->slot = -1;
+    q->st.id = q->id;
+    q->st.prompt_tokens = n_prompt;
+    q->st.ttft_ms = -1.0;
+    if (e->qtail)
+        e->qtail->next = q;
+    else
+        e->qhead = q;
+    e->qtail = q;
+    e->n_queued++;
+    if (id)
+        *id = q->id;
+    return ST_OK;
+}
+
+st_status st_engine_cancel(st_engine *e, uint64_t id) {
+    if (!e)
+        return st_fail(ST_ERR_INVALID, "engine: NULL engine");
+    for (int32_t b = 0; b < e->g.bs; b++)
+        if (e->g.req[b] && e->g.req[b]->id == id) {
+            e->g.req[b]->cancelled = 1;
+            return ST_OK;
+        }
+    for (st_req *r = e->qhead; r; r = r->next)
+        if (r->id == id) {
+            r->cancelled = 1;
+            return ST_OK;
+        }
+    return st_fail(ST_ERR_RANGE, "engine: no pending request %llu", (unsigned long long)id);
+}
+
+/* Finishes the cancelled requests, queued or running. */
+static void drop_cancelled(st_engine *e) {
+    for (int32_t b = 0; b < e->g.bs; b++)
+        if (e->g.req[b] && e->g.req[b]->cancelled) {
+            e->g.req[b]->st.stop_reason = ST_STOP_CANCEL;
+            req_finish(e, e->g.req[b], ST_OK);
+        }
+    st_req **link = &e->qhead, *last = NULL;
+    while (*link) {
+        st_req *r = *link;
+        if (r->cancelled) {
+            *link = r->next;
+            e->n_queued--;
+            r->st.stop_reason = ST_STOP_CANCEL;
+            req_finish(e, r, ST_OK);
+        } else {
+            last = r;
+            link = &r->next;
+        }
+    }
+    e->qtail = last;
+}
+
+/* Moves queued requests, oldest first, into free slots while their reservations fit the
+ * budget (the oldest waits rather than being overtaken, so a long request cannot starve). */
+static void admit(st_engine *e) {
+    st_gen *g = &e->g;
+    while (e->qhead && e->n_running < e->max_running &&
+           e->kv_reserved + e->qhead->reserve <= e->kv_budget) {
+        st_req *r = e->qhead;
+        e->qhead = r->next;
+        if (!e->qhead)
+            e->qtail = NULL;
+        r->next = NULL;
+        e->n_queued--;
+        int32_t b = 0;
+        while (g->req[b])
+            b++;
+        g->req[b] = r;
+        r->slot = b;
+        e->n_running++;
+        e->kv_reserved += r->reserve;
+        r->st.queue_ms = (st_time_now() - r->t_submit) * 1e3;
+        /* a fresh sequence: empty KV, a drafter and controller shadows that forget the last */
+        st_session_seq_reset(g->s, b);
+        if (g->dr[b])
+            g->dr[b]->reset(g->dr[b]);
+        if (g->ctl)
+            st_ctl_observe(g->ctl, b, NULL, 0, 1);
+        memcpy(g->hist[b], r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+        g->n_hist[b] = r->n_prompt;
+        g->n_gen[b] = 0;
+        g->done[b] = 0;
+    }
+}
+
+/* Hands a prompt token's state to the drafter that reads the target's states (st_state_fn). */
+static st_status observe_prompt(void *user, int64_t pos, const float *state) {
+    st_drafter *d = user;
+    return d->observe(d, pos, state);
+}
+
+/* Prefills at most prefill_chunk prompt tokens of the joining requests, oldest first; a prompt
+ * whose last chunk is done samples its first token. *ran: whether anything was evaluated. */
+static st_status prefill(st_engine *e, int *ran) {
+    st_gen *g = &e->g;
+    int64_t budget = e->prefill_chunk;
+    while (budget > 0) {
+        int32_t b = -1;
+        for (int32_t i = 0; i < g->bs; i++)
+            if (g->req[i] && g->req[i]->n_prefilled < g->req[i]->n_prompt &&
+                (b < 0 || g->req[i]->id < g->req[b]->id))
+                b = i;
+        if (b < 0)
+            return ST_OK;
+        st_req *r = g->req[b];
+        const int64_t left = r->n_prompt - r->n_prefilled, c = left < budget ? left : budget;
+        const int last = c == left;
+        st_drafter *d = g->dr[b] && g->dr[b]->observe ? g->dr[b] : NULL;
+        const double t0 = st_time_now();
+        st_status rc = st_session_eval_states(g->s, b, r->prompt + r->n_prefilled, (int32_t)c,
+                                              last ? g->logits : NULL, last ? 1 : 0,
+                                              d ? observe_prompt : NULL, d);
+        *ran = 1;
+        int32_t next = 0;
+        if (!rc && last && r->rp.n_predict > 0)
+            rc = st_gen_target_token(g, b, g->logits, r->n_prompt, &next);
+        e->prefill_s += st_time_now() - t0;
+        if (rc) {
+            req_finish(e, r, rc);
+            return rc;
+        }
+        r->n_prefilled += c;
+        g->stats->prompt_tokens += c;
+        budget -= c;
+        if (!last)
+            continue;
+        r->st.ttft_ms = (st_time_now() - r->t_submit) * 1e3;
+        if (r->rp.n_predict == 0) {
+            g->done[b] = 1;
+            r->st.stop_reason = ST_STOP_LENGTH;
+        } else {
+            st_gen_push(g, b, next);
+        }
+    }
+    return ST_OK;
+}
+
+/* One forward pass over every running sequence that has its first token (gen_loop's body of
+ * old): a speculative step when the controller wants drafts and the trees fit the context, a
+ * plain step otherwise; then the controller's bookkeeping. */
+static st_status forward(st_engine *e, int *ran) {
+    st_gen *g = &e->g;
+    int32_t maxL = 0;
+    g->na = 0;
+    for (int32_t b = 0; b < g->bs; b++) {
+        const st_req *r = g->req[b];
+        if (!r || g->done[b] || r->n_prefilled < r->n_prompt)
+            continue;
+        const int32_t L = st_session_seq_len(g->s, b);
+        if (L + 1 >= e->n_ctx) {
+            g->done[b] = 1;
+            g->req[b]->st.stop_reason = ST_STOP_CONTEXT;
+            continue;
+        }
+        g->seqs[g->na++] = b;
+        maxL = L > maxL ? L : maxL;
+    }
+    if (g->na == 0)
+        return ST_OK;
+    *ran = 1;
+    /* a speculative step needs room for the drafters' pools and the trees */
+    const int drafted =
+        g->ctl && st_ctl_want_draft(g->ctl, g->na) && maxL + g->N + 1 + g->K * g->S < e->n_ctx;
+    const double ts = st_time_now();
+    int64_t emitted = 0;
+    int32_t n = 1;
+    const int64_t spec0 = g->stats->spec_steps;
+    int64_t hist0[ST_SPEC_MAX_S + 1];
+    memcpy(hist0, g->stats->accept_hist, sizeof hist0);
+    st_status rc = drafted ? st_gen_spec_step(g, &n, &emitted) : st_gen_plain_step(g, &emitted);
+    if (rc) {
+        for (int32_t a = 0; a < g->na; a++)
+            if (g->req[g->seqs[a]])
+                req_finish(e, g->req[g->seqs[a]], rc);
+        return rc;
+    }
+    if (g->stats->spec_steps > spec0)
+        e->spec_fwd++;
+    else
+        e->plain_fwd++;
+    for (int32_t k = 0; k <= ST_SPEC_MAX_S; k++)
+        e->accept_hist[k] += g->stats->accept_hist[k] - hist0[k];
+    if (!g->ctl)
+        return ST_OK;
+    const double te = st_time_now();
+    double dms = 0.0;
+    int64_t ev = 0;
+    for (int32_t a = 0; a < g->na; a++) {
+        const int32_t b = g->seqs[a];
+        st_ctl_observe(g->ctl, b, g->hist[b], g->n_hist[b], g->done[b]);
+    }
+    for (int32_t b = 0; b < g->bs; b++)
+        dms += g->dr[b]->ms, ev += g->dr[b]->evals;
+    /* the forward's time: from the choice of the tree size on */
+    const double t_fwd = te - (drafted ? g->t_chosen : ts);
+    st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts, t_fwd,
+                    ev > 0 ? dms / 1e3 / (double)ev : 0.0);
+    return ST_OK;
+}
+
+st_status st_engine_step(st_engine *e) {
+    if (!e)
+        return st_fail(ST_ERR_INVALID, "engine: NULL engine");
+    drop_cancelled(e);
+    admit(e);
+    int ran = 0;
+    st_status rc = prefill(e, &ran);
+    if (!rc)
+        rc = forward(e, &ran);
+    e->steps += ran;
+    /* requests that ended (or that an error left behind) leave their slots */
+    for (int32_t b = 0; b < e->g.bs; b++)
+        if (e->g.req[b] && e->g.done[b])
+            req_finish(e, e->g.req[b], ST_OK);
+    return rc;
+}
+
+int32_t st_engine_running(const st_engine *e) { return e ? e->n_running : 0; }
+
+int32_t st_engine_queued(const st_engine *e) { return e ? e->n_queued : 0; }
+
+int64_t st_engine_kv_used(const st_engine *e) {
+    int64_t used = 0;
+    for (int32_t b = 0; e && b < e->g.bs; b++)
+        if (e->g.req[b])
+            used += st_session_seq_len(e->g.s, b);
+    return used;
+}
+
+int64_t st_engine_kv_reserved(const st_engine *e) { return e ? e->kv_reserved : 0; }
+
+static double draft_ms(const st_engine *e) {
+    double ms = 0.0;
+    for (int32_t b = 0; b < e->g.bs; b++)
+        ms += e->g.dr[b] ? e->g.dr[b]->ms : 0.0;
+    return ms;
+}
+
+void st_engine_get_stats(const st_engine *e, st_engine_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!e)
+        return;
+    out->steps = e->steps;
+    out->spec_steps = e->spec_fwd;
+    out->plain_steps = e->plain_fwd;
+    out->requests_finished = e->finished;
+    out->prompt_tokens = e->gs.prompt_tokens;
+    out->gen_tokens = e->gs.gen_tokens;
+    memcpy(out->accept_hist, e->accept_hist, sizeof out->accept_hist);
+    out->prefill_ms = e->prefill_s * 1e3;
+    out->draft_ms = draft_ms(e);
+    out->verify_ms = e->g.verify_s * 1e3;
+    out->n_ctx = e->n_ctx;
+    out->max_running = e->max_running;
+    out->num_steps = e->gs.num_steps;
+    out->topk = e->gs.topk;
+    out->num_draft_tokens = e->gs.num_draft_tokens;
+    out->kv_budget = e->kv_budget;
+}
+
+void st_engine_gen_stats(const st_engine *e, st_gen_stats *out) {
+    *out = e->gs;
+    memset(out->stop_reason, 0, sizeof out->stop_reason);
+    out->draft_ms = draft_ms(e);
+    out->verify_ms = e->g.verify_s * 1e3;
+    out->tau = out->spec_steps ? (double)e->g.spec_emitted / (double)out->spec_steps : 0.0;
+}
+
+double st_engine_prefill_ms(const st_engine *e) { return e->prefill_s * 1e3; }

@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""test_serve.py: `spectree serve` end to end on stories260K, driven with curl and with the
+official `openai` npm package (tests/serve/openai_client.mjs under Debian's nodejs):
+- the endpoints: /health, /v1/models, /metrics (Prometheus names), the bearer check;
+- completions and chat, greedy and seeded sampling, stop strings, token-id prompts: the text
+  equals `spectree generate` with the same parameters (the server speculates with NGRAM);
+- streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
+- errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
+  bodies and prompts each get their status and an OpenAI error object;
+- faults: a client that disconnects mid-stream frees its sequence; a client that sends its
+  request a byte at a time is dropped without taking a slot; SIGTERM lets running requests
+  finish, then the server exits 0;
+- limits: a full queue or a request over the KV budget answers 503, connections past
+  --max-connections are closed.
+Usage: test_serve.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_util import (Fail, Server, check, curl, generate, gguf_with_template, metrics,  # noqa
+                        run_tests, sse_events)
+
+BUILD, SHARED, SRC = sys.argv[1:4]
+MODEL = os.path.join(SHARED, "models", "stories260K.gguf")
+KEY = "sekrit-key"
+PROMPT = "Once upon a time"
+
+srv = None
+
+
+def post(path, body, key=KEY, **kw):
+    return curl(srv.url + path, body, key=key, **kw)
+
+
+def completion(body):
+    code, text = post("/v1/completions", body)
+    check(code == 200, "completions: %d %s" % (code, text))
+    return json.loads(text)
+
+
+def test_endpoints():
+    code, text = curl(srv.url + "/health")
+    check(code == 200 and json.loads(text)["status"] == "ok", "/health: %d %s" % (code, text))
+    code, text = curl(srv.url + "/v1/models", key=KEY)
+    check(code == 200, "/v1/models: %d" % code)
+    d = json.loads(text)
+    check(d["object"] == "list" and d["data"][0]["id"] == "stories", "/v1/models: %s" % text)
+    m = metrics(srv.url)
+    for name in ["spectree_queue_depth", "spectree_running_sequences",
+                 "spectree_prompt_tokens_total", "spectree_generation_tokens_total",
+                 "spectree_time_to_first_token_seconds_count",
+                 "spectree_time_per_output_token_seconds_count",
+                 'spectree_spec_accept_length_bucket{le="+Inf"}', "spectree_verify_seconds_total",
+                 "spectree_draft_seconds_total"]:
+        check(name in m, "/metrics lacks " + name)
+    code, text = curl(srv.url + "/nowhere")
+    check(code == 404 and "no such endpoint" in text, "404: %d %s" % (code, text))
+    code, text = curl(srv.url + "/v1/completions", key=KEY)  # GET
+    check(code == 405, "GET /v1/completions: %d" % code)
+    code, text = curl(srv.url + "/health", method="POST", raw=b"{}")
+    check(code == 405, "POST /health: %d" % code)
+
+
+def test_auth():
+    for key in [None, "wrong", KEY + "x", KEY[:-1]]:
+        code, text = post("/v1/completions", {"prompt": "x", "max_tokens": 1}, key=key)
+        check(code == 401, "key %r: %d" % (key, code))
+        e = json.loads(text)["error"]
+        check(e["type"] == "authentication_error" and "API key" in e["message"], text)
+    code, _ = curl(srv.url + "/v1/models")
+    check(code == 401, "/v1/models without a key: %d" % code)
+
+
+def test_completions_equal_generate():
+    cases = [dict(temp=0.0), dict(temp=0.8, seed=1), dict(temp=1.0, seed=99, top_k=40),
+             dict(temp=0.7, seed=5, top_p=0.9, min_p=0.05)]
+    for c in cases:
+        want = generate(BUILD, MODEL, PROMPT, 64, **c)
+        body = {"model": "stories", "prompt": PROMPT, "max_tokens": 64,
+                "temperature": c["temp"], "top_k": c.get("top_k", 0),
+                "top_p": c.get("top_p", 1.0), "min_p": c.get("min_p", 0.0)}
+        if "seed" in c:
+            body["seed"] = c["seed"]
+        d = completion(body)
+        ch = d["choices"][0]
+        check(ch["text"] == want, "%s: server %r != generate %r" % (c, ch["text"], want))
+        check(d["object"] == "text_completion" and d["id"].startswith("cmpl-"), str(d))
+        u = d["usage"]
+        check(u["prompt_tokens"] == 5 and u["total_tokens"] ==
+              u["prompt_tokens"] + u["completion_tokens"], "usage %s" % u)
+        check(ch["finish_reason"] in ("length", "stop"), str(ch))
+        mi = d["meta_info"]
+        check(mi["spec_verify_ct"] >= 1 and mi["spec_accept_length"] >= 1, "meta_info %s" % mi)
+        if ch["finish_reason"] == "length":
+            check(u["completion_tokens"] == 64, "length with %d tokens" % u["completion_tokens"])
+
+
+def test_stop_and_ids():
+    want = generate(BUILD, MODEL, PROMPT, 100, stops=["Lily", "park"])
+    d = completion({"prompt": PROMPT, "max_tokens": 100, "temperature": 0,
+                    "stop": ["Lily", "park"]})
+    check(d["choices"][0]["text"] == want, "stop: %r != %r" % (d["choices"][0]["text"], want))
+    check(d["choices"][0]["finish_reason"] == "stop", "finish_reason with a stop string")
+    ids = subprocess.run([os.path.join(BUILD, "spectree"), "tokenize", "-m", MODEL, "--add-bos",
+                          PROMPT], capture_output=True, check=True).stdout.split()
+    d2 = completion({"prompt": [int(i) for i in ids], "max_tokens": 30, "temperature": 0})
+    d1 = completion({"prompt": PROMPT, "max_tokens": 30, "temperature": 0})
+    check(d1["choices"][0]["text"] == d2["choices"][0]["text"], "token-id prompt differs")
+
+
+def test_chat():
+    # Llama 2's template on a vocabulary without chat tokens: BOS + "[INST] ... [/INST]"
+    want = generate(BUILD, MODEL, "[INST] Tell me a story [/INST]", 48, temp=0.9, seed=3)
+    code, text = post("/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "Tell me a story"}],
+                       "max_tokens": 48, "temperature": 0.9, "seed": 3})
+    check(code == 200, "chat: %d %s" % (code, text))
+    d = json.loads(text)
+    msg = d["choices"][0]["message"]
+    check(msg["role"] == "assistant" and msg["content"] == want,
+          "chat %r != generate %r" % (msg["content"], want))
+    check(d["object"] == "chat.completion", str(d))
+    code, text = post("/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "a"},
+                                    {"role": "user", "content": "b"}]})
+    check(code == 400 and "alternating" in text, "bad role order: %d %s" % (code, text))
+
+
+def test_streaming():
+    for path, body in [("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                               "content": "Hi"}]})]:
+        body = dict(body, max_tokens=40, temperature=0.8, seed=11)
+        code, text = post(path, body)
+        check(code == 200, "%s: %d" % (path, code))
+        whole = json.loads(text)
+        code, text = post(path, dict(body, stream=True, stream_options={"include_usage": True}))
+        check(code == 200, "%s stream: %d" % (path, code))
+        ev = sse_events(text)
+        chat = "chat" in path
+        pieces = []
+        for e in ev[:-1]:
+            check(len(e["choices"]) == 1, "chunk %s" % e)
+            c = e["choices"][0]
+            pieces.append(c["delta"].get("content", "") if chat else c["text"])
+        got = "".join(pieces)
+        want = whole["choices"][0]["message"]["content" ] if chat else whole["choices"][0]["text"]
+        check(got == want, "%s: stream %r != whole %r" % (path, got, want))
+        if chat:
+            check(ev[0]["choices"][0]["delta"].get("role") == "assistant", "first delta")
+        fin = [e for e in ev if e["choices"] and e["choices"][0]["finish_reason"]]
+        check(len(fin) == 1 and fin[0]["choices"][0]["finish_reason"] ==
+              whole["choices"][0]["finish_reason"], "finish chunk")
+        check("meta_info" in fin[0], "meta_info in the final chunk")
+        check(ev[-1]["choices"] == [] and ev[-1]["usage"] == whole["usage"],
+              "usage chunk %s vs %s" % (ev[-1], whole["usage"]))
+        code, text = post(path, dict(body, stream=True))
+        check(all("usage" not in e for e in sse_events(text)), "usage without include_usage")
+
+
+def test_errors():
+    cases = [
+        (b'{"prompt": "x",', 400, "malformed JSON"),
+        (b"", 400, "malformed JSON"),
+        (b'{"prompt": "\xff\xfe"}', 400, "malformed JSON"),
+        (b'{"prompt": "x", "prompt": "y"}', 400, "malformed JSON"),
+        (b'{"prompt": ["a", "b"]}', 400, "one prompt"),
+        (b'{"prompt": 12}', 400, "must be a string"),
+        (b'{"prompt": "x", "max_tokens": "9"}', 400, "must be an integer"),
+        (b'{"prompt": "x", "max_tokens": -5}', 400, "must be in"),
+        (b'{"prompt": "x", "max_tokens": 1e999}', 400, "malformed JSON"),
+        (b'{"prompt": "x", "max_tokens": 100000}', 400, "at most"),
+        (b'{"prompt": "x", "max_tokens": 2047}', 400, "maximum context length"),
+        (b'{"prompt": "x", "temperature": -1}', 400, "must be in"),
+        (b'{"prompt": "x", "seed": -1}', 400, "must be in"),
+        (b'{"prompt": "x", "frobnicate": true}', 400, "unknown field"),
+        (b'{"prompt": [1, 99999]}', 400, "not a token id"),
+        (b'{"prompt": "' + b"word " * 3000 + b'"}', 400, "at most"),
+        (b'{"prompt": "' + b"x" * 70000 + b'"}', 413, "exceeds"),
+    ]
+    for raw, want_code, want in cases:
+        code, text = post("/v1/completions", None, raw=raw)
+        check(code == want_code, "%r: %d (want %d) %s" % (raw[:40], code, want_code, text))
+        e = json.loads(text)["error"]
+        check(want in e["message"] and e["type"], "%r: %s" % (raw[:40], e))
+    m = metrics(srv.url)
+    check(m['spectree_http_requests_total{code="400"}'] >= len(cases) - 1, "400s counted")
+
+
+def test_openai_client():
+    node_dir = os.path.join(SRC, "tests", "serve")
+    if not os.path.isdir(os.path.join(node_dir, "node_modules", "openai")):
+        raise Fail("the openai npm package is not installed in tests/serve/node_modules: run "
+                   "scripts/deps.sh (it runs npm install there)")
+    want = generate(BUILD, MODEL, PROMPT, 32)
+    env = dict(os.environ, SPECTREE_URL=srv.url + "/v1", SPECTREE_KEY=KEY,
+               SPECTREE_WANT=want, SPECTREE_MODEL="stories")
+    r = subprocess.run(["node", os.path.join(node_dir, "openai_client.mjs")], env=env,
+                       capture_output=True, timeout=300)
+    sys.stdout.write(r.stdout.decode())
+    check(r.returncode == 0, "openai client: " + r.stderr.decode()[-3000:])
+
+
+def raw_request(body, stream_first=False):
+    """A socket speaking HTTP/1.1 by hand (for the fault tests)."""
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
+              str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def wait_metric(name, pred, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        v = metrics(srv.url).get(name, 0)
+        if pred(v):
+            return v
+        time.sleep(0.05)
+    raise Fail("%s did not reach the expected value in %d s (now %s)" % (name, seconds, v))
+
+
+def test_disconnect():
+    key = 'spectree_requests_finished_total{reason="cancelled"}'
+    before = metrics(srv.url).get(key, 0)
+    s = raw_request({"prompt": PROMPT, "max_tokens": 2000, "temperature": 0.9, "seed": 1,
+                     "stream": True})
+    got = s.recv(4096)
+    check(b"200 OK" in got, "stream start: %r" % got[:100])
+    s.close()
+    wait_metric(key, lambda v: v >= before + 1, 10)
+    wait_metric("spectree_running_sequences", lambda v: v == 0, 10)
+    # a non-streamed request whose client leaves is cancelled too
+    s = raw_request({"prompt": PROMPT, "max_tokens": 2000, "temperature": 0.9, "seed": 2})
+    wait_metric("spectree_running_sequences", lambda v: v >= 1, 10)
+    s.close()
+    wait_metric(key, lambda v: v >= before + 2, 10)
+    wait_metric("spectree_running_sequences", lambda v: v == 0, 10)
+
+
+def test_slow_client():
+    # headers, then the body a byte every 0.3 s: the server drops it after --timeout (3 s)
+    # without giving it a slot, and serves others meanwhile
+    for phase in ("body", "headers"):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 4}).encode()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        trickle = body if phase == "body" else head + body
+        if phase == "body":
+            s.sendall(head)
+        t0 = time.time()
+        dropped = False
+        for b in trickle:
+            try:
+                s.sendall(bytes([b]))
+            except OSError:
+                dropped = True
+                break
+            if time.time() - t0 > 1 and time.time() - t0 < 1.5:
+                d = completion({"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+                check(d["choices"][0]["finish_reason"] == "length", "served meanwhile")
+                check(metrics(srv.url)["spectree_running_sequences"] == 0, "slow client slot")
+            time.sleep(0.3)
+            s.settimeout(0.01)
+            try:
+                if s.recv(1) == b"":
+                    dropped = True
+                    break
+            except socket.timeout:
+                pass
+            except OSError:
+                dropped = True
+                break
+        elapsed = time.time() - t0
+        s.close()
+        check(dropped, "a client trickling its %s was not dropped" % phase)
+        check(2.5 < elapsed < 8, "dropped after %.1f s (timeout 3 s)" % elapsed)
+
+
+def test_sigterm_drain():
+    global srv
+    results = {}
+
+    def run(i):
+        code, text = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 300,
+                                              "temperature": 0.8, "seed": i, "stream": True})
+        results[i] = (code, text)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    wait_metric("spectree_running_sequences", lambda v: v >= 1, 10)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    code, text = post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+    check(code in (0, 503) or "Connection refused" in text or code >= 500,
+          "a request after SIGTERM: %d %s" % (code, text))
+    for t in threads:
+        t.join(120)
+    rc = srv.stop(timeout=60)
+    check(rc == 0, "exit status %d after SIGTERM" % rc)
+    for i, (code, text) in results.items():
+        check(code == 200, "drained request %d: %d" % (i, code))
+        ev = sse_events(text)
+        fin = [e for e in ev if e["choices"] and e["choices"][0]["finish_reason"]]
+        check(len(fin) == 1, "drained request %d has no final chunk" % i)
+        want = generate(BUILD, MODEL, PROMPT, 300, temp=0.8, seed=i)
+        got = "".join(e["choices"][0]["text"] for e in ev)
+        check(got == want, "drained request %d: text differs from generate" % i)
+    check("draining" in srv.log_text(), "no drain message")
+
+
+def test_startup_errors():
+    r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--chat-template",
+                        "vicuna"], capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"--chat-template expects" in r.stderr, r.stderr.decode())
+    r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "--help"], capture_output=True,
+                       timeout=60)
+    check(r.returncode == 0 and b"--max-running-requests" in r.stdout, "serve --help")
+    r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "x"],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"--port" in r.stderr, r.stderr.decode())
+    # templates from the GGUF: a known one is used, an unknown one stops the server at start
+    tmp = os.path.join(BUILD, "serve_tmpl_%d.gguf" % os.getpid())
+    try:
+        gguf_with_template(MODEL, tmp, "{% for message in messages %}{{'<|im_start|>' + "
+                           "message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+                           "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+                           "'<|im_start|>assistant\\n' }}{% endif %}")
+        with Server(BUILD, tmp) as s3:
+            check("chat template chatml from tokenizer.chat_template" in s3.log_text(),
+                  s3.log_text())
+            # ChatML on a vocabulary without its tokens: the markers are text
+            want = generate(BUILD, tmp, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                            20)
+            code, text = curl(s3.url + "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "Hi"}],
+                               "max_tokens": 20, "temperature": 0})
+            check(code == 200, "chatml chat: %d %s" % (code, text))
+            got = json.loads(text)["choices"][0]["message"]["content"]
+            check(got == want, "chatml chat %r != generate %r" % (got, want))
+            check(s3.stop() == 0, "exit status")
+        gguf_with_template(MODEL, tmp, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+                           "{% endfor %}")
+        r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", tmp, "--port", "0"],
+                           capture_output=True, timeout=60)
+        check(r.returncode == 1 and b"--chat-template NAME" in r.stderr, r.stderr.decode())
+        r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", tmp, "--port", "0",
+                            "--chat-template", "zephyr", "--help"], capture_output=True,
+                           timeout=60)
+        check(r.returncode == 0, "--help")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    # no chat template: chat requests say how to choose one
+    with Server(BUILD, MODEL) as s2:
+        code, text = curl(s2.url + "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "x"}]})
+        check(code == 400 and "--chat-template" in text, "chat without a template: %s" % text)
+        check("chat template none" in s2.log_text(), s2.log_text())
+        check(s2.stop() == 0, "exit status")
+
+
+def test_long_waits():
+    # requests that wait longer than --timeout for their tokens (queued behind others) are
+    # not mistaken for idle clients: every stream and answer arrives whole
+    with Server(BUILD, MODEL, "--max-running-requests", "1", "--timeout", "1") as s2:
+        results = {}
+
+        def run(i):
+            results[i] = curl(s2.url + "/v1/completions",
+                              {"prompt": PROMPT, "max_tokens": 1500, "temperature": 0.9,
+                               "seed": i, "stream": i % 2 == 0})
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        t0 = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        secs = time.time() - t0
+        for i, (code, text) in sorted(results.items()):
+            check(code == 200, "request %d: %d %s" % (i, code, text[-200:]))
+            if i % 2 == 0:
+                fin = [e for e in sse_events(text) if e["choices"] and
+                       e["choices"][0]["finish_reason"]]
+                check(len(fin) == 1, "stream %d incomplete" % i)
+            else:
+                check(json.loads(text)["usage"]["completion_tokens"] > 0, "answer %d" % i)
+        check(secs > 1.5, "the requests took %.1f s: too fast to wait past the timeout" % secs)
+        check(s2.stop() == 0, "exit status")
+
+
+def test_limits():
+    # one slot, one queue place, four connections
+    with Server(BUILD, MODEL, "--max-running-requests", "1", "--max-queued-requests", "1",
+                "--max-connections", "4", "--max-total-tokens", "500") as s2:
+        # a request larger than the KV budget can never run: 503, not a silent wait
+        code, text = curl(s2.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 600})
+        check(code == 503 and json.loads(text)["error"]["message"], "over budget: %d %s" %
+              (code, text))
+        results = []
+
+        def run(i):
+            results.append(curl(s2.url + "/v1/completions",
+                                {"prompt": PROMPT, "max_tokens": 400, "temperature": 0.5,
+                                 "seed": i}))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        codes = sorted(c for c, _ in results)
+        check(codes[0] == 200 and codes[-1] == 503, "codes %s" % codes)
+        for c, text in results:
+            if c == 503:
+                e = json.loads(text)["error"]
+                check(e["type"] == "server_overloaded" and e["message"], "503 body %s" % text)
+            else:
+                check(json.loads(text)["usage"]["completion_tokens"] == 400, "complete")
+        # connections beyond the limit are closed at once; the server goes on serving
+        idle = [socket.create_connection(("127.0.0.1", s2.port)) for _ in range(4)]
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", s2.port))
+        extra.settimeout(5)
+        try:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = extra.recv(100)
+        except OSError:
+            got = b""
+        check(got == b"", "a connection past --max-connections was served: %r" % got)
+        for sck in idle + [extra]:
+            sck.close()
+        time.sleep(0.3)
+        code, _ = curl(s2.url + "/health")
+        check(code == 200, "served after the idle connections left: %d" % code)
+        check(s2.stop() == 0, "exit status")
+
+
+def main():
+    global srv
+    with Server(BUILD, MODEL, "--chat-template", "llama-2", "--speculative-algorithm", "NGRAM",
+                "--max-running-requests", "4", "--timeout", "3", "--max-body-bytes", "65536",
+                "--max-prompt-tokens", "1024", "-c", "2048", api_key=KEY,
+                name="stories") as s:
+        srv = s
+        try:
+            run_tests([("endpoints", test_endpoints), ("auth", test_auth),
+                       ("completions equal generate", test_completions_equal_generate),
+                       ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
+                       ("streaming", test_streaming), ("errors", test_errors),
+                       ("openai npm client", test_openai_client),
+                       ("disconnect cancels", test_disconnect), ("slow client", test_slow_client),
+                       ("SIGTERM drains", test_sigterm_drain)])
+        finally:
+            if s.proc.poll() is None or s.proc.returncode not in (0, None):
+                sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
+    run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
+               ("waits longer than --timeout", test_long_waits)])
+    print("all serve tests passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+/*
+ * cli.h: the argument helpers the `spectree` subcommands share (cli.c, cli_serve.c): each bad
+ * value ends the program with a one-line message naming the flag and exit status 2.
+ */
+#ifndef ST_CLI_H
+#define ST_CLI_H
+
+#include "spectree.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+void cli_die_usage(const char *cmd, const char *msg);
+/* Names the option getopt_long just refused (missing value, or unknown). */
+void cli_die_option(const char *cmd, char **argv, int missing_value);
+int cli_parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
+float cli_parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi);
+uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v);
+/* "auto" (0) or an integer in [lo, hi]. */
+int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo, long hi);
+/* A model path worth opening (dir_ok: an EAGLE head directory); prints why not and returns 0. */
+int cli_model_path_ok(const char *path, int dir_ok);
+/* Tokenizes text into *out (malloc'd; free it even on failure); 0 on success. */
+int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                     int32_t **out, int64_t *n);
+
+/* `spectree serve` (cli_serve.c). */
+int cli_cmd_serve(int argc, char **argv);
+
+#endif

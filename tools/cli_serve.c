@@ -1,0 +1,647 @@
+/*
+ * cli_serve.c: `spectree serve`, an OpenAI-compatible HTTP server over the continuous-batching
+ * engine (st_engine_*). libmicrohttpd runs one thread per connection; one engine thread owns the
+ * engine and makes every st_engine_* call (submissions and cancellations reach it through a
+ * list), so the engine needs no lock. A request (`job`) is shared by its connection and the
+ * engine, reference-counted, its text guarded by the server mutex. Request checking, chat
+ * templates and stop strings are in cli_serve_api.c; the HTTP endpoints in cli_serve_http.c.
+ */
+#define _GNU_SOURCE
+#include "serve.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Jobs                                                                                      */
+
+void srv_job_release(srv *s, srv_job *j) {
+    /* called with s->mu held */
+    if (--j->refs > 0)
+        return;
+    free(j->prompt);
+    free(j->text);
+    srv_stopper_free(&j->stopper);
+    srv_request_free(&j->req);
+    pthread_cond_destroy(&j->cv);
+    free(j->tok_buf);
+    s->live_jobs--;
+    pthread_cond_broadcast(&s->drain_cv);
+    free(j);
+}
+
+static int job_append(srv_job *j, const char *t, size_t n) {
+    if (n == 0)
+        return 0;
+    if (j->n_text + n + 1 > j->cap_text) {
+        size_t cap = (j->n_text + n + 1) * 2 + 256;
+        char *b = realloc(j->text, cap);
+        if (!b)
+            return -1;
+        j->text = b;
+        j->cap_text = cap;
+    }
+    memcpy(j->text + j->n_text, t, n);
+    j->n_text += n;
+    j->text[j->n_text] = 0;
+    return 0;
+}
+
+/* Text through the stop-string matcher into the job's text; 1 when a stop string matched. */
+static int job_text(srv_job *j, const char *t, size_t n, int final) {
+    const char *out;
+    size_t n_out;
+    if (srv_stop_add(&j->stopper, t, n, final, &out, &n_out) || job_append(j, out, n_out)) {
+        j->oom = 1;
+        return 1;
+    }
+    return j->stopper.stopped;
+}
+
+/* Engine thread, inside st_engine_step. */
+static int on_emit(void *user, int32_t token) {
+    srv_job *j = user;
+    srv *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    int stop = j->cancelled;
+    if (!stop) {
+        double now = st_time_seconds();
+        if (j->n_gen == 0)
+            j->t_first = now;
+        j->n_gen++;
+        size_t nb = 0;
+        if (st_detok_push(&j->detok, token, j->tok_buf, j->tok_cap, &nb) != ST_OK)
+            stop = job_text(j, "\xEF\xBF\xBD", 3, 0);
+        else if (nb)
+            stop = job_text(j, j->tok_buf, nb, 0);
+        pthread_cond_broadcast(&j->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return stop;
+}
+
+static void on_finish(void *user, const st_request_stats *st) {
+    srv_job *j = user;
+    srv *s = j->srv;
+    const char *msg = st->status != ST_OK ? st_last_error() : "";
+    pthread_mutex_lock(&s->mu);
+    j->stats = *st;
+    j->status = st->status;
+    snprintf(j->error, sizeof j->error, "%s", msg);
+    if (st->status == ST_OK && !j->stopper.stopped && !j->cancelled) {
+        size_t nb = 0;
+        if (st_detok_flush(&j->detok, j->tok_buf, j->tok_cap, &nb) == ST_OK)
+            job_text(j, j->tok_buf, nb, 1);
+        else
+            job_text(j, "", 0, 1);
+    }
+    j->t_done = st_time_seconds();
+    j->done = 1;
+    srv_metrics_finish(s, j);
+    pthread_cond_broadcast(&j->cv);
+    s->n_in_engine--;
+    srv_job_release(s, j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The engine thread                                                                         */
+
+static void finish_refused(srv *s, srv_job *j, st_status rc, const char *msg) {
+    /* with s->mu held: the engine refused the job (no callback will come) */
+    j->status = rc;
+    snprintf(j->error, sizeof j->error, "%s", msg);
+    j->done = 1;
+    j->refused = 1;
+    pthread_cond_broadcast(&j->cv);
+    s->n_in_engine--;
+    srv_job_release(s, j);
+}
+
+static void *engine_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->pending && !s->n_cancels && s->engine_busy == 0 && !s->stop_engine)
+            pthread_cond_wait(&s->engine_cv, &s->mu);
+        if (s->stop_engine) /* what is left is cancelled by st_engine_free */
+            break;
+        srv_job *pend = s->pending;
+        s->pending = s->pending_tail = NULL;
+        s->n_pending = 0;
+        uint64_t cancels[SRV_MAX_CANCELS];
+        int n_cancels = s->n_cancels;
+        memcpy(cancels, s->cancels, (size_t)n_cancels * sizeof *cancels);
+        s->n_cancels = 0;
+        pthread_mutex_unlock(&s->mu);
+
+        while (pend) {
+            srv_job *j = pend;
+            pend = j->next;
+            st_request_params rp = {.n_predict = j->n_predict, .sampler = j->req.sp};
+            uint64_t id = 0;
+            st_status rc = st_engine_submit(s->engine, j->prompt, j->n_prompt, &rp, on_emit,
+                                            on_finish, j, &id);
+            const char *msg = rc != ST_OK ? st_last_error() : "";
+            pthread_mutex_lock(&s->mu);
+            if (rc != ST_OK)
+                finish_refused(s, j, rc, msg);
+            else {
+                j->engine_id = id;
+                pthread_cond_broadcast(&j->cv);
+                if (j->cancelled && !j->done) /* cancelled before it reached the engine */
+                    st_engine_cancel(s->engine, id);
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+        for (int i = 0; i < n_cancels; i++)
+            st_engine_cancel(s->engine, cancels[i]); /* ST_ERR_RANGE: it already finished */
+
+        if (st_engine_running(s->engine) + st_engine_queued(s->engine) > 0) {
+            st_status rc = st_engine_step(s->engine);
+            if (rc != ST_OK)
+                fprintf(stderr, "spectree serve: engine step: %s\n", st_last_error());
+        }
+        pthread_mutex_lock(&s->mu);
+        s->engine_busy = st_engine_running(s->engine) + st_engine_queued(s->engine);
+        s->gauge_running = st_engine_running(s->engine);
+        s->gauge_queued = st_engine_queued(s->engine);
+        s->gauge_kv_used = st_engine_kv_used(s->engine);
+        st_engine_get_stats(s->engine, &s->engine_stats);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Hands a job to the engine thread. With s->mu held. */
+void srv_job_submit(srv *s, srv_job *j) {
+    j->refs++; /* the engine's */
+    s->n_in_engine++;
+    if (s->pending_tail)
+        s->pending_tail->next = j;
+    else
+        s->pending = j;
+    s->pending_tail = j;
+    s->n_pending++;
+    pthread_cond_signal(&s->engine_cv);
+}
+
+/* Asks the engine to drop a job (its client went away). With s->mu held. */
+void srv_job_cancel(srv *s, srv_job *j) {
+    if (j->done || j->cancelled)
+        return;
+    j->cancelled = 1;
+    s->metrics.cancelled++;
+    if (j->engine_id && s->n_cancels < SRV_MAX_CANCELS) {
+        s->cancels[s->n_cancels++] = j->engine_id;
+        pthread_cond_signal(&s->engine_cv);
+    }
+    /* else: still pending (the engine thread cancels it once submitted), or the list is full
+     * (on_emit stops it at its next token) */
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Flags                                                                                     */
+
+static const char *serve_help =
+    "usage: spectree serve -m MODEL [options]\n"
+    "\n"
+    "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (with\n"
+    "\"stream\": true: server-sent events ending with [DONE]), GET /v1/models, GET /health,\n"
+    "GET /metrics (Prometheus text). Requests run together, joining and leaving between steps\n"
+    "(continuous batching); a seeded request returns what `spectree generate` prints for the\n"
+    "same prompt and parameters, whatever else runs. SIGTERM or SIGINT stops accepting,\n"
+    "finishes the running requests and exits.\n"
+    "\n"
+    "  -m, --model, --model-path PATH   GGUF Llama model (required)\n"
+    "      --host ADDR      IPv4 address to listen on (default 127.0.0.1)\n"
+    "      --port N         TCP port (default 8080; 0: any free port, printed on stderr)\n"
+    "      --served-model-name NAME     the model id of the API (default: the file name)\n"
+    "      --api-key KEY    require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)\n"
+    "      --chat-template NAME   llama-2, llama-3, chatml, zephyr or mistral (default: detected\n"
+    "                       from the GGUF's tokenizer.chat_template; chat is refused without one)\n"
+    "      --max-running-requests N   sequences decoded together (default 8, <= 64)\n"
+    "      --max-queued-requests N    requests waiting for a slot; beyond: 503 (default 256)\n"
+    "      --context-length N, -c N   positions per sequence (default: the model's, <= 4096)\n"
+    "      --chunked-prefill-size N   prompt tokens prefilled per step (default 256)\n"
+    "      --max-total-tokens N       KV positions all running requests may reserve together\n"
+    "                       (default: every slot a full context)\n"
+    "      --max-connections N        open connections at once (default 256)\n"
+    "      --max-body-bytes N         largest request body (default 1048576; beyond: 413)\n"
+    "      --max-prompt-tokens N      longest prompt (default: the context length - 1)\n"
+    "      --max-tokens-limit N       largest max_tokens (default: the context length)\n"
+    "      --timeout S      drop a connection idle for S seconds or whose request takes longer\n"
+    "                       than S seconds to arrive (default 10)\n"
+    "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests\n"
+    "                       (default 60)\n"
+    "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; chat:\n"
+    "                       the rest of the context)\n"
+    "      --temp T, --top-k K, --top-p P, --min-p P   sampling defaults of requests that give\n"
+    "                       none (default OpenAI's: 1, off, 1, off)\n"
+    "  -t, --threads N      threads of the forward pass (default: all cores; 1 under 16 MB)\n"
+    "      --no-bos         do not prepend BOS to completion prompts\n"
+    "\n"
+    "speculative decoding (as `spectree generate`; output is identical to plain decoding):\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3},\n"
+    "      --speculative-draft-model-path PATH, --speculative-num-steps S|auto,\n"
+    "      --speculative-eagle-topk K|auto,\n"
+    "      --speculative-num-draft-tokens N|auto, --attention-backend {cascade,dense},\n"
+    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N\n"
+    "  -h, --help           this help\n";
+
+static void die(const char *msg) { cli_die_usage("serve", msg); }
+
+static void parse_flags(int argc, char **argv, srv_opts *o) {
+    enum {
+        O_HOST = 1000,
+        O_PORT,
+        O_NAME,
+        O_KEY,
+        O_TMPL,
+        O_RUNNING,
+        O_QUEUED,
+        O_CHUNK,
+        O_TOTAL,
+        O_CONNS,
+        O_BODY,
+        O_PROMPT,
+        O_MAXTOK,
+        O_TIMEOUT,
+        O_DRAIN,
+        O_TEMP,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_NOBOS,
+        O_ALGO,
+        O_DRAFT,
+        O_STEPS,
+        O_EAGLE_TOPK,
+        O_NDRAFT,
+        O_BACKEND,
+        O_NG_MIN,
+        O_NG_MAX,
+        O_NG_BREADTH
+    };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'},
+        {"model-path", required_argument, 0, 'm'},
+        {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},
+        {"served-model-name", required_argument, 0, O_NAME},
+        {"api-key", required_argument, 0, O_KEY},
+        {"chat-template", required_argument, 0, O_TMPL},
+        {"max-running-requests", required_argument, 0, O_RUNNING},
+        {"max-queued-requests", required_argument, 0, O_QUEUED},
+        {"context-length", required_argument, 0, 'c'},
+        {"ctx-size", required_argument, 0, 'c'},
+        {"chunked-prefill-size", required_argument, 0, O_CHUNK},
+        {"max-total-tokens", required_argument, 0, O_TOTAL},
+        {"max-connections", required_argument, 0, O_CONNS},
+        {"max-body-bytes", required_argument, 0, O_BODY},
+        {"max-prompt-tokens", required_argument, 0, O_PROMPT},
+        {"max-tokens-limit", required_argument, 0, O_MAXTOK},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"drain-timeout", required_argument, 0, O_DRAIN},
+        {"n-predict", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"threads", required_argument, 0, 't'},
+        {"no-bos", no_argument, 0, O_NOBOS},
+        {"speculative-algorithm", required_argument, 0, O_ALGO},
+        {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
+        {"speculative-num-steps", required_argument, 0, O_STEPS},
+        {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
+        {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
+        {"attention-backend", required_argument, 0, O_BACKEND},
+        {"ngram-min-match", required_argument, 0, O_NG_MIN},
+        {"ngram-max-match", required_argument, 0, O_NG_MAX},
+        {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
+        {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
+        {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *cmd = "serve";
+    int c;
+    long v;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:c:n:t:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            o->model = optarg;
+            break;
+        case O_HOST:
+            o->host = optarg;
+            break;
+        case O_PORT:
+            cli_parse_int(cmd, "--port", optarg, 0, 65535, &o->port);
+            break;
+        case O_NAME:
+            if (!optarg[0] || strlen(optarg) > 256)
+                die("--served-model-name needs 1..256 bytes");
+            o->model_name = optarg;
+            break;
+        case O_KEY:
+            if (!optarg[0])
+                die("--api-key needs a non-empty key");
+            o->api_key = optarg;
+            break;
+        case O_TMPL:
+            if (srv_tmpl_parse(optarg, &o->tmpl) != 0)
+                die("--chat-template expects llama-2, llama-3, chatml, zephyr or mistral");
+            break;
+        case O_RUNNING:
+            cli_parse_int(cmd, "--max-running-requests", optarg, 1, ST_GEN_MAX_BATCH, &v);
+            o->ep.max_running = (int32_t)v;
+            break;
+        case O_QUEUED:
+            cli_parse_int(cmd, "--max-queued-requests", optarg, 0, 1 << 20, &v);
+            o->ep.max_queued = (int32_t)v;
+            break;
+        case 'c':
+            cli_parse_int(cmd, "--context-length", optarg, 2, 1 << 24, &v);
+            o->ep.gen.n_ctx = (int32_t)v;
+            break;
+        case O_CHUNK:
+            cli_parse_int(cmd, "--chunked-prefill-size", optarg, 1, 1 << 20, &v);
+            o->ep.prefill_chunk = (int32_t)v;
+            break;
+        case O_TOTAL:
+            cli_parse_int(cmd, "--max-total-tokens", optarg, 1, 1L << 40, &v);
+            o->ep.kv_budget = v;
+            break;
+        case O_CONNS:
+            cli_parse_int(cmd, "--max-connections", optarg, 1, 65536, &o->max_conns);
+            break;
+        case O_BODY:
+            cli_parse_int(cmd, "--max-body-bytes", optarg, 64, 1L << 30, &o->max_body);
+            break;
+        case O_PROMPT:
+            cli_parse_int(cmd, "--max-prompt-tokens", optarg, 1, 1 << 24, &o->max_prompt);
+            break;
+        case O_MAXTOK:
+            cli_parse_int(cmd, "--max-tokens-limit", optarg, 1, 1 << 24, &o->max_tokens_limit);
+            break;
+        case O_TIMEOUT:
+            cli_parse_int(cmd, "--timeout", optarg, 1, 86400, &o->timeout_s);
+            break;
+        case O_DRAIN:
+            cli_parse_int(cmd, "--drain-timeout", optarg, 0, 86400, &o->drain_s);
+            break;
+        case 'n':
+            cli_parse_int(cmd, "-n", optarg, 1, 1 << 24, &o->default_max_tokens);
+            break;
+        case O_TEMP:
+            o->sp.temp = cli_parse_float(cmd, "--temp", optarg, 0, 100);
+            o->sp_given |= SRV_GIVEN_TEMP;
+            break;
+        case O_TOPK:
+            cli_parse_int(cmd, "--top-k", optarg, 0, 1 << 30, &v);
+            o->sp.top_k = (int32_t)v;
+            o->sp_given |= SRV_GIVEN_TOPK;
+            break;
+        case O_TOPP:
+            o->sp.top_p = cli_parse_float(cmd, "--top-p", optarg, 1e-9, 1);
+            o->sp_given |= SRV_GIVEN_TOPP;
+            break;
+        case O_MINP:
+            o->sp.min_p = cli_parse_float(cmd, "--min-p", optarg, 0, 1);
+            o->sp_given |= SRV_GIVEN_MINP;
+            break;
+        case 't':
+            cli_parse_int(cmd, "-t", optarg, 1, 1024, &v);
+            o->ep.gen.n_threads = (int32_t)v;
+            break;
+        case O_NOBOS:
+            o->no_bos = 1;
+            break;
+        case O_ALGO:
+            if (st_spec_algo_parse(optarg, &o->ep.gen.spec.algo) != ST_OK) {
+                fprintf(stderr, "spectree serve: %s\n", st_last_error());
+                exit(2);
+            }
+            break;
+        case O_DRAFT:
+            o->draft_path = optarg;
+            break;
+        case O_STEPS:
+            o->ep.gen.spec.num_steps =
+                cli_parse_auto(cmd, "--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
+            break;
+        case O_EAGLE_TOPK:
+            o->ep.gen.spec.topk =
+                cli_parse_auto(cmd, "--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
+            break;
+        case O_NDRAFT:
+            o->ep.gen.spec.num_draft_tokens =
+                cli_parse_auto(cmd, "--speculative-num-draft-tokens", optarg, 2, ST_SPEC_MAX_N);
+            break;
+        case O_BACKEND:
+            if (st_attn_backend_parse(optarg, &o->ep.gen.spec.backend) != ST_OK) {
+                fprintf(stderr, "spectree serve: %s\n", st_last_error());
+                exit(2);
+            }
+            break;
+        case O_NG_MIN:
+            cli_parse_int(cmd, "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
+            o->ep.gen.spec.ngram_min_match = (int32_t)v;
+            break;
+        case O_NG_MAX:
+            cli_parse_int(cmd, "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
+            o->ep.gen.spec.ngram_max_match = (int32_t)v;
+            break;
+        case O_NG_BREADTH:
+            cli_parse_int(cmd, "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
+            o->ep.gen.spec.ngram_breadth = (int32_t)v;
+            break;
+        case 'h':
+            fputs(serve_help, stdout);
+            exit(0);
+        case ':':
+            cli_die_option(cmd, argv, 1);
+            break;
+        default:
+            cli_die_option(cmd, argv, 0);
+        }
+    }
+    if (optind < argc)
+        die("unexpected argument");
+    if (!o->model)
+        die("-m MODEL is required");
+    const st_spec_algo a = o->ep.gen.spec.algo;
+    const int model_drafter = a == ST_SPEC_STANDALONE || a == ST_SPEC_EAGLE || a == ST_SPEC_EAGLE3;
+    if (model_drafter && !o->draft_path)
+        die("STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
+    if (!model_drafter && o->draft_path)
+        die("--speculative-draft-model-path needs --speculative-algorithm STANDALONE, EAGLE or "
+            "EAGLE3");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static const char *base_name(const char *path) {
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+/* The chat template: --chat-template, else detected from tokenizer.chat_template. 0, or -1
+ * with a message printed. */
+static int find_template(srv *s) {
+    if (s->o.tmpl != SRV_TMPL_NONE) {
+        s->tmpl = s->o.tmpl;
+        snprintf(s->tmpl_source, sizeof s->tmpl_source, "--chat-template");
+        return 0;
+    }
+    st_gguf *g = NULL;
+    if (st_gguf_open(s->o.model, &g) != ST_OK) {
+        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        return -1;
+    }
+    st_gguf_str str = {0};
+    int have = st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
+               st_gguf_get_str(g, "tokenizer.chat_template", &str) == ST_OK;
+    s->tmpl = have ? srv_tmpl_detect(str.ptr, (size_t)str.len) : SRV_TMPL_NONE;
+    st_gguf_free(g);
+    if (have && s->tmpl == SRV_TMPL_NONE) {
+        fprintf(stderr,
+                "spectree serve: %s: tokenizer.chat_template is none of the templates this "
+                "server renders (llama-2, llama-3, chatml, zephyr, mistral); choose one with "
+                "--chat-template NAME\n",
+                s->o.model);
+        return -1;
+    }
+    snprintf(s->tmpl_source, sizeof s->tmpl_source, "%s",
+             have ? "tokenizer.chat_template" : "none");
+    return 0;
+}
+
+int cli_cmd_serve(int argc, char **argv) {
+    static srv s; /* one server per process; the signal thread finds it here */
+    memset(&s, 0, sizeof s);
+    srv_opts *o = &s.o;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->ep = st_engine_default_params();
+    o->ep.gen.spec = st_spec_default_params();
+    o->max_conns = 256;
+    o->max_body = 1 << 20;
+    o->timeout_s = 10;
+    o->drain_s = 60;
+    o->default_max_tokens = 16;
+    o->sp = st_sampler_default_params();
+    parse_flags(argc, argv, o);
+
+    const int eagle = o->ep.gen.spec.algo == ST_SPEC_EAGLE || o->ep.gen.spec.algo == ST_SPEC_EAGLE3;
+    if (!cli_model_path_ok(o->model, 0) ||
+        (o->draft_path && !cli_model_path_ok(o->draft_path, eagle)))
+        return 1;
+    if (find_template(&s))
+        return 1;
+    st_model *dm = NULL;
+    int rc = 1;
+    if (st_model_load(o->model, &s.model) != ST_OK ||
+        (o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
+         st_model_load(o->draft_path, &dm) != ST_OK) ||
+        (o->draft_path && eagle && st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK)) {
+        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        goto done;
+    }
+    o->ep.gen.spec.draft_model = dm;
+    s.tok = st_model_tokenizer(s.model);
+    srv_specials_find(s.tok, &s.specials);
+    if (st_engine_create(s.model, &o->ep, &s.engine) != ST_OK) {
+        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        goto done;
+    }
+    st_engine_get_stats(s.engine, &s.engine_stats);
+    srv_metrics_init(&s.metrics);
+    s.n_ctx = s.engine_stats.n_ctx;
+    if (o->max_prompt <= 0 || o->max_prompt > s.n_ctx - 1)
+        o->max_prompt = s.n_ctx - 1;
+    if (o->max_tokens_limit <= 0 || o->max_tokens_limit > s.n_ctx)
+        o->max_tokens_limit = s.n_ctx;
+    s.model_name = o->model_name ? o->model_name : base_name(o->model);
+    s.created = (int64_t)time(NULL);
+    s.t_start = st_time_seconds();
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.engine_cv, NULL);
+    pthread_cond_init(&s.drain_cv, NULL);
+
+    /* SIGTERM/SIGINT reach this thread only (sigwait below); SIGPIPE is ignored (a client that
+     * goes away makes a write fail, not the process die) */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    pthread_t engine_thread;
+    if (pthread_create(&engine_thread, NULL, engine_main, &s) != 0) {
+        fprintf(stderr, "spectree serve: cannot start the engine thread\n");
+        goto done;
+    }
+    if (srv_http_start(&s) != 0) {
+        pthread_mutex_lock(&s.mu);
+        s.stop_engine = 1;
+        pthread_cond_signal(&s.engine_cv);
+        pthread_mutex_unlock(&s.mu);
+        pthread_join(engine_thread, NULL);
+        goto done;
+    }
+    fprintf(stderr,
+            "spectree serve: %s as '%s' on http://%s:%d (context %d, %d slots, chat template "
+            "%s from %s, speculative %s)\n",
+            o->model, s.model_name, o->host, s.port, s.n_ctx, s.engine_stats.max_running,
+            srv_tmpl_name(s.tmpl), s.tmpl_source, st_spec_algo_name(o->ep.gen.spec.algo));
+    fflush(stderr);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT", s.live_jobs);
+    srv_http_quiesce(&s);
+    pthread_mutex_lock(&s.mu);
+    s.draining = 1;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += o->drain_s;
+    while (s.live_jobs > 0 || s.active_requests > 0)
+        if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
+            break;
+    int left = s.live_jobs > s.active_requests ? s.live_jobs : s.active_requests;
+    pthread_mutex_unlock(&s.mu);
+    if (left)
+        fprintf(stderr, "spectree serve: drain timeout: %d requests cut\n", left);
+    srv_http_stop(&s);
+    pthread_mutex_lock(&s.mu);
+    s.stop_engine = 1;
+    pthread_cond_signal(&s.engine_cv);
+    pthread_mutex_unlock(&s.mu);
+    pthread_join(engine_thread, NULL);
+    pthread_mutex_lock(&s.mu);
+    while (s.pending) { /* never reached the engine */
+        srv_job *j = s.pending;
+        s.pending = j->next;
+        finish_refused(&s, j, ST_ERR_BUSY, "the server is shutting down");
+    }
+    pthread_mutex_unlock(&s.mu);
+    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests\n",
+            s.metrics.requests_total);
+    rc = 0;
+done:
+    st_engine_free(s.engine);
+    st_model_free(dm);
+    st_model_free(s.model);
+    return rc;
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""serve_bench.py: throughput and latency of `spectree serve` at concurrency 1, 2, 4, ... with
+and without speculation, measured in one run: two servers on the same model (plain, and with
+the speculative flags given), idle but for the round being measured, the rounds interleaved
+(plain, speculative, plain, ...) and each figure the median over --reps rounds; the speed-up
+is the median of the ratios of adjacent rounds, so that load from elsewhere on the machine hits
+both alike. Each round sends `clients` streamed requests
+at a time, 4 x clients in all (at least 16), greedy, max_tokens tokens each.
+
+    python3 tools/serve_bench.py -m ../shared/models/stories260K.gguf \\
+        [--spec "--speculative-algorithm NGRAM"] [--concurrency 1,2,4,8,16,32] [--reps 3] \\
+        [--max-tokens 128] [--threads N] [--json]
+
+Prints a table: completion tokens/s of all requests together, the median request latency and
+time to first token, tau (tokens per speculative step), the share of steps that speculated,
+and the speed-up by wall time and by the server's CPU time (user + system; less disturbed by
+other jobs on a shared machine).
+Python 3 standard library only."""
+import argparse
+import http.client
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+PROMPTS = [
+    "Once upon a time, there was a little girl named Lily. She loved to play outside. One day",
+    "Tom had a big red ball. He liked to throw the ball to his dog. The dog",
+    "The sun was hot and the sky was blue. Sue went to the park with her mom. At the park",
+    "There was a little bird who lived in a tree. Every morning the bird",
+    "Max and Mia were best friends. They played together every day. One day Max said",
+    "In a small house lived an old man and his cat. The cat was very",
+    "Lily found a shiny stone in the garden. She showed it to her brother and",
+    "The little dog was sad because he lost his bone. He looked everywhere, but",
+]
+
+
+class Srv:
+    def __init__(self, build, model, extra, threads):
+        cmd = [os.path.join(build, "spectree"), "serve", "-m", model, "--port", "0",
+               "--max-running-requests", "32", "--max-queued-requests", "1024"] + extra
+        if threads:
+            cmd += ["-t", str(threads)]
+        self.log = open("/tmp/serve_bench_%d_%d.log" % (os.getpid(), time.time_ns()), "w+b")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.port = None
+        for _ in range(1200):
+            self.log.seek(0)
+            m = re.search(rb"on http://127\.0\.0\.1:(\d+) ", self.log.read())
+            if m:
+                self.port = int(m.group(1))
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.log.seek(0)
+        sys.exit("serve_bench: the server did not start: " + self.log.read().decode())
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(60)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+def one(port, i, max_tokens):
+    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError("status %d: %s" % (r.status, r.read()[:200]))
+    ttft, tokens, meta, buf = None, 0, {}, b""
+    while True:
+        chunk = r.read1(65536)
+        if not chunk:
+            break
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        buf += chunk
+    conn.close()
+    for line in buf.decode().split("\n"):
+        if line.startswith("data: {"):
+            d = json.loads(line[6:])
+            if d.get("usage"):
+                tokens = d["usage"]["completion_tokens"]
+            if d.get("meta_info"):
+                meta = d["meta_info"]
+    return time.perf_counter() - t0, ttft or 0.0, tokens, meta
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def round_(srv, clients, max_tokens):
+    port = srv.port
+    c0 = cpu_seconds(srv.proc.pid)
+    n = max(16, 4 * clients)
+    res = [None] * n
+    nxt = [0]
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= n:
+                return
+            res[i] = one(port, i, max_tokens)
+
+    th = [threading.Thread(target=worker) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.perf_counter() - t0
+    cpu = cpu_seconds(srv.proc.pid) - c0
+    toks = sum(r[2] for r in res)
+    spec = sum(r[3].get("spec_steps", 0) for r in res)
+    plain = sum(r[3].get("plain_steps", 0) for r in res)
+    tau_tok = sum(r[3].get("spec_tau", 0) * r[3].get("spec_steps", 0) for r in res)
+    return dict(tok_s=toks / wall, tok_cpu_s=toks / cpu if cpu > 0 else 0.0,
+                lat=statistics.median(r[0] for r in res),
+                ttft=statistics.median(r[1] for r in res),
+                tau=tau_tok / spec if spec else 0.0,
+                spec_share=spec / (spec + plain) if spec + plain else 0.0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "build"))
+    ap.add_argument("--spec", default="--speculative-algorithm NGRAM",
+                    help="the speculative server's flags (default: NGRAM, auto shape)")
+    ap.add_argument("--concurrency", default="1,2,4,8,16,32")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.concurrency.split(",")]
+    plain = Srv(a.build, a.model, [], a.threads)
+    spec = Srv(a.build, a.model, shlex.split(a.spec), a.threads)
+    rows = []
+    try:
+        for s in (plain, spec):  # warm-up: first-touch memory, the controller's first steps
+            round_(s, 4, a.max_tokens)
+        for c in levels:
+            runs = {"plain": [], "spec": []}
+            for _ in range(a.reps):
+                runs["plain"].append(round_(plain, c, a.max_tokens))
+                runs["spec"].append(round_(spec, c, a.max_tokens))
+            med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]}
+                   for k, v in runs.items()}
+            # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the
+            # same load from elsewhere)
+            ratio = statistics.median(sp["tok_s"] / pl["tok_s"]
+                                      for pl, sp in zip(runs["plain"], runs["spec"]))
+            cpu_ratio = statistics.median(sp["tok_cpu_s"] / pl["tok_cpu_s"]
+                                          for pl, sp in zip(runs["plain"], runs["spec"])
+                                          if pl["tok_cpu_s"] > 0)
+            rows.append(dict(concurrency=c, plain=med["plain"], spec=med["spec"], speedup=ratio,
+                             cpu_speedup=cpu_ratio))
+            if not a.json:
+                p, s = med["plain"], med["spec"]
+                print("c=%-3d plain %8.1f tok/s  lat %6.2f s  ttft %6.3f s | spec %8.1f tok/s  "
+                      "lat %6.2f s  ttft %6.3f s  tau %.2f  spec steps %3.0f%% | %.2fx wall, "
+                      "%.2fx per CPU second" %
+                      (c, p["tok_s"], p["lat"], p["ttft"], s["tok_s"], s["lat"], s["ttft"],
+                       s["tau"], 100 * s["spec_share"], rows[-1]["speedup"],
+                       rows[-1]["cpu_speedup"]), flush=True)
+    finally:
+        plain.stop()
+        spec.stop()
+    if a.json:
+        print(json.dumps(dict(model=a.model, spec=a.spec, max_tokens=a.max_tokens, reps=a.reps,
+                              rows=rows)))
+
+
+if __name__ == "__main__":
+    main()
