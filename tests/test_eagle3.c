@@ -30,6 +30,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* the committed head's chain tau on three prompts stays above this */
+#define TAU3_BOUND 1.2
+
 static st_model *target;
 static char tmp_dir[256];
 
@@ -424,12 +427,68 @@ static void test_engine_checks(void **state) {
     st_model_free(head);
 }
 
+/* The committed stories260K head (models/eagle3-stories260K, trained by tools/eagle/train3.py):
+ * on held-out prompts, chain drafting at K=1 S=4 and a K=2 tree emit exactly plain decoding's
+ * text, and the chain accepts drafts (TAU3_BOUND: below the measured mean, README). */
+typedef struct toks {
+    int32_t t[256];
+    int n;
+} toks;
+
+static int keep(void *user, int32_t t) {
+    toks *k = user;
+    if (k->n < 256)
+        k->t[k->n++] = t;
+    return 0;
+}
+
+static void test_trained_head(void **state) {
+    (void)state;
+    st_model *head = NULL;
+    assert_int_equal(st_eagle_head_load(ST_SOURCE_DIR "/models/eagle3-stories260K", target, &head),
+                     ST_OK);
+    assert_true(head->eagle3);
+    const char *prompts[] = {"Once upon a time, in a small town, there lived an old man",
+                             "The sun was shining and the birds were singing",
+                             "Molly the cow lived on a green hill"};
+    double tau_sum = 0.0;
+    for (int i = 0; i < 3; i++) {
+        int32_t ids[64];
+        int64_t n = 0;
+        assert_int_equal(
+            st_tokenize(st_model_tokenizer(target), prompts[i], strlen(prompts[i]), 1, ids, 64, &n),
+            ST_OK);
+        st_gen_params p = st_gen_default_params();
+        p.n_predict = 128;
+        p.sampler.temp = 0.0f;
+        p.n_threads = 1;
+        toks plain = {0}, spec = {0}, tree = {0};
+        assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
+        p.spec.algo = ST_SPEC_EAGLE3;
+        p.spec.draft_model = head;
+        p.spec.topk = 1;
+        p.spec.num_steps = 4;
+        st_gen_stats gs;
+        assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
+        assert_int_equal(spec.n, plain.n);
+        assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
+        assert_true(gs.spec_steps > 10);
+        tau_sum += gs.tau;
+        p.spec.topk = 2;
+        p.spec.num_draft_tokens = 8;
+        assert_int_equal(st_generate(target, ids, n, &p, keep, &tree, NULL), ST_OK);
+        assert_memory_equal(tree.t, plain.t, (size_t)plain.n * sizeof(int32_t));
+    }
+    print_message("committed EAGLE-3 head: mean tau %.3f at K=1 S=4 on 3 prompts\n", tau_sum / 3);
+    assert_true(tau_sum / 3 > TAU3_BOUND);
+    st_model_free(head);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_capture_bitwise),
-        cmocka_unit_test(test_load_and_oracle),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_engine_checks),
+        cmocka_unit_test(test_capture_bitwise), cmocka_unit_test(test_load_and_oracle),
+        cmocka_unit_test(test_errors),          cmocka_unit_test(test_engine_checks),
+        cmocka_unit_test(test_trained_head),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
