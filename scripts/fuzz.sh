@@ -24,10 +24,6 @@ rm -rf $out/seeds
 mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/seeds/safetensors $out/corpus/gguf \
     $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/serve_request \
     $out/corpus/serve_request $out/seeds/eagle3 $out/corpus/eagle3
-for d in build/test_e2e_eagle3_f32 build/test_e2e_eagle3_f16 models/eagle3-stories260K; do
-    [ -f $d/model.safetensors ] && cp $d/model.safetensors $out/seeds/eagle3/$(basename $d).safetensors
-done
-cp $out/seeds/safetensors/model-head.safetensors $out/seeds/eagle3/
 cp "$shared"/models/stories260K.gguf "$shared"/vectors/tokenizer/*.gguf $out/seeds/gguf/
 head -c 4096 "$shared"/models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
 if [ -x build/spectree-mkmodel ]; then # small whole models, one per weight type
@@ -40,6 +36,10 @@ cp "$shared"/vectors/tokenizer/*.inp $out/seeds/tokenize/
 st=$(ls "$shared"/models/TinyStories-656K/*.safetensors | head -1)
 cp "$st" $out/seeds/safetensors/model.safetensors
 head -c 16384 "$st" >$out/seeds/safetensors/model-head.safetensors
+for d in build/test_e2e_eagle3_f32 build/test_e2e_eagle3_f16 models/eagle3-stories260K; do
+    [ ! -f $d/model.safetensors ] || cp $d/model.safetensors $out/seeds/eagle3/$(basename $d).safetensors
+done
+cp $out/seeds/safetensors/model-head.safetensors $out/seeds/eagle3/
 cp README.md $out/seeds/tokenize/
 
 # Texts past 4 KiB add little to the tokenizers' coverage and slow each run down.
