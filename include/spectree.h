@@ -838,18 +838,19 @@ typedef enum st_spec_algo {
     ST_SPEC_STANDALONE = 1, /* a draft model with the target's vocabulary */
     ST_SPEC_NGRAM = 2,      /* n-gram lookup in the prompt and the generated text */
     ST_SPEC_EAGLE = 3,      /* an EAGLE-1/2 head over the target's hidden states */
+    ST_SPEC_EAGLE3 = 4,     /* an EAGLE-3 head over three of the target's layers */
 } st_spec_algo;
 
-/* "NONE", "STANDALONE", "NGRAM", "EAGLE" (case-insensitive); ST_ERR_UNSUPPORTED for "EAGLE3",
- * ST_ERR_INVALID otherwise. */
+/* "NONE", "STANDALONE", "NGRAM", "EAGLE", "EAGLE3" (case-insensitive); ST_ERR_INVALID
+ * otherwise. */
 st_status st_spec_algo_parse(const char *name, st_spec_algo *out);
 const char *st_spec_algo_name(st_spec_algo a);
 
 typedef struct st_spec_params {
     st_spec_algo algo;
-    const st_model *draft_model; /* STANDALONE: a draft model; EAGLE: a head loaded for this
-                                  * target by st_eagle_head_load; borrowed, must outlive the
-                                  * call */
+    const st_model *draft_model; /* STANDALONE: a draft model; EAGLE, EAGLE3: a head of that
+                                  * kind loaded for this target by st_eagle_head_load;
+                                  * borrowed, must outlive the call */
     int32_t num_steps;           /* S: draft depth; 0 = auto */
     int32_t topk;                /* K: branching; 0 = auto; K = 1 forces N = S + 1 */
     int32_t num_draft_tokens;    /* N: verified nodes incl. the root (<= ST_SPEC_MAX_N); 0 = auto */
@@ -890,6 +891,49 @@ const char *st_stop_reason_name(st_stop_reason r);
  * truncated file), ST_ERR_UNSUPPORTED (another dtype, more than one layer, rope_scaling),
  * ST_ERR_NOMEM. */
 st_status st_eagle_head_load(const char *dir, const st_model *target, st_model **out);
+
+/* Loads an EAGLE-3 draft head (Li et al., EAGLE-3, 2025; FORMATS.md §d.2) for `target` from a
+ * checkpoint directory as published: config.json (num_hidden_layers 1, vocab_size equal to the
+ * target's, optional draft_vocab_size V' (default vocab_size), target_hidden_size (default
+ * hidden_size; must be the target's), rope_theta (default 10000), tie_word_embeddings, and
+ * eagle_config.eagle_aux_hidden_state_layer_ids: the three target layers whose outputs it reads,
+ * SGLang's convention; without it the inputs of layers 2, L/2 and L-3) and safetensors holding
+ * fc.weight [H, 3 H_t], midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight,
+ * midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], midlayer.self_attn.o_proj.weight,
+ * midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [V', H] (absent when
+ * tied), d2t [V'] I64 (draft id i is target id i + d2t[i]; required when V' < V), optionally t2d
+ * [V] BOOL and embed_tokens.weight [V, H] (required when H != H_t; else the target's). d2t must
+ * map every draft id to a distinct target id, and t2d, when present, mark exactly those: any
+ * other map is refused here, so no draft id outside the target's vocabulary reaches a tree.
+ * st_eagle_head_load loads these too (it recognizes the `midlayer` tensors). Use it with
+ * ST_SPEC_EAGLE3. Errors as st_eagle_head_load's, one line naming the file and the key. */
+st_status st_eagle3_head_load(const char *dir, const st_model *target, st_model **out);
+
+/* What an EAGLE head is, for tools (`spectree info`). */
+typedef struct st_eagle_info {
+    int version;            /* 0: not an EAGLE head; 1: EAGLE-1/2; 3: EAGLE-3 */
+    int32_t n_embd;         /* the head's width */
+    int32_t n_ff;           /* its MLP's */
+    int32_t n_vocab;        /* the target's vocabulary (the head's inputs) */
+    int32_t n_draft_vocab;  /* the vocabulary it drafts over (EAGLE-1/2: n_vocab) */
+    int32_t target_n_embd;  /* the target's width */
+    int32_t target_layers;  /* the target's layer count */
+    int32_t n_layers_read;  /* EAGLE-3: 3; EAGLE-1/2: 1 (the final-normed state) */
+    int32_t layers_read[3]; /* EAGLE-3: the residual stream entering these target layers
+                             * (target_layers: the last layer's output); EAGLE-1/2: the
+                             * final-normed output, written as target_layers */
+    int own_embedding;      /* 1: its own embed_tokens; 0: the target's */
+    int layers_default;     /* st_eagle_head_describe: EAGLE-3 with no layer ids in its config
+                             * (it reads the target's 2, L/2, L-3; layers_read unset) */
+} st_eagle_info;
+
+/* Fills *out for a loaded model: version 0 for a plain model. */
+void st_eagle_head_info(const st_model *m, st_eagle_info *out);
+/* Describes a head directory without a target, from config.json and the safetensors header:
+ * the kind (EAGLE-3 when it holds midlayer tensors), widths, vocabulary sizes and, for EAGLE-3,
+ * the target layers named in its config; target_layers is 0 (unknown) and target_n_embd the
+ * width the head expects. Errors as st_eagle_head_load's. */
+st_status st_eagle_head_describe(const char *dir, st_eagle_info *out);
 
 /* Statistics of one st_generate call. Times in milliseconds. */
 typedef struct st_gen_stats {

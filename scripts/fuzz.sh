@@ -3,7 +3,8 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-fuzz/. Each starts from its corpus in
 # build-fuzz/corpus/<target> (kept between runs, so coverage accumulates) plus seeds made here:
 # the shared GGUF files, small models written by spectree-mkmodel, the tokenizer test inputs,
-# the TinyStories-656K safetensors checkpoint and tokenizer.json (and synthetic byte-level ones).
+# the TinyStories-656K safetensors checkpoint and tokenizer.json (and synthetic byte-level ones),
+# the EAGLE-3 heads the tests wrote and the committed one.
 # A crash, leak, sanitizer report or an input slower than 30 s fails the run; the input is kept
 # in build-fuzz/crashes/. The targets run side by side.
 # Usage: scripts/fuzz.sh [SECONDS]   (default 60, or $ST_FUZZ_SECONDS)
@@ -17,12 +18,13 @@ out=build-fuzz
 CC=clang cmake -S . -B $out -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_FUZZ=ON -DST_SANITIZE=ON \
     -DST_WERROR=ON -DST_SHARED_DIR="$shared" >/dev/null
 cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize fuzz_safetensors \
-    fuzz_serve_request fuzz_hf_tokenizer >/dev/null
+    fuzz_serve_request fuzz_hf_tokenizer fuzz_eagle3 >/dev/null
 
 rm -rf $out/seeds
 mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/seeds/safetensors $out/corpus/gguf \
     $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/serve_request \
-    $out/corpus/serve_request $out/seeds/hf_tokenizer $out/corpus/hf_tokenizer
+    $out/corpus/serve_request $out/seeds/hf_tokenizer $out/corpus/hf_tokenizer $out/seeds/eagle3 \
+    $out/corpus/eagle3
 cp "$shared"/models/stories260K.gguf "$shared"/vectors/tokenizer/*.gguf $out/seeds/gguf/
 head -c 4096 "$shared"/models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
 if [ -x build/spectree-mkmodel ]; then # small whole models, one per weight type
@@ -35,6 +37,10 @@ cp "$shared"/vectors/tokenizer/*.inp $out/seeds/tokenize/
 st=$(ls "$shared"/models/TinyStories-656K/*.safetensors | head -1)
 cp "$st" $out/seeds/safetensors/model.safetensors
 head -c 16384 "$st" >$out/seeds/safetensors/model-head.safetensors
+for d in build/test_e2e_eagle3_f32 build/test_e2e_eagle3_f16 models/eagle3-stories260K; do
+    [ ! -f $d/model.safetensors ] || cp $d/model.safetensors $out/seeds/eagle3/$(basename $d).safetensors
+done
+cp $out/seeds/safetensors/model-head.safetensors $out/seeds/eagle3/
 cp README.md $out/seeds/tokenize/
 cp "$shared"/models/TinyStories-656K/tokenizer.json $out/seeds/hf_tokenizer/tinystories.json
 for pre in llama3 qwen2; do # small byte-level tokenizer.json files (tests/oracle/hf_bpe.py)
@@ -51,9 +57,9 @@ for f in tests/serve/bodies/*.json; do
 done
 
 declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [serve_request]=8192
-    [hf_tokenizer]=131072)
+    [hf_tokenizer]=131072 [eagle3]=0)
 pids=()
-for t in gguf tokenize safetensors serve_request hf_tokenizer; do
+for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3; do
     ST_SHARED_DIR="$shared" ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         $out/fuzz_$t -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -max_len=${max_len[$t]} -artifact_prefix=$out/crashes/$t- $out/corpus/$t $out/seeds/$t \
@@ -62,7 +68,7 @@ for t in gguf tokenize safetensors serve_request hf_tokenizer; do
 done
 rc=0
 i=0
-for t in gguf tokenize safetensors serve_request hf_tokenizer; do
+for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3; do
     if wait "${pids[$i]}"; then
         echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' $out/fuzz_$t.log |
             grep -o '[0-9]*$') runs in ${secs}s, corpus $(ls $out/corpus/$t | wc -l) inputs"

@@ -186,6 +186,11 @@ static void test_bad_usage(void **state) {
         "generate -m %s -p hi --speculative-algorithm MAGIC",
         "generate -m %s -p hi --speculative-algorithm EAGLE",
         "generate -m %s -p hi --speculative-algorithm EAGLE3",
+        "generate -m %s -p hi --speculative-algorithm EAGLE3 "
+        "--speculative-draft-model-path " ST_SOURCE_DIR "/models/eagle-stories260K",
+        "info -m %s --target /nonexistent.gguf",
+        "info -m " ST_SOURCE_DIR "/models --target /nonexistent.gguf",
+        "info -m " ST_SOURCE_DIR "/models/eagle-stories260K --target /nonexistent.gguf",
         "generate -m %s -p hi --speculative-algorithm EAGLE --speculative-draft-model-path /tmp",
         "generate -m %s -p hi --speculative-algorithm NGRAM --speculative-draft-model-path /tmp",
         "generate -m %s -p hi --speculative-algorithm STANDALONE",

@@ -1,7 +1,8 @@
 /*
  * test_e2e_spec.c: speculation is invisible (DESIGN.md invariant 1). On stories260K, for
  * several prompts, every drafter (NGRAM; STANDALONE with stories260K as its own draft; EAGLE
- * with random heads in the published layout written here, F32 and F16), tree shapes K in
+ * and EAGLE3 with random heads in the published layouts written here, F32 and F16, EAGLE-3's
+ * with a reduced draft vocabulary and with the full one), tree shapes K in
  * {1, 2, 4} (and 10 for EAGLE), S in {1, 3, 6}, N in {2, 4, 8, 16, 32} and auto, both attention
  * backends and 1 or 2 threads, f32 and f16 KV caches, greedy and seeded sampling, single
  * sequences and batches: the generated tokens equal plain decoding with the same seed and cache.
@@ -32,6 +33,38 @@ static st_model *head32, *head16;
  * [BOS, y], so it drafts what the target predicts after y alone; accepted often */
 static st_model *headbi;
 static float bigram[512 * 64]; /* (n_vocab, n_embd) */
+/* EAGLE-3 heads: F32 with a draft vocabulary of 160 whose ids land on the top of the target's
+ * (d2t nonzero), and F16 with the full vocabulary and its own embedding */
+static st_model *head3r, *head3f;
+
+static st_model *write_head3(const char *name, int f16) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", ST_BUILD_DIR, name);
+    static int64_t d2t[160];
+    static uint8_t t2d[512];
+    for (int32_t i = 0; i < 160; i++) { /* target ids 352..511 */
+        d2t[i] = 352;
+        t2d[352 + i] = 1;
+    }
+    tu_head3 h = {.n_embd = 64,
+                  .n_vocab = 512,
+                  .n_draft = f16 ? 512 : 160,
+                  .n_head = 8,
+                  .n_head_kv = 4,
+                  .n_ff = 128,
+                  .target_layers = 5,
+                  .layer_ids = {0, 2, 4},
+                  .dtype = f16 ? ST_SF_F16 : ST_SF_F32,
+                  .seed = f16 ? 4 : 3,
+                  .scale = 2.0f,
+                  .embed = f16,
+                  .d2t = f16 ? NULL : d2t,
+                  .t2d = f16 ? NULL : t2d};
+    st_model *head = NULL;
+    if (tu_write_eagle3_head(dir, &h) != 0 || st_eagle_head_load(dir, model, &head) != ST_OK)
+        return NULL;
+    return head;
+}
 
 static st_status keep_state(void *user, int64_t pos, const float *state) {
     if (pos == 1)
@@ -77,11 +110,15 @@ static int setup(void **state) {
     }
     st_session_free(s);
     headbi = write_head("test_e2e_eagle_bigram", 0, bigram);
-    return head32 && head16 && headbi ? 0 : -1;
+    head3r = write_head3("test_e2e_eagle3_f32", 0);
+    head3f = write_head3("test_e2e_eagle3_f16", 1);
+    return head32 && head16 && headbi && head3r && head3f ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
+    st_model_free(head3f);
+    st_model_free(head3r);
     st_model_free(headbi);
     st_model_free(head16);
     st_model_free(head32);
@@ -148,7 +185,7 @@ static void test_lossless_matrix(void **state) {
                 run(prompts[p], np[p], &sp, &none, 1, &plains[kv], &gs);
                 assert_int_equal(plains[kv].n, N_GEN);
             }
-            for (int algo = 0; algo < 3; algo++)
+            for (int algo = 0; algo < 4; algo++)
                 for (size_t ki = 0; ki < 3; ki++)
                     for (size_t si = 0; si < 3; si++)
                         for (size_t ni = 0; ni < 5; ni++) {
@@ -158,10 +195,13 @@ static void test_lossless_matrix(void **state) {
                             if (K > 1 && N - 1 > K + (S - 1) * K * K)
                                 continue;
                             st_spec_params spec = st_spec_default_params();
-                            spec.algo = algo == 2   ? ST_SPEC_EAGLE
+                            spec.algo = algo == 3   ? ST_SPEC_EAGLE3
+                                        : algo == 2 ? ST_SPEC_EAGLE
                                         : algo == 1 ? ST_SPEC_STANDALONE
                                                     : ST_SPEC_NGRAM;
-                            spec.draft_model = algo == 2 ? (p == 1 ? head32 : headbi) : model;
+                            spec.draft_model = algo == 3   ? (p == 1 ? head3f : head3r)
+                                               : algo == 2 ? (p == 1 ? head32 : headbi)
+                                                           : model;
                             spec.ngram_min_match = 1; /* draft as often as possible */
                             spec.topk = K;
                             spec.num_steps = S;
@@ -205,10 +245,13 @@ static void test_auto_and_stop(void **state) {
     st_gen_stats gs;
     st_spec_params spec = st_spec_default_params();
     run(prompt, 5, &sp, &spec, 2, &plain, &gs);
-    for (int algo = 1; algo <= 3; algo++) {
+    for (int algo = 1; algo <= 4; algo++) {
         spec = st_spec_default_params();
-        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : algo == 2 ? ST_SPEC_NGRAM : ST_SPEC_EAGLE;
-        spec.draft_model = algo == 3 ? head32 : model;
+        spec.algo = algo == 1   ? ST_SPEC_STANDALONE
+                    : algo == 2 ? ST_SPEC_NGRAM
+                    : algo == 3 ? ST_SPEC_EAGLE
+                                : ST_SPEC_EAGLE3;
+        spec.draft_model = algo == 3 ? head32 : algo == 4 ? head3r : model;
         run(prompt, 5, &sp, &spec, 2, &got, &gs);
         assert_int_equal(got.n, plain.n);
         assert_memory_equal(got.toks, plain.toks, sizeof(int32_t) * (size_t)plain.n);
@@ -230,7 +273,8 @@ static void test_auto_and_stop(void **state) {
     st_spec_algo a;
     assert_int_equal(st_spec_algo_parse("ngram", &a), ST_OK);
     assert_int_equal(a, ST_SPEC_NGRAM);
-    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_ERR_UNSUPPORTED);
+    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_OK);
+    assert_int_equal(a, ST_SPEC_EAGLE3);
     assert_int_equal(st_spec_algo_parse("bogus", &a), ST_ERR_INVALID);
 }
 
@@ -290,9 +334,10 @@ static void test_batch(void **state) {
     kv_type = ST_DTYPE_F32;
 }
 
-/* EAGLE in batches of three sequences (one verify pass for all trees, one head session per
- * sequence): the bigram and the F16 head, fixed shapes up to K = 10 and auto, greedy and sampled,
- * both backends, 1 and 2 threads; every sequence equals its own plain decoding. */
+/* EAGLE and EAGLE3 in batches of three sequences (one verify pass for all trees, one head
+ * session per sequence): the bigram and the F16 head (EAGLE3: the reduced and the full
+ * vocabulary), fixed shapes up to K = 10 and auto, greedy and sampled, both backends, 1 and 2
+ * threads; every sequence equals its own plain decoding. */
 static void test_eagle_batch(void **state) {
     (void)state;
     const int32_t p0[] = {1, 403, 407, 261, 378}, p1[] = {1, 300, 301, 302, 303, 304, 305},
@@ -301,12 +346,12 @@ static void test_eagle_batch(void **state) {
     const int64_t np[3] = {5, 7, 2};
     const int shapes[][3] = {{1, 4, 0}, {2, 3, 6}, {4, 4, 12}, {10, 2, 16}, {0, 0, 0}};
     int runs = 0;
-    for (int cfg = 0; cfg < 2 * 2 * 5; cfg++) {
-        const int smp = cfg & 1, f16 = (cfg >> 1) & 1, sh = cfg >> 2;
+    for (int cfg = 0; cfg < 2 * 2 * 2 * 5; cfg++) {
+        const int smp = cfg & 1, f16 = (cfg >> 1) & 1, sh = (cfg >> 2) % 5, e3 = cfg / 20;
         st_sampler_params sp = {.temp = smp ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 9};
         st_spec_params spec = st_spec_default_params();
-        spec.algo = ST_SPEC_EAGLE;
-        spec.draft_model = f16 ? head16 : headbi;
+        spec.algo = e3 ? ST_SPEC_EAGLE3 : ST_SPEC_EAGLE;
+        spec.draft_model = e3 ? (f16 ? head3f : head3r) : f16 ? head16 : headbi;
         spec.backend = (cfg + sh) % 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
         spec.topk = shapes[sh][0];
         spec.num_steps = shapes[sh][1];
@@ -327,10 +372,11 @@ static void test_eagle_batch(void **state) {
             run(prompts[b], (int)np[b], &sp, &none, 1, &one, &gs);
             if (got.r[b].n != one.n ||
                 memcmp(got.r[b].toks, one.toks, sizeof(int32_t) * (size_t)one.n))
-                fail_msg("EAGLE batch mismatch: sequence %d, %s head, K %d S %d N %d, %s, %s, "
+                fail_msg("%s batch mismatch: sequence %d, %s head, K %d S %d N %d, %s, %s, "
                          "%d threads",
-                         b, f16 ? "F16" : "F32", spec.topk, spec.num_steps, spec.num_draft_tokens,
-                         smp ? "sampled" : "greedy", st_attn_backend_name(spec.backend), threads);
+                         st_spec_algo_name(spec.algo), b, f16 ? "F16" : "F32", spec.topk,
+                         spec.num_steps, spec.num_draft_tokens, smp ? "sampled" : "greedy",
+                         st_attn_backend_name(spec.backend), threads);
             runs++;
         }
     }
@@ -474,18 +520,26 @@ static int count_allocs(void *user, int32_t t) {
 static void test_no_alloc_in_loop(void **state) {
     (void)state;
     const int32_t prompt[] = {1, 403, 407, 261, 378};
-    for (int algo = 0; algo < 6; algo++) { /* 3: NGRAM with auto shapes; 4, 5: EAGLE */
+    for (int algo = 0; algo < 8; algo++) { /* 3: NGRAM with auto shapes; 4, 5: EAGLE; 6, 7:
+                                            * EAGLE3 */
         st_sampler_params sp = {
             .temp = algo == 2 ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 1};
         st_spec_params spec = st_spec_default_params();
-        spec.algo = algo == 1 ? ST_SPEC_STANDALONE : algo >= 4 ? ST_SPEC_EAGLE : ST_SPEC_NGRAM;
-        spec.draft_model = algo == 4 ? headbi : algo == 5 ? head16 : model;
+        spec.algo = algo == 1   ? ST_SPEC_STANDALONE
+                    : algo >= 6 ? ST_SPEC_EAGLE3
+                    : algo >= 4 ? ST_SPEC_EAGLE
+                                : ST_SPEC_NGRAM;
+        spec.draft_model = algo == 4   ? headbi
+                           : algo == 5 ? head16
+                           : algo == 6 ? head3r
+                           : algo == 7 ? head3f
+                                       : model;
         spec.ngram_min_match = 1;
         spec.topk = 2;
         spec.num_steps = 3;
         spec.num_draft_tokens = 6;
         spec.backend = algo == 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
-        if (algo == 3 || algo == 5)
+        if (algo == 3 || algo == 5 || algo == 7)
             spec.topk = spec.num_steps = spec.num_draft_tokens = 0;
         alloc_rec a = {0, 0, 0};
         st_gen_stats gs;
@@ -493,7 +547,7 @@ static void test_no_alloc_in_loop(void **state) {
                                      count_allocs, &a, &gs),
                          ST_OK);
         assert_true(a.n > 10);
-        if (algo < 3 || algo == 4)
+        if (algo < 3 || algo == 4 || algo == 6)
             assert_true(gs.spec_steps > 0);
         assert_int_equal(a.last, a.first);
     }

@@ -333,7 +333,8 @@ static void test_engine_checks(void **state) {
     assert_int_equal(st_spec_algo_parse("eagle", &a), ST_OK);
     assert_int_equal(a, ST_SPEC_EAGLE);
     assert_string_equal(st_spec_algo_name(a), "EAGLE");
-    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_ERR_UNSUPPORTED);
+    assert_int_equal(st_spec_algo_parse("EAGLE3", &a), ST_OK);
+    assert_int_equal(a, ST_SPEC_EAGLE3);
     st_model_free(other);
     st_model_free(head);
 }

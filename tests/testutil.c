@@ -152,6 +152,117 @@ done:
     return rc;
 }
 
+int tu_write_eagle3_head(const char *dir, const tu_head3 *h) {
+    const int64_t E = h->n_embd, hd = h->n_embd / h->n_head, Q = (int64_t)h->n_head * hd,
+                  KV = (int64_t)h->n_head_kv * hd, F = h->n_ff, V = h->n_vocab, D = h->n_draft;
+    enum { RAW_NONE, RAW_D2T, RAW_T2D };
+    struct {
+        const char *name;
+        int64_t rows, cols; /* cols 0: a vector */
+        int present, raw;
+    } spec[] = {
+        {"embed_tokens.weight", V, E, h->embed, 0},
+        {"fc.weight", E, 3 * E, 1, 0},
+        {"midlayer.input_layernorm.weight", E, 0, 1, 0},
+        {"midlayer.hidden_norm.weight", E, 0, 1, 0},
+        {"midlayer.self_attn.q_proj.weight", Q, 2 * E, 1, 0},
+        {"midlayer.self_attn.k_proj.weight", KV, 2 * E, 1, 0},
+        {"midlayer.self_attn.v_proj.weight", KV, 2 * E, 1, 0},
+        {"midlayer.self_attn.o_proj.weight", E, Q, 1, 0},
+        {"midlayer.post_attention_layernorm.weight", E, 0, 1, 0},
+        {"midlayer.mlp.gate_proj.weight", F, E, 1, 0},
+        {"midlayer.mlp.up_proj.weight", F, E, 1, 0},
+        {"midlayer.mlp.down_proj.weight", E, F, 1, 0},
+        {"norm.weight", E, 0, 1, 0},
+        {"lm_head.weight", D, E, 1, 0},
+        {"d2t", D, 0, D != V || h->d2t, RAW_D2T},
+        {"t2d", V, 0, (D != V || h->t2d) && !h->no_t2d, RAW_T2D},
+        {h->extra ? h->extra : "", 4, 0, h->extra != NULL, 0},
+    };
+    enum { N_SPEC = sizeof spec / sizeof spec[0] };
+    st_sf_tensor t[N_SPEC];
+    int64_t shapes[N_SPEC][2];
+    void *bufs[N_SPEC] = {0};
+    int n = 0, rc = -1;
+    uint64_t rng = h->seed * 0x9E3779B97F4A7C15ULL + 3;
+    for (int i = 0; i < N_SPEC; i++) {
+        if (!spec[i].present || (h->skip && !strcmp(h->skip, spec[i].name)))
+            continue;
+        const int vec = spec[i].cols == 0;
+        int64_t rows = spec[i].rows, cols = vec ? 1 : spec[i].cols;
+        if (h->bad_shape && !strcmp(h->bad_shape, spec[i].name))
+            rows += 1;
+        const int64_t ne = rows * cols;
+        const int i32 = h->bad_dtype && !strcmp(h->bad_dtype, spec[i].name);
+        const st_sf_dtype dt = i32                      ? ST_SF_I32
+                               : spec[i].raw == RAW_D2T ? ST_SF_I64
+                               : spec[i].raw == RAW_T2D ? ST_SF_BOOL
+                                                        : (st_sf_dtype)h->dtype;
+        const size_t es = (size_t)st_sf_dtype_bits(dt) / 8;
+        char *b = calloc((size_t)ne, es);
+        if (!b)
+            goto done;
+        bufs[n] = b;
+        const float a = h->scale / sqrtf((float)cols);
+        for (int64_t j = 0; j < ne; j++) {
+            if (spec[i].raw == RAW_D2T && !i32) {
+                const int64_t v = h->d2t ? (j < D ? h->d2t[j] : 0) : (j * V) / D - j;
+                memcpy(b + (size_t)j * 8, &v, 8);
+                continue;
+            }
+            if (spec[i].raw == RAW_T2D && !i32) {
+                const int64_t di = (j * D + V - 1) / V; /* the draft id that could map to j */
+                b[j] = h->t2d ? h->t2d[j] : (uint8_t)(di < D && (di * V) / D == j);
+                continue;
+            }
+            float v = vec ? (strstr(spec[i].name, "norm") ? 1.0f + 0.2f * tu_uniform(&rng)
+                                                          : 0.1f * tu_uniform(&rng))
+                          : a * tu_uniform(&rng);
+            if (dt == ST_SF_F32 || dt == ST_SF_I32)
+                memcpy(b + (size_t)j * 4, &v, 4);
+            else {
+                uint16_t u = dt == ST_SF_F16 ? st_f32_to_fp16(v) : st_f32_to_bf16(v);
+                memcpy(b + (size_t)j * 2, &u, 2);
+            }
+        }
+        shapes[n][0] = rows;
+        shapes[n][1] = cols;
+        t[n] = (st_sf_tensor){.name = spec[i].name,
+                              .dtype = dt,
+                              .n_dims = vec ? 1 : 2,
+                              .shape = shapes[n],
+                              .n_elem = ne,
+                              .data = b,
+                              .size = (size_t)ne * es};
+        n++;
+    }
+    char path[4096], ids[128] = "";
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_safetensors_write(path, t, n) != ST_OK)
+        goto done;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        goto done;
+    if (!h->no_layer_ids)
+        snprintf(ids, sizeof ids,
+                 ", \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": [%d, %d, %d]}",
+                 h->layer_ids[0], h->layer_ids[1], h->layer_ids[2]);
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"hidden_size\": %d, "
+            "\"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": "
+            "%d, \"num_hidden_layers\": 1, \"vocab_size\": %d, \"draft_vocab_size\": %d, "
+            "\"rms_norm_eps\": 1e-05, \"hidden_act\": \"silu\"%s%s}\n",
+            h->n_embd, h->n_ff, h->n_head, h->n_head_kv, h->n_vocab, h->n_draft, ids,
+            h->config_extra ? h->config_extra : "");
+    rc = fclose(f) == 0 ? 0 : -1;
+done:
+    for (int i = 0; i < N_SPEC; i++)
+        free(bufs[i]);
+    return rc;
+}
+
 tu_result tu_run(const char *prog, const char *args, const char *in) {
     char cmd[8192], fo[600], fe[600];
     snprintf(fo, sizeof fo, "%s/tu_run_%d.out", ST_BUILD_DIR, (int)getpid());

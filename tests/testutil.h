@@ -32,6 +32,29 @@ typedef struct tu_head {
  * on success. */
 int tu_write_eagle_head(const char *dir, const tu_head *h);
 
+/* A synthetic EAGLE-3 head in the published layout (FORMATS.md §d.2), random weights. */
+typedef struct tu_head3 {
+    int32_t n_embd, n_vocab, n_draft, n_head, n_head_kv, n_ff;
+    int32_t target_layers; /* the target's layer count (for the layer ids) */
+    int32_t layer_ids[3];  /* eagle_aux_hidden_state_layer_ids written to config.json */
+    int no_layer_ids;      /* leave them out (the loader's default) */
+    int dtype;             /* ST_SF_F32, ST_SF_F16 or ST_SF_BF16 */
+    uint64_t seed;
+    float scale; /* weights uniform in [-scale, scale] / sqrt(n_in) */
+    int embed;   /* with embed_tokens.weight */
+    int no_t2d;  /* without t2d */
+    /* the draft vocabulary: target id (i * n_vocab) / n_draft for draft id i, unless d2t (the
+     * raw offsets, n_draft of them) or t2d (n_vocab bytes) are given */
+    const int64_t *d2t;
+    const uint8_t *t2d;
+    const char *skip, *extra, *bad_shape, *bad_dtype; /* malformed heads, as tu_head */
+    const char *config_extra; /* appended to config.json's object (", \"key\": value") */
+} tu_head3;
+
+/* Creates directory dir with config.json and model.safetensors of EAGLE-3 head h; 0 on
+ * success. */
+int tu_write_eagle3_head(const char *dir, const tu_head3 *h);
+
 /* The result of running one of the project's programs. */
 typedef struct tu_result {
     int code;        /* exit status; 128 + signal when killed */

@@ -75,7 +75,8 @@ static const char *help =
     "[--json]\n"
     "\n"
     "Plain vs speculative tokens/s in the same run for NGRAM, STANDALONE with the model as its\n"
-    "own draft, STANDALONE with each --draft model and EAGLE with each --eagle head, all with\n"
+    "own draft, STANDALONE with each --draft model and EAGLE or EAGLE3 (by the head's kind)\n"
+    "with each --eagle head, all with\n"
     "auto tree shapes (and fixed ones with --sweep). Greedy.\n"
     "Each repetition runs plain and speculative back to back; the speed-up is the median of\n"
     "the per-repetition ratios (robust to a machine whose speed drifts), tok/s are medians.\n"
@@ -85,7 +86,7 @@ static const char *help =
     "  -n N               tokens per run (default 256)\n"
     "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
     "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
-    "      --eagle DIR    an EAGLE-1/2 head for the model (repeatable)\n"
+    "      --eagle DIR    an EAGLE-1/2 or EAGLE-3 head for the model (repeatable)\n"
     "      --no-ngram     skip NGRAM\n"
     "      --sweep        also run each drafter with fixed (K, S, N) shapes and print the best\n"
     "                     fixed shape against auto\n"
@@ -233,7 +234,11 @@ int st_bench_e2e_main(int argc, char **argv) {
         spec.num_steps = nsteps;
         if (spec.ngram_max_match < spec.ngram_min_match)
             spec.ngram_max_match = spec.ngram_min_match;
+        st_eagle_info ei = {0};
+        if (cfg >= 2)
+            st_eagle_head_info(dm[cfg - 2], &ei);
         spec.algo = cfg == 0                        ? ST_SPEC_NGRAM
+                    : cfg >= 2 && ei.version == 3   ? ST_SPEC_EAGLE3
                     : cfg >= 2 && is_eagle[cfg - 2] ? ST_SPEC_EAGLE
                                                     : ST_SPEC_STANDALONE;
         spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];

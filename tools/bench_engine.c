@@ -159,22 +159,23 @@ int st_bench_engine_main(int argc, char **argv) {
     }
     st_spec_algo algo;
     if (st_spec_algo_parse(eo.algo, &algo) != ST_OK || algo == ST_SPEC_NONE) {
-        fprintf(stderr, "spectree-bench engine: --algo NGRAM, EAGLE or STANDALONE\n");
+        fprintf(stderr, "spectree-bench engine: --algo NGRAM, EAGLE, EAGLE3 or STANDALONE\n");
         return 2;
     }
     if (eo.n < 1 || eo.n > 4096 || eo.requests < 0 || eo.requests > 100000 || o.reps > MAX_REPS ||
-        (algo == ST_SPEC_EAGLE && !eo.draft)) {
+        ((algo == ST_SPEC_EAGLE || algo == ST_SPEC_EAGLE3) && !eo.draft)) {
         fprintf(stderr,
                 "spectree-bench engine: -n 1..4096, --requests 0..100000, --reps 1..%d; "
-                "EAGLE needs --draft DIR\n",
+                "EAGLE and EAGLE3 need --draft DIR\n",
                 MAX_REPS);
         return 2;
     }
     st_model *m = NULL, *dm = NULL;
     int rc = 1;
     if (st_model_load(o.model, &m) != ST_OK ||
-        (eo.draft && (algo == ST_SPEC_EAGLE ? st_eagle_head_load(eo.draft, m, &dm)
-                                            : st_model_load(eo.draft, &dm)) != ST_OK)) {
+        (eo.draft && (algo == ST_SPEC_EAGLE || algo == ST_SPEC_EAGLE3
+                          ? st_eagle_head_load(eo.draft, m, &dm)
+                          : st_model_load(eo.draft, &dm)) != ST_OK)) {
         fprintf(stderr, "spectree-bench engine: %s\n", st_last_error());
         goto done;
     }

@@ -169,9 +169,11 @@ static const char *generate_help =
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
     "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
-    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE}   drafter (default NONE)\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3}   drafter (default "
+    "NONE)\n"
     "      --speculative-draft-model-path PATH   STANDALONE: a draft model (same vocabulary);\n"
-    "                       EAGLE: an EAGLE-1/2 head directory (config.json, safetensors)\n"
+    "                       EAGLE / EAGLE3: an EAGLE-1/2 / EAGLE-3 head directory\n"
+    "                       (config.json, safetensors)\n"
     "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
     "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
     "chain)\n"
@@ -500,12 +502,14 @@ static int cmd_generate(int argc, char **argv) {
         cli_die_usage("generate", "-p PROMPT or -f FILE is required");
     if (o.prompt && o.prompt_file)
         cli_die_usage("generate", "give the prompt with -p or with -f, not both");
-    const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || o.spec.algo == ST_SPEC_EAGLE;
+    const int eagle = o.spec.algo == ST_SPEC_EAGLE || o.spec.algo == ST_SPEC_EAGLE3;
+    const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || eagle;
     if (model_drafter && !o.draft_path)
-        cli_die_usage("generate", "STANDALONE and EAGLE need --speculative-draft-model-path");
+        cli_die_usage("generate",
+                      "STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
     if (!model_drafter && o.draft_path)
         cli_die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
-                                  "STANDALONE or EAGLE");
+                                  "STANDALONE, EAGLE or EAGLE3");
     if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -527,8 +531,7 @@ static int cmd_generate(int argc, char **argv) {
     char *prompt_buf = NULL;
     size_t plen = 0;
     int rc = 1;
-    if (!cli_model_path_ok(o.model, 0) ||
-        (o.draft_path && !cli_model_path_ok(o.draft_path, o.spec.algo == ST_SPEC_EAGLE)))
+    if (!cli_model_path_ok(o.model, 0) || (o.draft_path && !cli_model_path_ok(o.draft_path, eagle)))
         return 1;
     if (o.prompt_file) {
         FILE *f = fopen(o.prompt_file, "rb");
@@ -553,8 +556,7 @@ static int cmd_generate(int argc, char **argv) {
     if (st_model_load_ex(o.model, &lp, &m) != ST_OK ||
         (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
          st_model_load_ex(o.draft_path, &lp, &dm) != ST_OK) ||
-        (o.draft_path && o.spec.algo == ST_SPEC_EAGLE &&
-         st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
+        (o.draft_path && eagle && st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
     }
@@ -770,18 +772,74 @@ done:
 
 /* ---------------------------------------------------------------------------------------- */
 
-static const char *info_help = "usage: spectree info -m MODEL\n"
-                               "\n"
-                               "Prints a GGUF file's metadata, its tensor table and, for a Llama\n"
-                               "model, the hyper-parameters the engine derives.\n"
-                               "\n"
-                               "  -m, --model PATH   GGUF file (required)\n"
-                               "  -h, --help         this help\n";
+static const char *info_help =
+    "usage: spectree info -m MODEL\n"
+    "       spectree info -m HEAD_DIR [--target MODEL]\n"
+    "\n"
+    "Prints a GGUF file's metadata, its tensor table and, for a Llama model, the\n"
+    "hyper-parameters the engine derives. For an EAGLE head directory: its kind (EAGLE-1/2 or\n"
+    "EAGLE-3), the target layers it reads, its vocabulary sizes and the target it fits; with\n"
+    "--target, whether it loads for that model.\n"
+    "\n"
+    "  -m, --model PATH   GGUF file or EAGLE head directory (required)\n"
+    "      --target PATH  a head's target model (GGUF)\n"
+    "  -h, --help         this help\n";
+
+/* `spectree info` on a head directory (with its target, when given). */
+static int info_head(const char *dir, const char *target_path) {
+    st_eagle_info in;
+    if (st_eagle_head_describe(dir, &in) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        return 1;
+    }
+    printf("EAGLE head: %s\nkind: %s\nwidth %d, MLP %d, %s embedding\n", dir,
+           in.version == 3 ? "EAGLE-3" : "EAGLE-1/2", in.n_embd, in.n_ff,
+           in.own_embedding ? "its own" : "the target's");
+    printf("vocabulary: %d target tokens, drafts over %d%s\n", in.n_vocab, in.n_draft_vocab,
+           in.n_draft_vocab < in.n_vocab ? " (reduced; d2t maps them)" : "");
+    if (in.version == 3 && in.layers_default)
+        printf("reads the residual stream entering target layers 2, L/2 and L-3 (the default)\n");
+    else if (in.version == 3)
+        printf("reads the residual stream entering target layers %d, %d and %d\n",
+               in.layers_read[0], in.layers_read[1], in.layers_read[2]);
+    else
+        printf("reads the target's final-normed state\n");
+    int32_t need = in.version == 3 && in.layers_default ? 3 : 0;
+    for (int32_t i = 0; in.version == 3 && i < in.n_layers_read; i++)
+        need = in.layers_read[i] > need ? in.layers_read[i] : need;
+    printf("fits: a target of width %d with a vocabulary of %d", in.target_n_embd, in.n_vocab);
+    if (need)
+        printf(" and at least %d layers", need);
+    printf("\n");
+    if (!target_path)
+        return 0;
+    st_model *t = NULL, *h = NULL;
+    if (!cli_model_path_ok(target_path, 0))
+        return 1;
+    if (st_model_load(target_path, &t) != ST_OK || st_eagle_head_load(dir, t, &h) != ST_OK) {
+        fprintf(stderr, "spectree: %s\n", st_last_error());
+        st_model_free(t);
+        return 1;
+    }
+    st_eagle_head_info(h, &in);
+    printf("loads for %s (%d layers)", target_path, in.target_layers);
+    for (int32_t i = 0; in.version == 3 && i < in.n_layers_read; i++)
+        printf("%s%d", i ? ", " : ": reads the inputs of layers ", in.layers_read[i]);
+    if (in.version == 3)
+        printf(" (%d: the last layer's output)", in.target_layers);
+    printf("; %.2f MB of matrices; use --speculative-algorithm %s\n",
+           (double)st_model_weight_bytes(h) / 1e6, in.version == 3 ? "EAGLE3" : "EAGLE");
+    st_model_free(h);
+    st_model_free(t);
+    return 0;
+}
 
 static int cmd_info(int argc, char **argv) {
-    const char *model = NULL;
-    static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *model = NULL, *target = NULL;
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
+                                       {"target", required_argument, 0, 'T'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
     int c;
     optind = 1;
     opterr = 0;
@@ -789,6 +847,9 @@ static int cmd_info(int argc, char **argv) {
         switch (c) {
         case 'm':
             model = optarg;
+            break;
+        case 'T':
+            target = optarg;
             break;
         case 'h':
             fputs(info_help, stdout);
@@ -804,6 +865,11 @@ static int cmd_info(int argc, char **argv) {
         cli_die_usage("info", "-m MODEL is required");
     if (optind < argc)
         cli_die_usage("info", "unexpected argument");
+    struct stat mst;
+    if (stat(model, &mst) == 0 && S_ISDIR(mst.st_mode))
+        return info_head(model, target);
+    if (target)
+        cli_die_usage("info", "--target goes with an EAGLE head directory");
     if (!cli_model_path_ok(model, 0))
         return 1;
     struct stat sb;

@@ -249,8 +249,9 @@ static const char *serve_help =
     "      --no-bos         do not prepend BOS to completion prompts\n"
     "\n"
     "speculative decoding (as `spectree generate`; output is identical to plain decoding):\n"
-    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE}, --speculative-draft-model-path\n"
-    "      PATH, --speculative-num-steps S|auto, --speculative-eagle-topk K|auto,\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3},\n"
+    "      --speculative-draft-model-path PATH, --speculative-num-steps S|auto,\n"
+    "      --speculative-eagle-topk K|auto,\n"
     "      --speculative-num-draft-tokens N|auto, --attention-backend {cascade,dense},\n"
     "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N\n"
     "  -h, --help           this help\n";
@@ -478,11 +479,12 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
     if (!o->model)
         die("-m MODEL is required");
     const st_spec_algo a = o->ep.gen.spec.algo;
-    const int model_drafter = a == ST_SPEC_STANDALONE || a == ST_SPEC_EAGLE;
+    const int model_drafter = a == ST_SPEC_STANDALONE || a == ST_SPEC_EAGLE || a == ST_SPEC_EAGLE3;
     if (model_drafter && !o->draft_path)
-        die("STANDALONE and EAGLE need --speculative-draft-model-path");
+        die("STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
     if (!model_drafter && o->draft_path)
-        die("--speculative-draft-model-path needs --speculative-algorithm STANDALONE or EAGLE");
+        die("--speculative-draft-model-path needs --speculative-algorithm STANDALONE, EAGLE or "
+            "EAGLE3");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -539,8 +541,9 @@ int cli_cmd_serve(int argc, char **argv) {
     o->sp = st_sampler_default_params();
     parse_flags(argc, argv, o);
 
+    const int eagle = o->ep.gen.spec.algo == ST_SPEC_EAGLE || o->ep.gen.spec.algo == ST_SPEC_EAGLE3;
     if (!cli_model_path_ok(o->model, 0) ||
-        (o->draft_path && !cli_model_path_ok(o->draft_path, o->ep.gen.spec.algo == ST_SPEC_EAGLE)))
+        (o->draft_path && !cli_model_path_ok(o->draft_path, eagle)))
         return 1;
     if (find_template(&s))
         return 1;
@@ -549,8 +552,7 @@ int cli_cmd_serve(int argc, char **argv) {
     if (st_model_load(o->model, &s.model) != ST_OK ||
         (o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
          st_model_load(o->draft_path, &dm) != ST_OK) ||
-        (o->draft_path && o->ep.gen.spec.algo == ST_SPEC_EAGLE &&
-         st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK)) {
+        (o->draft_path && eagle && st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK)) {
         fprintf(stderr, "spectree serve: %s\n", st_last_error());
         goto done;
     }

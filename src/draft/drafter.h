@@ -64,4 +64,11 @@ st_status st_drafter_eagle_create(const st_model *head, const st_model *target, 
                                   int32_t n_threads, int64_t max_k, int64_t max_s,
                                   st_drafter **out);
 
+/* EAGLE-3 drafter: the same over an EAGLE-3 head (st_eagle3_head_load). It reads the target's
+ * captured layers through observe: the caller sets the target session's capture to the head's
+ * n_cap / cap_layer (st_session_set_capture). Keeps n_ctx + 1 rows of n_cap * n_embd floats. */
+st_status st_drafter_eagle3_create(const st_model *head, const st_model *target, int32_t n_ctx,
+                                   int32_t n_threads, int64_t max_k, int64_t max_s,
+                                   st_drafter **out);
+
 #endif /* ST_DRAFTER_H */

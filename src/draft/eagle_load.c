@@ -8,21 +8,13 @@
  * Hugging Face's half-split RoPE layout to the adjacent pairs the forward pass rotates.
  */
 #include "draft/drafter.h"
-#include "io/safetensors.h"
+#include "draft/eagle_io.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-/* One tensor of the layout: rows x cols (cols 0: a vector of rows elements). */
-typedef struct head_tensor {
-    const char *name;
-    int64_t rows, cols;
-    int required;
-    int32_t rope_heads; /* q/k: heads whose rows are permuted (0: copied as is) */
-    const st_sf_tensor *t;
-    void *copy; /* its bytes in the owned block */
-} head_tensor;
+typedef st_head_tensor head_tensor;
 
 enum {
     HT_EMBD,
@@ -48,9 +40,8 @@ static void shape_str(const st_sf_tensor *t, char *buf, size_t cap) {
         snprintf(buf + k, cap - k, "%s]", t->n_dims > 4 ? ", ..." : "");
 }
 
-/* Reads an integer field in [lo, hi] (def when absent and optional). */
-static st_status cfg_int(const st_hf_config *c, const char *path, const char *key, int optional,
-                         int64_t def, int64_t lo, int64_t hi, int32_t *out) {
+st_status st_head_cfg_int(const st_hf_config *c, const char *path, const char *key, int optional,
+                          int64_t def, int64_t lo, int64_t hi, int32_t *out) {
     int64_t v = def;
     if (!optional || st_hf_config_has(c, key)) {
         st_status st = st_hf_config_get_int(c, key, &v);
@@ -76,14 +67,15 @@ static st_status read_config(const char *dir, const st_model *target, st_model_h
         return st;
     const int32_t big = 1 << 24;
     int32_t n_layer = 0, n_vocab = 0;
-    if ((st = cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
-        (st = cfg_int(c, path, "vocab_size", 0, 0, 1, big, &n_vocab)) ||
-        (st = cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &n_layer)) ||
-        (st = cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
-        (st = cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
-                      &hp->n_head_kv)) ||
-        (st = cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536, &hp->head_dim)) ||
-        (st = cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
+    if ((st = st_head_cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
+        (st = st_head_cfg_int(c, path, "vocab_size", 0, 0, 1, big, &n_vocab)) ||
+        (st = st_head_cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &n_layer)) ||
+        (st = st_head_cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
+        (st = st_head_cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
+                              &hp->n_head_kv)) ||
+        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536,
+                              &hp->head_dim)) ||
+        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
         goto done;
     if (hp->n_embd != target->hp.n_embd) {
         st = st_fail(ST_ERR_FORMAT, "%s: hidden_size %d does not match the target's %d", path,
@@ -136,25 +128,28 @@ done:
     return st;
 }
 
-/* Finds and checks every tensor of the layout; any other tensor is an error. */
-static st_status find_tensors(const st_safetensors *sf, head_tensor *ht, bool bias) {
+static int listed(const char *name, const char *const *list) {
+    for (; list && *list; list++)
+        if (!strcmp(name, *list))
+            return 1;
+    return 0;
+}
+
+st_status st_head_find_tensors(const st_safetensors *sf, head_tensor *ht, int n_ht,
+                               const char *what, const char *const *raw_ok) {
     for (int64_t i = 0; i < st_safetensors_n_tensors(sf); i++) {
         const st_sf_tensor *t = st_safetensors_tensor_at(sf, i);
         int known = 0;
-        for (int k = 0; k < HT_N && !known; k++)
+        for (int k = 0; k < n_ht && !known; k++)
             known = strcmp(t->name, ht[k].name) == 0;
         const size_t n = strlen(t->name), m = strlen(".rotary_emb.inv_freq");
         if (n >= m && strcmp(t->name + n - m, ".rotary_emb.inv_freq") == 0)
             continue; /* HF exports may keep RoPE's table: recomputed, not read */
         if (!known)
-            return st_fail(ST_ERR_FORMAT, "%s: unexpected tensor '%s' in an EAGLE-1/2 head",
-                           t->file, t->name);
-        if (!bias && strcmp(t->name, "fc.bias") == 0)
-            return st_fail(ST_ERR_FORMAT,
-                           "%s: tensor 'fc.bias' present but config.json says \"bias\": false",
-                           t->file);
+            return st_fail(ST_ERR_FORMAT, "%s: unexpected tensor '%s' in an %s head", t->file,
+                           t->name, what);
     }
-    for (int k = 0; k < HT_N; k++) {
+    for (int k = 0; k < n_ht; k++) {
         head_tensor *h = &ht[k];
         h->t = st_safetensors_find(sf, h->name);
         if (!h->t) {
@@ -163,7 +158,7 @@ static st_status find_tensors(const st_safetensors *sf, head_tensor *ht, bool bi
             return st_safetensors_get(sf, h->name, &h->t); /* the error naming it */
         }
         st_dtype dt;
-        st_status st = st_sf_tensor_dtype(h->t, &dt);
+        st_status st = listed(h->name, raw_ok) ? ST_OK : st_sf_tensor_dtype(h->t, &dt);
         if (st)
             return st;
         const int32_t nd = h->cols ? 2 : 1;
@@ -182,9 +177,9 @@ static st_status find_tensors(const st_safetensors *sf, head_tensor *ht, bool bi
     return ST_OK;
 }
 
-/* Copies a tensor's bytes; q/k rows go from HF's half-split order to adjacent pairs: per head,
- * row 2j takes HF row j and row 2j+1 HF row j + head_dim/2 (FORMATS.md §b.6). */
-static void copy_tensor(const head_tensor *h) {
+/* q/k rows go from HF's half-split order to adjacent pairs: per head, row 2j takes HF row j and
+ * row 2j+1 HF row j + head_dim/2 (FORMATS.md §b.6). */
+void st_head_copy_tensor(const head_tensor *h) {
     const char *src = h->t->data;
     char *dst = h->copy;
     if (!h->rope_heads) {
@@ -200,7 +195,7 @@ static void copy_tensor(const head_tensor *h) {
                        src + (size_t)(head * hd + t * (hd / 2) + j) * rb, rb);
 }
 
-static void set_wt(st_wt *w, const head_tensor *h) {
+void st_head_set_wt(st_wt *w, const head_tensor *h) {
     st_dtype dt = ST_DTYPE_F32;
     st_sf_tensor_dtype(h->t, &dt); /* checked in find_tensors */
     w->data = h->copy;
@@ -211,8 +206,7 @@ static void set_wt(st_wt *w, const head_tensor *h) {
     w->packed = NULL;
 }
 
-/* A float copy of a vector tensor (from its aligned copy). */
-static float *vector_of(const head_tensor *h, float *into) {
+float *st_head_vector_of(const head_tensor *h, float *into) {
     st_dtype dt = ST_DTYPE_F32;
     st_sf_tensor_dtype(h->t, &dt);
     float *v = into ? into : st_malloc((size_t)h->rows * sizeof(float));
@@ -227,6 +221,14 @@ st_status st_eagle_head_load(const char *dir, const st_model *target, st_model *
     *out = NULL;
     if (target->fc.data)
         return st_fail(ST_ERR_INVALID, "st_eagle_head_load: the target is itself an EAGLE head");
+    /* an EAGLE-3 checkpoint (its layer is `midlayer`) goes to its own loader */
+    st_safetensors *probe = NULL;
+    if (st_safetensors_open(dir, &probe) == ST_OK) {
+        const int v3 = st_safetensors_find(probe, "midlayer.self_attn.q_proj.weight") != NULL;
+        st_safetensors_free(probe);
+        if (v3)
+            return st_eagle3_head_load(dir, target, out);
+    }
     st_model *m = st_calloc(1, sizeof *m);
     st_safetensors *sf = NULL;
     if (!m)
@@ -252,7 +254,13 @@ st_status st_eagle_head_load(const char *dir, const st_model *target, st_model *
         [HT_UP] = {"layers.0.mlp.up_proj.weight", F, E, 1, 0, NULL, NULL},
         [HT_DOWN] = {"layers.0.mlp.down_proj.weight", E, F, 1, 0, NULL, NULL},
     };
-    if ((st = find_tensors(sf, ht, bias)))
+    if (!bias && st_safetensors_find(sf, "fc.bias")) {
+        st = st_fail(ST_ERR_FORMAT,
+                     "%s: tensor 'fc.bias' present but config.json says \"bias\": false",
+                     st_safetensors_find(sf, "fc.bias")->file);
+        goto fail;
+    }
+    if ((st = st_head_find_tensors(sf, ht, HT_N, "EAGLE-1/2", NULL)))
         goto fail;
     /* one block: every tensor's bytes, then the fc bias as floats (st_plan: a sizing pass,
      * then a carving pass) */
@@ -273,26 +281,26 @@ st_status st_eagle_head_load(const char *dir, const st_model *target, st_model *
     }
     for (int k = 0; k < HT_N; k++)
         if (ht[k].t)
-            copy_tensor(&ht[k]);
+            st_head_copy_tensor(&ht[k]);
     st_layer *L = &m->layers[0];
-    set_wt(&m->fc, &ht[HT_FC]);
-    set_wt(&L->wq, &ht[HT_Q]);
-    set_wt(&L->wk, &ht[HT_K]);
-    set_wt(&L->wv, &ht[HT_V]);
-    set_wt(&L->wo, &ht[HT_O]);
-    set_wt(&L->w_gate, &ht[HT_GATE]);
-    set_wt(&L->w_up, &ht[HT_UP]);
-    set_wt(&L->w_down, &ht[HT_DOWN]);
+    st_head_set_wt(&m->fc, &ht[HT_FC]);
+    st_head_set_wt(&L->wq, &ht[HT_Q]);
+    st_head_set_wt(&L->wk, &ht[HT_K]);
+    st_head_set_wt(&L->wv, &ht[HT_V]);
+    st_head_set_wt(&L->wo, &ht[HT_O]);
+    st_head_set_wt(&L->w_gate, &ht[HT_GATE]);
+    st_head_set_wt(&L->w_up, &ht[HT_UP]);
+    st_head_set_wt(&L->w_down, &ht[HT_DOWN]);
     if (ht[HT_FC_BIAS].t)
-        vector_of(&ht[HT_FC_BIAS], m->fc_bias);
-    L->ffn_norm = vector_of(&ht[HT_FFN_NORM], NULL);
+        st_head_vector_of(&ht[HT_FC_BIAS], m->fc_bias);
+    L->ffn_norm = st_head_vector_of(&ht[HT_FFN_NORM], NULL);
     if (!L->ffn_norm ||
-        (ht[HT_ATTN_NORM].t && !(L->attn_norm = vector_of(&ht[HT_ATTN_NORM], NULL)))) {
+        (ht[HT_ATTN_NORM].t && !(L->attn_norm = st_head_vector_of(&ht[HT_ATTN_NORM], NULL)))) {
         st = st_fail(ST_ERR_NOMEM, "%s: out of memory for the head's weights", dir);
         goto fail;
     }
     if (ht[HT_EMBD].t) {
-        set_wt(&m->tok_embd, &ht[HT_EMBD]);
+        st_head_set_wt(&m->tok_embd, &ht[HT_EMBD]);
     } else {
         m->tok_embd = target->tok_embd;
         m->tok_embd.packed = NULL;

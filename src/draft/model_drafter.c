@@ -12,6 +12,10 @@
  *   [0, L) are committed (row L-1 pairs the root with f_{L-1} and gives level 0); level i's
  *   nodes sit at position L + i - 1 and read their parent's h in place of a target state. The
  *   engine hands every committed position's state over through `observe`.
+ * - EAGLE-3 (Li et al., EAGLE-3, 2025; SafeAILab/EAGLE traineagle3/cnets.py): the same rows and
+ *   positions, but a committed row reads three of the target's layers (fused by its fc), a
+ *   draft node reads its parent's pre-norm output, and the head's logits cover its own draft
+ *   vocabulary, whose ids d2t maps to target ids before they enter the pool.
  */
 #include "draft/drafter.h"
 
@@ -29,7 +33,7 @@ typedef struct mdraft {
     int32_t n_ctx;  /* positions */
     int64_t n_embd; /* EAGLE: width of a state */
     int32_t n_feat; /* EAGLE: the target's states of positions [0, n_feat) are in feat */
-    float *feat;    /* EAGLE: (n_ctx + 1, n_embd) the target's state at each position (one row
+    float *feat;    /* EAGLE: (n_ctx + 1, feat_w) the target's state at each position (one row
                      * per position for now; only [valid, L) is read by a step) */
     float *fin;     /* EAGLE: (max_k, n_embd) a level's input features: the parents' outputs */
     float *hout;    /* EAGLE: (max_k, n_embd) a level's outputs */
@@ -47,6 +51,11 @@ typedef struct mdraft {
     int32_t *erow;                   /* (max_k, max_s + 1) */
     int64_t *pick;                   /* (max_k) expanded candidates of a level */
     void *mem;                       /* the one allocation all the arrays above live in */
+
+    /* EAGLE-3: logits cover the draft vocabulary (n_vocab = its size); d2t maps its ids */
+    int eagle3;
+    const int32_t *d2t; /* (n_vocab) target id of each draft id */
+    int64_t feat_w;     /* width of a target state (n_embd; EAGLE-3: n_cap * target n_embd) */
 } mdraft;
 
 /* Top-k of softmax(logits): ids and probabilities, descending, ties by lower id. */
@@ -115,7 +124,7 @@ static st_status eagle_catch_up(mdraft *g, const int32_t *hist, int32_t L, int64
                     .seq = g->seq,
                     .kv_row = g->row,
                     .n_prefix = g->npre,
-                    .features = g->feat + (int64_t)t0 * g->n_embd,
+                    .features = g->feat + (int64_t)t0 * g->feat_w,
                     .logits_from = t0 + c == L ? c - 1 : c,
                     .logits = g->logits};
         st_status st = st_forward(g->s, &f);
@@ -141,6 +150,12 @@ static st_status standalone_catch_up(mdraft *g, const int32_t *hist, int32_t L) 
     g->valid = L + 1;
     g->base.evals += 1;
     return ST_OK;
+}
+
+/* EAGLE-3: draft ids to target ids (d2t), before they enter the pool. */
+static void map_ids(const mdraft *g, int32_t *ids, int64_t n) {
+    for (int64_t i = 0; g->d2t && i < n; i++)
+        ids[i] = g->d2t[ids[i]];
 }
 
 /* A pool with no drafts (every score -INFINITY), as the engine expects one laid out. */
@@ -185,6 +200,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         tokens[i] = 0;
     }
     topk_probs(g->logits, V, K, g->probs, tokens, scores);
+    map_ids(g, tokens, K);
     level_parents[0] = -1;
     for (int64_t c = 0; c < K; c++) {
         level_parents[1 + c] = c;
@@ -220,6 +236,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
                     .extra_off = g->eoff,
                     .extra_rows = g->erow,
                     .features = g->eagle ? g->fin : NULL,
+                    .own_states = g->eagle3,
                     .logits_from = 0,
                     .logits = g->logits};
         if ((st = st_forward(g->s, &f)))
@@ -231,6 +248,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         for (int64_t p = 0; p < K; p++) {
             topk_probs(g->logits + p * V, V, K, g->probs, tokens + base + p * K,
                        scores + base + p * K);
+            map_ids(g, tokens + base + p * K, K);
             for (int64_t c = 0; c < K; c++)
                 scores[base + p * K + c] =
                     g->score[p] == -INFINITY ? -INFINITY : scores[base + p * K + c] * g->score[p];
@@ -267,7 +285,7 @@ static st_status eagle_observe(st_drafter *d, int64_t pos, const float *state) {
         return st_fail(ST_ERR_INVALID,
                        "EAGLE: target state of position %lld out of order (next is %d)",
                        (long long)pos, g->n_feat);
-    memcpy(g->feat + pos * g->n_embd, state, (size_t)g->n_embd * sizeof(float));
+    memcpy(g->feat + pos * g->feat_w, state, (size_t)g->feat_w * sizeof(float));
     g->n_feat = (int32_t)pos + 1;
     if (g->valid > (int32_t)pos)
         g->valid = (int32_t)pos;
@@ -295,10 +313,11 @@ static void mdraft_free(st_drafter *d) {
 static void mdraft_layout(mdraft *g, st_plan *p) {
     const size_t K = (size_t)g->max_k, S = (size_t)g->max_s, V = (size_t)g->n_vocab,
                  B = (size_t)g->nb > K ? (size_t)g->nb : K, E = (size_t)g->n_embd,
-                 P = g->eagle ? (size_t)g->n_ctx + 1 : 0, H = g->eagle ? K * E : 0;
+                 P = g->eagle ? (size_t)g->n_ctx + 1 : 0, H = g->eagle ? K * E : 0,
+                 W = (size_t)g->feat_w;
     g->logits = st_plan_take(p, K * V, sizeof *g->logits);
     g->probs = st_plan_take(p, V, sizeof *g->probs);
-    g->feat = st_plan_take(p, P * E, sizeof *g->feat);
+    g->feat = st_plan_take(p, P * W, sizeof *g->feat);
     g->fin = st_plan_take(p, H, sizeof *g->fin);
     g->hout = st_plan_take(p, H, sizeof *g->hout);
     g->anc = st_plan_take(p, K * S, sizeof *g->anc);
@@ -328,10 +347,13 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, int
     g->base.reset = mdraft_reset;
     g->base.free = mdraft_free;
     g->eagle = eagle;
+    g->eagle3 = draft->eagle3;
+    g->d2t = draft->eagle3 ? draft->d2t : NULL;
     g->max_k = max_k;
     g->max_s = max_s;
-    g->n_vocab = draft->hp.n_vocab;
+    g->n_vocab = (int32_t)draft->output.n_out;
     g->n_embd = draft->hp.n_embd;
+    g->feat_w = draft->eagle3 ? (int64_t)draft->n_cap * draft->target->hp.n_embd : g->n_embd;
     st_session_params sp = st_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_threads = n_threads;
@@ -339,6 +361,13 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, int
     st_status st = st_session_create(draft, &sp, &g->s);
     if (st) {
         st_free(g);
+        return st;
+    }
+    /* EAGLE-3: its states are its layer's output before the final norm (the head's session
+     * captures them for st_session_state) */
+    const int32_t after_layer = 1;
+    if (draft->eagle3 && (st = st_session_set_capture(g->s, 1, &after_layer))) {
+        mdraft_free(&g->base);
         return st;
     }
     g->nb = st_session_get_params(g->s)->n_batch;
@@ -397,9 +426,30 @@ st_status st_drafter_eagle_create(const st_model *head, const st_model *target, 
     if (!head->fc.data)
         return st_fail(ST_ERR_INVALID, "EAGLE: the draft model is not an EAGLE head (load it with "
                                        "st_eagle_head_load)");
+    if (head->eagle3)
+        return st_fail(ST_ERR_INVALID, "EAGLE: this is an EAGLE-3 head (use the EAGLE3 algorithm)");
     if (head->target != target)
         return st_fail(ST_ERR_INVALID,
                        "EAGLE: the head was loaded for another target model (its embedding and "
                        "output layer are that model's)");
+    return mdraft_new(head, 1, n_ctx, n_threads, max_k, max_s, out);
+}
+
+st_status st_drafter_eagle3_create(const st_model *head, const st_model *target, int32_t n_ctx,
+                                   int32_t n_threads, int64_t max_k, int64_t max_s,
+                                   st_drafter **out) {
+    *out = NULL;
+    st_status st = check_limits("EAGLE3", max_k, max_s);
+    if (st)
+        return st;
+    if (!head->eagle3)
+        return st_fail(ST_ERR_INVALID,
+                       head->fc.data ? "EAGLE3: this is an EAGLE-1/2 head (use the EAGLE algorithm)"
+                                     : "EAGLE3: the draft model is not an EAGLE-3 head");
+    if (head->target != target)
+        return st_fail(ST_ERR_INVALID, "EAGLE3: the head was loaded for another target model");
+    if (head->output.n_out < max_k)
+        return st_fail(ST_ERR_INVALID, "EAGLE3: a draft vocabulary of %lld tokens is below K %lld",
+                       (long long)head->output.n_out, (long long)max_k);
     return mdraft_new(head, 1, n_ctx, n_threads, max_k, max_s, out);
 }

@@ -19,14 +19,11 @@ st_status st_spec_algo_parse(const char *name, st_spec_algo *out) {
     else if (name && !strcasecmp(name, "EAGLE"))
         *out = ST_SPEC_EAGLE;
     else if (name && !strcasecmp(name, "EAGLE3"))
-        return st_fail(ST_ERR_UNSUPPORTED,
-                       "speculative algorithm '%s' is not supported yet "
-                       "(NONE, STANDALONE, NGRAM, EAGLE)",
-                       name);
+        *out = ST_SPEC_EAGLE3;
     else
         return st_fail(ST_ERR_INVALID,
                        "unknown speculative algorithm '%s' (NONE, STANDALONE, "
-                       "NGRAM, EAGLE)",
+                       "NGRAM, EAGLE, EAGLE3)",
                        name ? name : "(null)");
     return ST_OK;
 }
@@ -35,6 +32,7 @@ const char *st_spec_algo_name(st_spec_algo a) {
     return a == ST_SPEC_STANDALONE ? "STANDALONE"
            : a == ST_SPEC_NGRAM    ? "NGRAM"
            : a == ST_SPEC_EAGLE    ? "EAGLE"
+           : a == ST_SPEC_EAGLE3   ? "EAGLE3"
                                    : "NONE";
 }
 
@@ -136,7 +134,8 @@ st_status st_gen_check(const st_gen_params *p, const char *who, int32_t *K, int3
     st_status rc;
     if (p->spec.algo != ST_SPEC_NONE && (rc = st_gen_resolve_shape(&p->spec, K, S, N)))
         return rc;
-    if ((p->spec.algo == ST_SPEC_STANDALONE || p->spec.algo == ST_SPEC_EAGLE) &&
+    if ((p->spec.algo == ST_SPEC_STANDALONE || p->spec.algo == ST_SPEC_EAGLE ||
+         p->spec.algo == ST_SPEC_EAGLE3) &&
         !p->spec.draft_model)
         return st_fail(ST_ERR_INVALID,
                        "%s: %s needs a draft model "
@@ -176,18 +175,25 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
         else if (sp->algo == ST_SPEC_EAGLE)
             rc = st_drafter_eagle_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
                                          &g->dr[b]);
+        else if (sp->algo == ST_SPEC_EAGLE3)
+            rc = st_drafter_eagle3_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
+                                          &g->dr[b]);
         else
             rc = st_drafter_model_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
                                          &g->dr[b]);
         if (rc)
             return rc;
     }
+    /* EAGLE-3 reads three of the target's layers: the session captures them for observe */
+    if (sp->algo == ST_SPEC_EAGLE3 &&
+        (rc = st_session_set_capture(g->s, sp->draft_model->n_cap, sp->draft_model->cap_layer)))
+        return rc;
     const int autotune =
         sp->topk == 0 || sp->num_steps == 0 || (sp->topk != 1 && sp->num_draft_tokens == 0);
     /* a model drafter's bytes read per token (an EAGLE head's include the target's output
      * layer) over the target's */
     const double wr =
-        sp->algo == ST_SPEC_STANDALONE || sp->algo == ST_SPEC_EAGLE
+        sp->algo == ST_SPEC_STANDALONE || sp->algo == ST_SPEC_EAGLE || sp->algo == ST_SPEC_EAGLE3
             ? (double)st_model_weight_bytes(sp->draft_model) / (double)st_model_weight_bytes(g->m)
             : 0.0;
     g->stats->auto_shape = autotune;

@@ -182,6 +182,39 @@ static void matmul1(st_session *s, const st_wt *w, float *y, const float *x, int
     matmuls(s, 1, &w, &y, x, M);
 }
 
+/* EAGLE-3 features: copies the residual stream of the batch entering layer l into the capture
+ * rows of every captured layer equal to l (st_session_set_capture). */
+static void capture(st_session *s, int32_t l, int64_t T) {
+    const int64_t E = s->m->hp.n_embd, W = (int64_t)s->n_cap * E;
+    for (int32_t c = 0; c < s->n_cap; c++)
+        if (s->cap_layer[c] == l)
+            for (int64_t i = 0; i < T; i++)
+                memcpy(s->cap + i * W + c * E, s->x + i * E, (size_t)E * sizeof(float));
+}
+
+/* EAGLE-3 (Li et al., EAGLE-3, 2025; SafeAILab/EAGLE traineagle3/cnets.py): the head's state g,
+ * fc over the target's fused layers or its own previous output, into s->x (the residual). */
+static void eagle3_state(st_session *s, const st_fwd *f) {
+    const int64_t E = s->m->hp.n_embd, T = f->n;
+    if (f->own_states)
+        memcpy(s->x, f->features, (size_t)(T * E) * sizeof(float));
+    else
+        matmul1(s, &s->m->fc, s->x, f->features, T);
+}
+
+/* EAGLE-3's layer input: [input_layernorm(embedding); hidden_norm(g)] (2 * n_embd) per token in
+ * s->cat, the order of the published code. */
+static void eagle3_layer_input(st_session *s, const st_fwd *f) {
+    const st_model *m = s->m;
+    const int64_t E = m->hp.n_embd;
+    for (int64_t i = 0; i < f->n; i++) {
+        float *c = s->cat + i * 2 * E;
+        embed_row(m, f->tokens[i], c);
+        rmsnorm(s->kern, c, c, m->layers[0].attn_norm, E, m->hp.rms_eps);
+        rmsnorm(s->kern, c + E, s->x + i * E, m->hidden_norm, E, m->hp.rms_eps);
+    }
+}
+
 static st_status check_fwd(const st_session *s, const st_fwd *f) {
     const st_model_hparams *hp = &s->m->hp;
     if (s->m->fc.data && (!f->features || !s->cat))
@@ -227,7 +260,9 @@ st_status st_forward(st_session *s, const st_fwd *f) {
     const int64_t E = hp->n_embd, hd = hp->head_dim, Q = (int64_t)hp->n_head * hd,
                   KV = (int64_t)hp->n_head_kv * hd, F = hp->n_ff, T = f->n;
     const int32_t nrot2 = hp->n_rot / 2;
-    if (m->fc.data) {
+    if (m->eagle3) {
+        eagle3_state(s, f);
+    } else if (m->fc.data) {
         /* an EAGLE head: x = fc([embedding; feature]) + bias (the order of the published code) */
         for (int64_t i = 0; i < T; i++) {
             embed_row(m, f->tokens[i], s->cat + i * 2 * E);
@@ -250,11 +285,15 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const st_layer *L = &m->layers[l];
-        for (int64_t i = 0; i < T; i++)
-            norm_or_copy(k, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
+        capture(s, l, T);
+        if (m->eagle3)
+            eagle3_layer_input(s, f);
+        else
+            for (int64_t i = 0; i < T; i++)
+                norm_or_copy(k, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
         const st_wt *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->kt, s->vt};
-        matmuls(s, 3, wqkv, yqkv, s->xb, T);
+        matmuls(s, 3, wqkv, yqkv, m->eagle3 ? s->cat : s->xb, T);
         const float *bqkv[3] = {L->bq, L->bk, L->bv};
         const int64_t nqkv[3] = {Q, KV, KV};
         for (int b = 0; b < 3; b++)
@@ -289,6 +328,7 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         for (int64_t i = 0; i < T * E; i++)
             s->x[i] += s->tmp[i];
     }
+    capture(s, hp->n_layer, T);
     int64_t n_out = T - f->logits_from;
     s->n_deferred = 0;
     s->n_states = 0;
@@ -307,7 +347,9 @@ st_status st_forward(st_session *s, const st_fwd *f) {
 }
 
 const float *st_session_state(const st_session *s, int64_t i) {
-    return s && i >= 0 && i < s->n_states ? s->xb + i * s->m->hp.n_embd : NULL;
+    if (!s || i < 0 || i >= s->n_states)
+        return NULL;
+    return s->n_cap ? s->cap + i * s->n_cap * s->m->hp.n_embd : s->xb + i * s->m->hp.n_embd;
 }
 
 st_status st_session_logits(st_session *s, int64_t i, float *logits) {

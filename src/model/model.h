@@ -32,6 +32,9 @@ typedef struct st_wt {
  * either way. */
 #define ST_PACK_MAX_BYTES ((size_t)16 << 20)
 
+/* The most target layers an EAGLE-3 head reads (the published heads read 3). */
+enum { ST_CAP_MAX = 3 };
+
 typedef struct st_layer {
     float *attn_norm;    /* (n_embd) owned float copy */
     float *ffn_norm;     /* (n_embd) */
@@ -66,6 +69,15 @@ struct st_model {
     const st_model *target; /* an EAGLE head: the model it was loaded for (its embedding and
                              * output layer are borrowed from it), else NULL */
     st_load_info load;      /* what the load did (load.c) */
+    /* EAGLE-3 (src/draft/eagle3_load.c): fc (n_embd, n_cap * target n_embd) fuses the target's
+     * states entering layers cap_layer; layer 0's attn_norm normalizes the embedding and
+     * hidden_norm the incoming state, its q/k/v read both (2 * n_embd); out_norm and output
+     * are its own (output: its lm_head over the draft vocabulary, output.n_out rows) */
+    int eagle3;
+    float *hidden_norm;            /* (n_embd) in owned */
+    int32_t *d2t;                  /* (output.n_out) target id of each draft id, in owned */
+    int32_t n_cap;                 /* target layers read */
+    int32_t cap_layer[ST_CAP_MAX]; /* residual stream entering each (n_layer: after the last) */
 };
 
 /* The mode a load runs in (load.c): an explicit MMAP or COPY as requested; for AUTO the
@@ -90,7 +102,10 @@ typedef struct st_fwd {
     const uint8_t *const *prefix_mask; /* (n) pointers to n_prefix bytes, or NULL */
     const int32_t *extra_off;          /* (n+1) or NULL when no token has extra rows */
     const int32_t *extra_rows;         /* CSR values */
-    const float *features;             /* (n, n_embd): EAGLE heads' input features, else NULL */
+    const float *features;             /* (n, n_embd): EAGLE heads' input features, else NULL;
+                                        * EAGLE-3: (n, fc.n_in) the target's fused layers */
+    int32_t own_states;                /* EAGLE-3: features are the head's own outputs, (n,
+                                        * n_embd), and fc is skipped */
     float *hidden;                     /* (n, n_embd) out, or NULL: the final-normed states */
     int32_t logits_from;               /* tokens i >= logits_from get logits ... */
     float *logits;                     /* ... in row i - logits_from, (n - logits_from, n_vocab) */
@@ -129,7 +144,7 @@ struct st_session {
     float *xb;          /* (n_batch, n_embd) normed input */
     int32_t n_deferred; /* rows of xb that hold final-normed states for st_session_logits */
     int32_t n_states;   /* rows of xb that hold the last forward's final-normed states */
-    float *cat;         /* (n_batch, 2*n_embd) an EAGLE head's [embedding; feature] rows */
+    float *cat;         /* (n_batch, max(2*n_embd, fc.n_in)) an EAGLE head's input rows */
     float *q;           /* (n_batch, n_head*head_dim) */
     float *kt;          /* (n_batch, n_head_kv*head_dim) */
     float *vt;          /* (n_batch, n_head_kv*head_dim) */
@@ -147,6 +162,11 @@ struct st_session {
     const uint8_t **b_pmask; /* (n_batch) prefix-mask row pointers (dense backend) */
     int64_t kv_seq_stride;   /* elements per sequence in k_cache and v_cache */
     int64_t kv_layer_stride; /* elements per layer */
+
+    /* EAGLE-3 features (st_session_set_capture) */
+    int32_t n_cap; /* layers captured (0: none) */
+    int32_t cap_layer[ST_CAP_MAX];
+    float *cap; /* (n_batch, n_cap*n_embd) the residual stream entering each, owned */
 };
 
 /* Runs one forward pass (see st_fwd). Validates ids, rows and sequences; allocates nothing. */
@@ -154,8 +174,16 @@ st_status st_forward(st_session *s, const st_fwd *f);
 
 /* The final-normed state of token i of the last forward pass that normed them (a verify with
  * deferred logits, a plain step, an eval with logits or hidden states): the feature an EAGLE
- * head reads. Valid until the next forward pass; NULL for i out of range. */
+ * head reads; with capture set (st_session_set_capture), the captured layers instead. Valid
+ * until the next forward pass; NULL for i out of range. */
 const float *st_session_state(const st_session *s, int64_t i);
+
+/* Captures, in every later forward pass, the residual stream entering layers layers[0..n)
+ * (n_layer: the last layer's output, before the final norm), concatenated in that order:
+ * st_session_state then returns these n*n_embd floats per token instead of the final-normed
+ * state (EAGLE-3's features). n = 0 turns capture off. Allocates its buffer here (not while
+ * decoding); logits are unchanged. */
+st_status st_session_set_capture(st_session *s, int32_t n, const int32_t *layers);
 
 /* Receives the final-normed state (n_embd) of the token at position pos: the target's features
  * an EAGLE drafter reads. */

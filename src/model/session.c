@@ -30,6 +30,7 @@ void st_session_free(st_session *s) {
         return;
     st_pool_free(s->pool);
     st_lazy_free(s->lazy, s->lazy_bytes);
+    st_free(s->cap);
     st_free_aligned(s); /* the struct heads the one block that holds every other buffer */
 }
 
@@ -55,7 +56,10 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
     const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim,
                  KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, B = (size_t)p->n_batch,
                  F = (size_t)hp->n_ff, nrot2 = (size_t)hp->n_rot / 2;
-    const size_t qmax = E > F ? (E > Q ? E : Q) : (F > Q ? F : Q);
+    /* an EAGLE head's projections also read its [embedding; feature] rows (cat) */
+    const size_t C = !m->fc.data ? 0 : (size_t)m->fc.n_in > 2 * E ? (size_t)m->fc.n_in : 2 * E;
+    size_t qmax = E > F ? (E > Q ? E : Q) : (F > Q ? F : Q);
+    qmax = C > qmax ? C : qmax;
     st_plan_take(pl, 1, sizeof *s);
     s->seq_len = st_plan_take(pl, (size_t)p->n_seq, sizeof(int32_t));
     s->rope_freq = st_plan_take(pl, nrot2, sizeof(double));
@@ -70,8 +74,7 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
     s->vt = st_plan_take(pl, B * KV, sizeof(float));
     s->hb = st_plan_take(pl, B * F, sizeof(float));
     s->hb2 = st_plan_take(pl, B * F, sizeof(float));
-    /* an EAGLE head's [embedding; feature] rows */
-    s->cat = m->fc.data ? st_plan_take(pl, B * 2 * E, sizeof(float)) : NULL;
+    s->cat = C ? st_plan_take(pl, B * C, sizeof(float)) : NULL;
     s->xq = st_plan_take(pl, B * (qmax / ST_QK + 1), sizeof(st_block_q8x));
     s->xk = st_plan_take(pl, B * (qmax / ST_QK_K + 1), sizeof(st_block_q8k));
     s->b_pos = st_plan_take(pl, B, sizeof(int32_t));
@@ -167,6 +170,28 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
             s->rope_freq[j] /= (double)m->rope_factors[j];
     }
     *out = s;
+    return ST_OK;
+}
+
+st_status st_session_set_capture(st_session *s, int32_t n, const int32_t *layers) {
+    if (!s || n < 0 || n > ST_CAP_MAX || (n > 0 && !layers))
+        return st_fail(ST_ERR_INVALID, "capture: %d layers (at most %d)", n, ST_CAP_MAX);
+    for (int32_t c = 0; c < n; c++)
+        if (layers[c] < 0 || layers[c] > s->m->hp.n_layer)
+            return st_fail(ST_ERR_INVALID, "capture: layer %d outside [0, %d]", layers[c],
+                           s->m->hp.n_layer);
+    st_free(s->cap);
+    s->cap = NULL;
+    s->n_cap = 0;
+    s->n_states = 0;
+    if (n == 0)
+        return ST_OK;
+    s->cap = st_malloc((size_t)s->p.n_batch * (size_t)n * (size_t)s->m->hp.n_embd * sizeof(float));
+    if (!s->cap)
+        return st_fail(ST_ERR_NOMEM, "capture: out of memory");
+    for (int32_t c = 0; c < n; c++)
+        s->cap_layer[c] = layers[c];
+    s->n_cap = n;
     return ST_OK;
 }
 
