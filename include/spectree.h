@@ -830,6 +830,9 @@ typedef struct st_gen_stats {
     int64_t tree_tokens; /* tokens of all verified trees (mean tree: / spec_steps) */
     st_stop_reason stop_reason[ST_GEN_MAX_BATCH]; /* why each sequence ended ([0]: st_generate) */
     int32_t n_ctx; /* the context the generation ran with (positions per sequence) */
+    /* sums over the speculative steps of the pool (K, S) they drafted (means: / spec_steps;
+     * `auto` plans it each step for a model drafter) */
+    int64_t topk_sum, steps_sum;
 } st_gen_stats;
 
 /* Everything st_generate needs besides the model and the prompt. Start from

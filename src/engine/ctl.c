@@ -15,12 +15,24 @@ enum {
     CTL_BINS = 5,
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
     CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
-    CTL_PLAIN_EVERY = 64, /* under auto, a plain step at least this often keeps t1 fresh */
+    CTL_PLAIN_EVERY = 64,   /* under auto, a plain step at least this often keeps t1 fresh */
+    CTL_PROBE_EVERY = 32,   /* a model drafter that does not pay drafts a probe this often */
+    CTL_EXPLORE_EVERY = 8,  /* a planned drafted step in this many tries a shape next to the best */
+    CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
+    CTL_QK = ST_SPEC_MAX_K,
 };
 
 /* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
 #define CTL_PRIOR_SCALE 0.6
 #define CTL_PRIOR_WEIGHT 2.0
+/* Prior of an unseen depth/rank cell: the cell above (d-1, same rank 0) for rank 0 (0.5 at
+ * depth 1), this fraction of the cell beside it (rank r-1) for others; worth this many
+ * observations. An unmeasured level pass of K nodes costs that of k < K nodes times
+ * (1 + CTL_LEVEL_SLOPE * (K - k)). A plan must promise this much to draft. */
+#define CTL_Q_PRIOR_RANK 0.3
+#define CTL_Q_PRIOR_WEIGHT 2.0
+#define CTL_LEVEL_SLOPE 0.1
+#define CTL_PLAN_MIN_GAIN 1.02
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
@@ -33,15 +45,25 @@ typedef struct shadow {
 
 struct st_ctl {
     int32_t bs, N;
-    int64_t K, Mmax;
-    int autotune; /* 0: a fixed shape, verified as drafted (no ranking, timing or back-off) */
+    int64_t K, S, Mmax;
+    int autotune; /* 0: a fixed shape, verified as drafted (no ranking, timing or planning) */
     /* drafting policy of a drafter that costs time before the choice (a draft model) */
     int model_drafter;
-    int64_t step, last_plain;         /* steps so far; the last plain step */
-    int64_t off_until, backoff;       /* no drafting before step off_until; next pause */
-    int32_t failed_probes, win_steps; /* losing windows in a row; drafted steps this window */
-    double win_benefit;               /* seconds gained by this window's drafted steps */
-    void *mem;                        /* the one allocation of the arrays below */
+    int off;                     /* never draft (a draft model too dear to pay) */
+    int k_auto, s_auto;          /* the planner chooses K / S (a model drafter under auto) */
+    int64_t step, last_plain;    /* steps so far; the last plain step */
+    int64_t last_draft, planned; /* the last drafted step; planned drafted steps so far */
+    int64_t pk, ps;              /* the last plan: pool, tree size, predicted speed-up */
+    int32_t pn;
+    double pgain;
+    double q_seen[CTL_QD][CTL_QK]; /* depth x sibling rank: nodes whose parent was accepted */
+    double q_acc[CTL_QD][CTL_QK];  /* ... and those accepted among them */
+    int draft_seen;                /* a first (unmeasured) proposal was made */
+    double c_catch;                /* seconds of a catch-up (moving average) */
+    int64_t c_catch_n;
+    double c_level[ST_SPEC_MAX_K + 1]; /* seconds of a level pass of K nodes */
+    int64_t c_level_n[ST_SPEC_MAX_K + 1];
+    void *mem; /* the one allocation of the arrays below */
     double seen[CTL_NB], acc[CTL_NB];
     /* this step's ranking, per active slot: candidate of each ranked node, its bucket, depth,
      * parent (ranked index, -1 the root, -2 none), estimated path acceptance; E[m]: expected
@@ -51,13 +73,14 @@ struct st_ctl {
     int32_t *depth;  /* (bs, N-1) */
     int32_t *par;    /* (bs, N-1) */
     int32_t *tok;    /* (bs, N-1) */
+    int32_t *rank;   /* (bs, N-1) the node's rank among its parent's children */
     double *E;       /* (bs, N+1) */
     int32_t *avail;  /* (bs) */
     int32_t *map;    /* (Mmax) candidate -> ranked index, -1 */
     int64_t *fin;    /* (Mmax) finite candidates */
     /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
     shadow *sh;
-    int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth;
+    int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth, *sh_rank;
     /* timing */
     double t1;
     int64_t t1_n;
@@ -84,6 +107,7 @@ static void ctl_layout(st_ctl *c, st_plan *p) {
     c->depth = st_plan_take(p, R, sizeof *c->depth);
     c->par = st_plan_take(p, R, sizeof *c->par);
     c->tok = st_plan_take(p, R, sizeof *c->tok);
+    c->rank = st_plan_take(p, R, sizeof *c->rank);
     c->E = st_plan_take(p, (size_t)c->bs * (size_t)(c->N + 1), sizeof *c->E);
     c->avail = st_plan_take(p, (size_t)c->bs, sizeof *c->avail);
     c->map = st_plan_take(p, M, sizeof *c->map);
@@ -93,6 +117,7 @@ static void ctl_layout(st_ctl *c, st_plan *p) {
     c->sh_tok = st_plan_take(p, SR, sizeof *c->sh_tok);
     c->sh_bucket = st_plan_take(p, SR, sizeof *c->sh_bucket);
     c->sh_depth = st_plan_take(p, SR, sizeof *c->sh_depth);
+    c->sh_rank = st_plan_take(p, SR, sizeof *c->sh_rank);
     c->tv = st_plan_take(p, T1, sizeof *c->tv);
     c->tv_n = st_plan_take(p, T1, sizeof *c->tv_n);
     c->tv_seen = st_plan_take(p, T1, sizeof *c->tv_seen);
@@ -111,14 +136,15 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     c->bs = bs;
     c->N = N;
     c->K = K;
+    c->S = S;
     c->autotune = autotune;
     c->model_drafter = draft_weight_ratio > 0.0;
-    c->backoff = 16;
+    c->pk = K, c->ps = S;
     /* A draft model reading more than half the target's weight bytes per token cannot pay for
      * its drafts (its tokens cost more than half a target token; the self-draft costs one):
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
     if (autotune && draft_weight_ratio > 0.5)
-        c->off_until = INT64_MAX;
+        c->off = 1;
     c->Mmax = st_tree_n_candidates(K, S);
     c->Tmax = (int64_t)bs * N;
     st_plan pl = {0};
@@ -134,13 +160,40 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     return ST_OK;
 }
 
-int st_ctl_want_draft(const st_ctl *c) {
+void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto) {
+    c->k_auto = c->autotune && c->model_drafter && k_auto;
+    c->s_auto = c->autotune && c->model_drafter && s_auto;
+}
+
+static int32_t plan(st_ctl *c, int32_t na);
+
+int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
+    *K = c->K;
+    *S = c->S;
+    c->pn = 0;
+    c->pgain = 0.0;
     if (!c->autotune)
         return 1;
-    /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh; a model drafter only drafts
-     * once that time is known (its drafts cost time before they can be judged) */
-    return c->step >= c->off_until && c->step - c->last_plain < CTL_PLAIN_EVERY &&
-           !(c->model_drafter && c->t1 <= 0.0);
+    /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh */
+    if (c->off || c->step - c->last_plain >= CTL_PLAIN_EVERY)
+        return 0;
+    if (!c->model_drafter)
+        return 1;
+    /* a model drafter only drafts once t1 is known (its drafts cost time before they can be
+     * judged); its first proposal (a chain of at most 4) measures what drafting costs */
+    if (c->t1_n == 0)
+        return 0;
+    if (c->c_catch_n == 0) {
+        *K = c->k_auto ? 1 : c->K;
+        *S = c->s_auto && c->S > 4 ? 4 : c->S;
+        return 1;
+    }
+    c->pn = plan(c, na);
+    *K = c->pk, *S = c->ps;
+    if (c->pgain >= CTL_PLAN_MIN_GAIN)
+        return 1;
+    /* no shape pays: a probe now and then keeps the calibration following the text */
+    return c->step - c->last_draft >= CTL_PROBE_EVERY;
 }
 
 /* st_tree_organize's order (st_ranks_before). */
@@ -150,6 +203,116 @@ static int ranks_before(const float *score, int64_t a, int64_t b) {
 
 static int32_t score_bin(float s) {
     return s >= 0.8f ? 0 : s >= 0.5f ? 1 : s >= 0.25f ? 2 : s >= 0.1f ? 3 : 4;
+}
+
+/* The depth x rank acceptance table q[(d-1) * CTL_QK + r] for d <= S, r < K, with priors. */
+static void q_table(const st_ctl *c, int64_t K, int64_t S, double *q) {
+    for (int64_t d = 0; d < S; d++)
+        for (int64_t r = 0; r < K; r++) {
+            const double prior = r > 0   ? CTL_Q_PRIOR_RANK * q[d * CTL_QK + r - 1]
+                                 : d > 0 ? q[(d - 1) * CTL_QK]
+                                         : 0.5;
+            q[d * CTL_QK + r] = (c->q_acc[d][r] + CTL_Q_PRIOR_WEIGHT * prior) /
+                                (c->q_seen[d][r] + CTL_Q_PRIOR_WEIGHT);
+        }
+}
+
+/* Inserts v into the descending list top[0..*n) of at most cap values. */
+static void top_insert(double *top, int32_t *n, int32_t cap, double v) {
+    if (cap < 1 || (*n == cap && v <= top[cap - 1]))
+        return;
+    int32_t i = *n < cap ? (*n)++ : cap - 1;
+    for (; i > 0 && top[i - 1] < v; i--)
+        top[i] = top[i - 1];
+    top[i] = v;
+}
+
+void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax,
+                        double *E) {
+    /* EAGLE-2's tree under the model: level 1 holds the root's K children; each next level the
+     * K children of each of the K most likely nodes of the level before; the tree keeps the
+     * n-1 most likely nodes of all levels (each node's ancestors are more likely than it) */
+    double top[ST_SPEC_MAX_N], lvl[ST_SPEC_MAX_K], nxt[ST_SPEC_MAX_K];
+    int32_t nt = 0, nl = 0;
+    const int32_t cap = nmax - 1 < ST_SPEC_MAX_N ? nmax - 1 : ST_SPEC_MAX_N;
+    for (int64_t r = 0; r < K; r++) {
+        top_insert(top, &nt, cap, q[r]);
+        top_insert(lvl, &nl, (int32_t)K, q[r]);
+    }
+    for (int64_t d = 1; d < S; d++) {
+        int32_t nn = 0;
+        for (int32_t p = 0; p < nl; p++)
+            for (int64_t r = 0; r < K; r++) {
+                const double v = lvl[p] * q[d * qk + r];
+                top_insert(top, &nt, cap, v);
+                top_insert(nxt, &nn, (int32_t)K, v);
+            }
+        memcpy(lvl, nxt, (size_t)nn * sizeof *lvl);
+        nl = nn;
+    }
+    E[0] = 0.0;
+    for (int32_t n = 1; n <= nmax; n++)
+        E[n] = E[n - 1] + (n >= 2 && n - 2 < nt ? top[n - 2] : 0.0);
+}
+
+static double est_ratio(const st_ctl *c, int64_t T);
+
+/* Seconds of a level pass of K nodes: measured, else from the nearest measured smaller (or
+ * larger) pool, else a catch-up's. */
+static double level_cost(const st_ctl *c, int64_t K) {
+    if (c->c_level_n[K] > 0)
+        return c->c_level[K];
+    for (int64_t k = K - 1; k >= 1; k--)
+        if (c->c_level_n[k] > 0)
+            return c->c_level[k] * (1.0 + CTL_LEVEL_SLOPE * (double)(K - k));
+    for (int64_t k = K + 1; k <= ST_SPEC_MAX_K; k++)
+        if (c->c_level_n[k] > 0)
+            return c->c_level[k] / (1.0 + CTL_LEVEL_SLOPE * (double)(k - K));
+    return c->c_catch;
+}
+
+/* The best (K, S, N) for na sequences by predicted speed-up (into pk, ps, pgain); returns N.
+ * Every CTL_EXPLORE_EVERY-th planned draft, a shape one step deeper or wider than the best is
+ * drafted instead when its prediction comes within 15% (its costs and deeper or wider cells
+ * are measured only by drafting it). */
+static int32_t plan(st_ctl *c, int32_t na) {
+    double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_N + 1];
+    q_table(c, c->K, c->S, q);
+    const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
+    double best = -1.0, alt = -1.0;
+    int64_t bk = c->K, bs = c->S, ak = 0, as = 0;
+    int32_t bn = 2, an = 2;
+    const int try_alt = ++c->planned % CTL_EXPLORE_EVERY == 0;
+    for (int pass = 0; pass < 1 + try_alt; pass++)
+        for (int64_t K = k_lo; K <= c->K; K++)
+            for (int64_t S = s_lo; S <= c->S; S++) {
+                /* pass 1: the shapes one level deeper or one candidate wider than the best */
+                if (pass == 1 && !((K == bk && S == bs + 1) || (K == bk + 1 && S == bs)))
+                    continue;
+                const int64_t M = st_tree_n_candidates(K, S);
+                const int32_t nmax = (int32_t)(M + 1 < c->N ? M + 1 : c->N);
+                st_ctl_tree_expect(q, CTL_QK, K, S, nmax, E);
+                const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
+                for (int32_t n = 2; n <= nmax; n++) {
+                    const double g = (double)na * (1.0 + E[n]) * c->t1 /
+                                     (draft + est_ratio(c, (int64_t)na * n) * c->t1);
+                    if (pass == 0 && g > best)
+                        best = g, bk = K, bs = S, bn = n;
+                    if (pass == 1 && g > alt)
+                        alt = g, ak = K, as = S, an = n;
+                }
+            }
+    c->pgain = best; /* whether to draft follows the best shape */
+    if (alt > 0.85 * best && best >= CTL_PLAN_MIN_GAIN) {
+        c->pk = ak, c->ps = as;
+        return an;
+    }
+    c->pk = bk, c->ps = bs;
+    return bn;
+}
+
+void st_ctl_last_plan(const st_ctl *c, int64_t *K, int64_t *S, int32_t *N, double *gain) {
+    *K = c->pk, *S = c->ps, *N = c->pn, *gain = c->pgain;
 }
 
 static double bucket_p(const st_ctl *c, int32_t b, float score) {
@@ -184,6 +347,7 @@ static void add_shadow(st_ctl *c, int32_t a, int32_t b, int64_t n_hist) {
         c->sh_tok[o + j] = c->tok[s + j];
         c->sh_bucket[o + j] = c->bucket[s + j];
         c->sh_depth[o + j] = c->depth[s + j];
+        c->sh_rank[o + j] = c->rank[s + j];
         r->maxd = c->depth[s + j] > r->maxd ? c->depth[s + j] : r->maxd;
     }
 }
@@ -216,16 +380,18 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
         int64_t cand = c->fin[bi];
         c->fin[bi] = c->fin[cnt];
         c->fin[cnt] = cand;
-        int32_t d, parent;
+        int32_t d, parent, rank;
         if (cand < K) {
             d = 1;
             parent = -1;
+            rank = (int32_t)cand;
         } else {
             const int64_t lvl = st_tree_candidate_level(K, cand);
             const int64_t q = cand - st_tree_level_base(K, lvl);
             const int64_t pc = level_parents[1 + (lvl - 1) * K + q / K];
             d = (int32_t)lvl + 1;
             parent = pc >= 0 && pc < c->Mmax && c->map[pc] >= 0 ? c->map[pc] : -2;
+            rank = (int32_t)(q % K);
         }
         c->map[cand] = cnt;
         const int32_t bk = (conf * CTL_DEPTHS + (d > CTL_DEPTHS ? CTL_DEPTHS : d) - 1) * CTL_BINS +
@@ -235,6 +401,7 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
         c->depth[s0 + cnt] = d;
         c->par[s0 + cnt] = parent;
         c->tok[s0 + cnt] = tokens[cand];
+        c->rank[s0 + cnt] = rank;
         E[cnt + 2] = E[cnt + 1] + (parent == -2 ? 0.0 : bucket_p(c, bk, scores[cand]));
     }
     for (int32_t j = 0; j < cnt; j++)
@@ -369,6 +536,22 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
 
 double st_ctl_t1(const st_ctl *c) { return c->t1; }
 
+void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, double levels_s) {
+    if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K)
+        return;
+    /* the first proposal runs cold (the head's weights and buffers touched for the first time,
+     * the whole prompt caught up): not measured; the next one (same shape) is */
+    if (!c->draft_seen) {
+        c->draft_seen = 1;
+        return;
+    }
+    track(&c->c_catch, c->c_catch_n++, catch_s);
+    if (S > 1 && levels_s > 0.0) {
+        track(&c->c_level[K], c->c_level_n[K], levels_s / (double)(S - 1));
+        c->c_level_n[K]++;
+    }
+}
+
 void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done) {
     if (!c->autotune || b < 0 || b >= c->bs)
         return;
@@ -389,48 +572,29 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
         for (int32_t j = 0; j < r->cnt && j < ST_SPEC_MAX_N; j++) {
             const int32_t p = c->sh_par[o + j];
             const int reach = p == -1 || (p >= 0 && p < j && ok[p]);
-            ok[j] = (uint8_t)(reach && hist[r->n0 + c->sh_depth[o + j] - 1] == c->sh_tok[o + j]);
+            const int32_t d = c->sh_depth[o + j], rk = c->sh_rank[o + j];
+            ok[j] = (uint8_t)(reach && hist[r->n0 + d - 1] == c->sh_tok[o + j]);
             c->seen[c->sh_bucket[o + j]] += 1.0;
             c->acc[c->sh_bucket[o + j]] += ok[j];
+            if (reach && d >= 1 && d <= CTL_QD && rk >= 0 && rk < CTL_QK) {
+                c->q_seen[d - 1][rk] += 1.0;
+                c->q_acc[d - 1][rk] += ok[j];
+            }
         }
         r->used = 0;
     }
 }
 
-void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
-                     double t_fwd, double draft_s_per_token) {
+void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, double t_fwd) {
     c->step++;
     if (!c->autotune)
         return;
+    if (drafted)
+        c->last_draft = c->step;
     if (n == 1) {
-        if (emitted > 0)
-            st_ctl_time_plain(c, t_fwd / (double)na);
+        st_ctl_time_plain(c, t_fwd / (double)na);
         c->last_plain = c->step;
     } else {
         st_ctl_time_verify(c, (int64_t)na * n, t_fwd);
     }
-    if (!drafted || !c->model_drafter)
-        return;
-    /* A model drafter is judged by its realized gain over windows of 4 drafted steps: the
-     * plain time of the tokens a drafted step emitted minus the step's time. A losing window
-     * pauses drafting for a back-off that doubles with each failure (16 .. 512 steps; 4096
-     * after three in a row, since every probe first catches up on the tokens since the last);
-     * drafts that cost more than half a target token each can never pay: off for good. Each
-     * probe's proposals still calibrate the acceptance as shadows. */
-    c->win_benefit += (double)emitted * c->t1 - t_step;
-    const int hopeless = draft_s_per_token > 0.5 * c->t1;
-    ++c->win_steps;
-    if (!hopeless && c->win_steps < 4 && c->win_benefit >= -0.5 * c->t1)
-        return;
-    if (c->win_benefit >= 0.0 && !hopeless) {
-        c->backoff = 16;
-        c->failed_probes = 0;
-    } else {
-        c->off_until = hopeless ? INT64_MAX : c->step + c->backoff;
-        c->backoff = c->backoff * 2 < 512 ? c->backoff * 2 : 512;
-        if (++c->failed_probes >= 3 && c->off_until != INT64_MAX)
-            c->off_until = c->step + 4096;
-    }
-    c->win_benefit = 0.0;
-    c->win_steps = 0;
 }

@@ -53,22 +53,31 @@ st_gen_params st_gen_default_params(void) {
     return p;
 }
 
-/* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N). */
+/* Whether the controller chooses the tree (`auto`): some of K, S, N not given. */
+static int auto_shape(const st_spec_params *sp) {
+    return sp->topk == 0 || sp->num_steps == 0 || (sp->topk != 1 && sp->num_draft_tokens == 0);
+}
+
+/* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N): NGRAM's pool (2, 6),
+ * a model drafter's largest pool under auto (ST_CTL_AUTO_K, ST_CTL_AUTO_S; the controller
+ * plans each step's within it). */
 static st_status resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S, int32_t *N) {
     *K = sp->topk, *S = sp->num_steps, *N = sp->num_draft_tokens;
     if (*K < 0 || *S < 0 || *N < 0)
         return st_fail(ST_ERR_INVALID, "speculative tree: negative topk/steps/draft tokens");
+    const int model = sp->algo != ST_SPEC_NGRAM;
     if (*S == 0)
-        *S = sp->algo == ST_SPEC_NGRAM ? 6 : 4;
+        *S = model ? ST_CTL_AUTO_S : 6;
     if (*K == 0)
-        *K = sp->algo == ST_SPEC_NGRAM ? 2 : 1;
+        *K = model ? ST_CTL_AUTO_K : 2;
     if (*K > ST_SPEC_MAX_K || *S > ST_SPEC_MAX_S)
         return st_fail(ST_ERR_INVALID, "speculative tree: topk %d (max %d) or steps %d (max %d)",
                        *K, ST_SPEC_MAX_K, *S, ST_SPEC_MAX_S);
     if (*K == 1) {
         *N = *S + 1; /* a chain, as SGLang adjusts it */
     } else if (*N == 0) {
-        *N = *K * *S + 1 < 12 ? *K * *S + 1 : 12;
+        const int32_t cap = model && auto_shape(sp) ? ST_CTL_AUTO_N : 12;
+        *N = *K * *S + 1 < cap ? *K * *S + 1 : cap;
     }
     int64_t M = st_tree_n_candidates(*K, *S);
     if (*N < 2 || *N > ST_SPEC_MAX_N || *N - 1 > M)
@@ -161,8 +170,7 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
         if (rc)
             return rc;
     }
-    const int autotune =
-        sp->topk == 0 || sp->num_steps == 0 || (sp->topk != 1 && sp->num_draft_tokens == 0);
+    const int autotune = auto_shape(sp);
     /* a model drafter's bytes read per token (an EAGLE head's include the target's output
      * layer) over the target's */
     const double wr =
@@ -173,6 +181,7 @@ static st_status gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     if ((rc = st_verify_mask_create(sp->backend, g->bs, N, (int64_t)g->bs * ps.n_ctx, &g->vm)) ||
         (rc = st_ctl_create(g->bs, K, S, N, autotune, wr, &g->ctl)))
         return rc;
+    st_ctl_auto_shape(g->ctl, sp->topk == 0, sp->num_steps == 0);
     return ST_OK;
 }
 
@@ -227,29 +236,29 @@ static st_status gen_loop(st_gen *g) {
         if (g->na == 0)
             return ST_OK;
         /* a speculative step needs room for the drafters' pools and the trees */
-        const int drafted =
-            g->ctl && st_ctl_want_draft(g->ctl) && maxL + g->N + 1 + g->K * g->S < n_ctx;
+        int64_t K = 0, S = 0;
+        const int drafted = g->ctl && st_ctl_want_draft(g->ctl, g->na, &K, &S) &&
+                            maxL + g->N + 1 + g->K * g->S < n_ctx;
         const double ts = st_time_now();
         int64_t emitted = 0;
         int32_t n = 1;
-        st_status rc = drafted ? st_gen_spec_step(g, &n, &emitted) : st_gen_plain_step(g, &emitted);
+        st_status rc = drafted ? st_gen_spec_step(g, (int32_t)K, (int32_t)S, &n, &emitted)
+                               : st_gen_plain_step(g, &emitted);
         if (rc)
             return rc;
         if (!g->ctl)
             continue;
         const double te = st_time_now();
-        double dms = 0.0;
-        int64_t ev = 0;
         for (int32_t a = 0; a < g->na; a++) {
             const int32_t b = g->seqs[a];
             st_ctl_observe(g->ctl, b, g->hist[b], g->n_hist[b], g->done[b]);
         }
-        for (int32_t b = 0; b < g->bs; b++)
-            dms += g->dr[b]->ms, ev += g->dr[b]->evals;
+        if (n > 1) {
+            g->stats->topk_sum += K * g->na;
+            g->stats->steps_sum += S * g->na;
+        }
         /* the forward's time: from the choice of the tree size on */
-        const double t_fwd = te - (drafted ? g->t_chosen : ts);
-        st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts, t_fwd,
-                        ev > 0 ? dms / 1e3 / (double)ev : 0.0);
+        st_ctl_step_end(g->ctl, drafted, n, g->na, te - (drafted ? g->t_chosen : ts));
     }
 }
 
