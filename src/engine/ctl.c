@@ -508,10 +508,19 @@ static void track(double *v, int64_t n, double x) {
     *v += (n < 6 ? 1.0 / (double)(n + 1) : 0.15) * (x - *v);
 }
 
+/* A cost (a plain token, a catch-up, a level pass): the smallest of the first few
+ * measurements (a cold first step or a preempted one only adds time), then track's average. */
+static void track_cost(double *v, int64_t n, double x) {
+    if (n == 0 || (n < 3 && x < *v))
+        *v = x;
+    else if (n >= 3)
+        track(v, n, x);
+}
+
 void st_ctl_time_plain(st_ctl *c, double per_token) {
     if (!(per_token > 0.0))
         return;
-    track(&c->t1, c->t1_n, per_token);
+    track_cost(&c->t1, c->t1_n, per_token);
     c->t1_n++;
 }
 
@@ -545,9 +554,9 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, double l
         c->draft_seen = 1;
         return;
     }
-    track(&c->c_catch, c->c_catch_n++, catch_s);
+    track_cost(&c->c_catch, c->c_catch_n++, catch_s);
     if (S > 1 && levels_s > 0.0) {
-        track(&c->c_level[K], c->c_level_n[K], levels_s / (double)(S - 1));
+        track_cost(&c->c_level[K], c->c_level_n[K], levels_s / (double)(S - 1));
         c->c_level_n[K]++;
     }
 }
