@@ -16,8 +16,10 @@ enum {
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
     CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
     CTL_PLAIN_EVERY = 64,   /* under auto, a plain step at least this often keeps t1 fresh */
-    CTL_PROBE_EVERY = 32,   /* a model drafter that does not pay drafts a probe this often */
-    CTL_EXPLORE_EVERY = 8,  /* a planned drafted step in this many tries a shape next to the best */
+    CTL_PROBE_FIRST = 32,   /* a model drafter that does not pay drafts a probe after this */
+    CTL_PROBE_MAX = 2048,   /* many steps, 4 times as many after each probe that fails */
+    CTL_EXPLORE_EVERY = 8,  /* one plan in this many tries a shape next to the best */
+    CTL_REPLAN = 4,         /* steps a plan is kept */
     CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
     CTL_QK = ST_SPEC_MAX_K,
 };
@@ -52,7 +54,9 @@ struct st_ctl {
     int off;                     /* never draft (a draft model too dear to pay) */
     int k_auto, s_auto;          /* the planner chooses K / S (a model drafter under auto) */
     int64_t step, last_plain;    /* steps so far; the last plain step */
-    int64_t last_draft, planned; /* the last drafted step; planned drafted steps so far */
+    int64_t last_draft, planned; /* the last drafted step; plans made so far */
+    int64_t plan_step;           /* when the last plan was made */
+    int64_t probe_every;         /* steps from a draft to the next probe */
     int64_t pk, ps;              /* the last plan: pool, tree size, predicted speed-up */
     int32_t pn;
     double pgain;
@@ -140,6 +144,7 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     c->autotune = autotune;
     c->model_drafter = draft_weight_ratio > 0.0;
     c->pk = K, c->ps = S;
+    c->probe_every = CTL_PROBE_FIRST;
     /* A draft model reading more than half the target's weight bytes per token cannot pay for
      * its drafts (its tokens cost more than half a target token; the self-draft costs one):
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
@@ -165,13 +170,11 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto) {
     c->s_auto = c->autotune && c->model_drafter && s_auto;
 }
 
-static int32_t plan(st_ctl *c, int32_t na);
+static void plan(st_ctl *c, int32_t na);
 
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     *K = c->K;
     *S = c->S;
-    c->pn = 0;
-    c->pgain = 0.0;
     if (!c->autotune)
         return 1;
     /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh */
@@ -188,12 +191,21 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
         *S = c->s_auto && c->S > 4 ? 4 : c->S;
         return 1;
     }
-    c->pn = plan(c, na);
+    /* the plan is renewed every CTL_REPLAN steps (its inputs move slowly) */
+    if (c->pn == 0 || c->step - c->plan_step >= CTL_REPLAN) {
+        c->plan_step = c->step;
+        plan(c, na);
+    }
     *K = c->pk, *S = c->ps;
-    if (c->pgain >= CTL_PLAN_MIN_GAIN)
+    if (c->pgain >= CTL_PLAN_MIN_GAIN) {
+        c->probe_every = CTL_PROBE_FIRST;
         return 1;
+    }
     /* no shape pays: a probe now and then keeps the calibration following the text */
-    return c->step - c->last_draft >= CTL_PROBE_EVERY;
+    if (c->step - c->last_draft < c->probe_every)
+        return 0;
+    c->probe_every = c->probe_every * 4 < CTL_PROBE_MAX ? c->probe_every * 4 : CTL_PROBE_MAX;
+    return 1;
 }
 
 /* st_tree_organize's order (st_ranks_before). */
@@ -227,32 +239,45 @@ static void top_insert(double *top, int32_t *n, int32_t cap, double v) {
     top[i] = v;
 }
 
-void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax,
-                        double *E) {
+/* st_ctl_tree_expect for every S in 1..S at once (the levels of a deeper pool extend a
+ * shallower one's): row s-1 of E ((S, nmax + 1)) is pool (K, s)'s. */
+static void tree_expect_levels(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax,
+                               double *E) {
     /* EAGLE-2's tree under the model: level 1 holds the root's K children; each next level the
      * K children of each of the K most likely nodes of the level before; the tree keeps the
      * n-1 most likely nodes of all levels (each node's ancestors are more likely than it) */
     double top[ST_SPEC_MAX_N], lvl[ST_SPEC_MAX_K], nxt[ST_SPEC_MAX_K];
     int32_t nt = 0, nl = 0;
     const int32_t cap = nmax - 1 < ST_SPEC_MAX_N ? nmax - 1 : ST_SPEC_MAX_N;
-    for (int64_t r = 0; r < K; r++) {
-        top_insert(top, &nt, cap, q[r]);
-        top_insert(lvl, &nl, (int32_t)K, q[r]);
-    }
-    for (int64_t d = 1; d < S; d++) {
-        int32_t nn = 0;
-        for (int32_t p = 0; p < nl; p++)
+    for (int64_t d = 0; d < S; d++) {
+        if (d == 0) {
             for (int64_t r = 0; r < K; r++) {
-                const double v = lvl[p] * q[d * qk + r];
-                top_insert(top, &nt, cap, v);
-                top_insert(nxt, &nn, (int32_t)K, v);
+                top_insert(top, &nt, cap, q[r]);
+                top_insert(lvl, &nl, (int32_t)K, q[r]);
             }
-        memcpy(lvl, nxt, (size_t)nn * sizeof *lvl);
-        nl = nn;
+        } else {
+            int32_t nn = 0;
+            for (int32_t p = 0; p < nl; p++)
+                for (int64_t r = 0; r < K; r++) {
+                    const double v = lvl[p] * q[d * qk + r];
+                    top_insert(top, &nt, cap, v);
+                    top_insert(nxt, &nn, (int32_t)K, v);
+                }
+            memcpy(lvl, nxt, (size_t)nn * sizeof *lvl);
+            nl = nn;
+        }
+        double *e = E + d * (nmax + 1);
+        e[0] = 0.0;
+        for (int32_t n = 1; n <= nmax; n++)
+            e[n] = e[n - 1] + (n >= 2 && n - 2 < nt ? top[n - 2] : 0.0);
     }
-    E[0] = 0.0;
-    for (int32_t n = 1; n <= nmax; n++)
-        E[n] = E[n - 1] + (n >= 2 && n - 2 < nt ? top[n - 2] : 0.0);
+}
+
+void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax,
+                        double *E) {
+    double all[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)];
+    tree_expect_levels(q, qk, K, S, nmax, all);
+    memcpy(E, all + (S - 1) * (nmax + 1), (size_t)(nmax + 1) * sizeof *E);
 }
 
 static double est_ratio(const st_ctl *c, int64_t T);
@@ -271,44 +296,60 @@ static double level_cost(const st_ctl *c, int64_t K) {
     return c->c_catch;
 }
 
-/* The best (K, S, N) for na sequences by predicted speed-up (into pk, ps, pgain); returns N.
+/* The best (K, S, N) for na sequences by predicted speed-up (into pk, ps, pn, pgain).
  * Every CTL_EXPLORE_EVERY-th planned draft, a shape one step deeper or wider than the best is
  * drafted instead when its prediction comes within 15% (its costs and deeper or wider cells
  * are measured only by drafting it). */
-static int32_t plan(st_ctl *c, int32_t na) {
-    double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_N + 1];
+static void plan(st_ctl *c, int32_t na) {
+    double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)], ratio[ST_SPEC_MAX_N + 1];
     q_table(c, c->K, c->S, q);
+    for (int32_t n = 2; n <= c->N; n++)
+        ratio[n] = est_ratio(c, (int64_t)na * n) * c->t1;
     const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
+    const int32_t nmax = c->N;
     double best = -1.0, alt = -1.0;
     int64_t bk = c->K, bs = c->S, ak = 0, as = 0;
     int32_t bn = 2, an = 2;
     const int try_alt = ++c->planned % CTL_EXPLORE_EVERY == 0;
-    for (int pass = 0; pass < 1 + try_alt; pass++)
-        for (int64_t K = k_lo; K <= c->K; K++)
-            for (int64_t S = s_lo; S <= c->S; S++) {
-                /* pass 1: the shapes one level deeper or one candidate wider than the best */
-                if (pass == 1 && !((K == bk && S == bs + 1) || (K == bk + 1 && S == bs)))
-                    continue;
-                const int64_t M = st_tree_n_candidates(K, S);
-                const int32_t nmax = (int32_t)(M + 1 < c->N ? M + 1 : c->N);
-                st_ctl_tree_expect(q, CTL_QK, K, S, nmax, E);
-                const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
-                for (int32_t n = 2; n <= nmax; n++) {
-                    const double g = (double)na * (1.0 + E[n]) * c->t1 /
-                                     (draft + est_ratio(c, (int64_t)na * n) * c->t1);
-                    if (pass == 0 && g > best)
-                        best = g, bk = K, bs = S, bn = n;
-                    if (pass == 1 && g > alt)
-                        alt = g, ak = K, as = S, an = n;
-                }
+    for (int64_t K = k_lo; K <= c->K; K++) {
+        tree_expect_levels(q, CTL_QK, K, c->S, nmax, E);
+        const double lc = level_cost(c, K);
+        for (int64_t S = s_lo; S <= c->S; S++) {
+            /* pass 1: the shapes one level deeper or one candidate wider than the best */
+            const int64_t M = st_tree_n_candidates(K, S);
+            const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
+            const double *e = E + (S - 1) * (nmax + 1);
+            const double draft = (double)na * (c->c_catch + (double)(S - 1) * lc);
+            for (int32_t n = 2; n <= nm; n++) {
+                const double g = (double)na * (1.0 + e[n]) * c->t1 / (draft + ratio[n]);
+                if (g > best)
+                    best = g, bk = K, bs = S, bn = n;
             }
-    c->pgain = best; /* whether to draft follows the best shape */
-    if (alt > 0.85 * best && best >= CTL_PLAN_MIN_GAIN) {
-        c->pk = ak, c->ps = as;
-        return an;
+        }
     }
-    c->pk = bk, c->ps = bs;
-    return bn;
+    c->pgain = best; /* whether to draft follows the best shape */
+    c->pk = bk, c->ps = bs, c->pn = bn;
+    if (!try_alt || best < CTL_PLAN_MIN_GAIN)
+        return;
+    for (int w = 0; w < 2; w++) { /* one level deeper, one candidate wider */
+        const int64_t K = bk + w, S = bs + 1 - w;
+        if (K > c->K || S > c->S || (w && !c->k_auto) || (!w && !c->s_auto))
+            continue;
+        tree_expect_levels(q, CTL_QK, K, S, nmax, E);
+        const int64_t M = st_tree_n_candidates(K, S);
+        const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
+        const double *e = E + (S - 1) * (nmax + 1);
+        const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
+        for (int32_t n = 2; n <= nm; n++) {
+            const double g = (double)na * (1.0 + e[n]) * c->t1 / (draft + ratio[n]);
+            if (g > alt)
+                alt = g, ak = K, as = S, an = n;
+        }
+    }
+    if (alt > 0.85 * best) {
+        c->pk = ak, c->ps = as, c->pn = an;
+        c->plan_step -= CTL_REPLAN - 1; /* for one step only */
+    }
 }
 
 void st_ctl_last_plan(const st_ctl *c, int64_t *K, int64_t *S, int32_t *N, double *gain) {

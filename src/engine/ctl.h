@@ -34,9 +34,11 @@
  *   rank), unseen cells taking their prior from the cell above or beside them.
  * - c_catch, c_level(K): the drafter's measured seconds per step for catching up on the
  *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages.
- * When no shape pays, it decodes plainly and drafts a probe every CTL_PROBE_EVERY steps so
- * that the calibration follows the text (a probe is verified only if its drafts look worth
- * it); now and then it drafts a shape next to the best to measure it.
+ * When no shape pays, it decodes plainly and drafts a probe after 32 steps, then 4 times as
+ * many after each probe that finds no shape paying (at most 2048), so that the calibration
+ * follows the text at a bounded cost (each probe first catches up on the tokens since the
+ * last; it is verified only if its drafts look worth it); now and then it drafts a shape next
+ * to the best to measure it.
  */
 #ifndef ST_CTL_H
 #define ST_CTL_H
@@ -71,8 +73,8 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, double l
  * accepted given its parent with probability q[(d-1) * qk + r]. Exposed for the tests. */
 void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax, double *E);
 
-/* The plan of the last st_ctl_want_draft (K, S, N and its predicted speed-up; 0 when it did
- * not plan). Exposed for the tests and the statistics. */
+/* The controller's current plan (K, S, N and its predicted speed-up; N = 0 before the first
+ * plan). Exposed for the tests. */
 void st_ctl_last_plan(const st_ctl *c, int64_t *K, int64_t *S, int32_t *N, double *gain);
 void st_ctl_free(st_ctl *c);
 
