@@ -256,14 +256,14 @@ static st_ctl *planner(const plan_case *pc, int32_t *hist, int64_t *n_hist) {
     st_ctl_auto_shape(c, 1, 1);
     int64_t K, S;
     assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 0); /* no plain timing yet */
-    st_ctl_step_end(c, 0, 1, 1, 1e-3);
+    st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
     assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1); /* the first proposal: a chain */
     assert_true(K == 1 && S == 4);
     for (int32_t T = 2; T <= ST_CTL_AUTO_N; T++)
         for (int r = 0; r < 20; r++)
             st_ctl_time_verify(c, T, 1e-3 * (1.0 + pc->slope * (T - 1)));
     for (int r = 0; r < 8; r++) /* (the first is not measured: a cold start) */
-        st_ctl_draft_cost(c, 1, 4, pc->lvl * 1e-3, 3.0 * pc->lvl * 1e-3);
+        st_ctl_draft_cost(c, 1, 4, pc->lvl * 1e-3, 3, 3.0 * pc->lvl * 1e-3);
     /* calibration: 200 chains of 8 with per-level acceptance a (deterministic draws) */
     for (int i = 0; i < 200; i++) {
         int64_t right = 0;
@@ -305,43 +305,57 @@ static void test_plan(void **state) {
     free(hist);
 }
 
-/* Never giving up on a drafter that pays, and probing one that does not: over 1000 steps of a
- * simulated generation the controller drafts on every step but the plain ones that keep t1
- * fresh when drafts are right 80% per level, and when they are always wrong only in probes
- * after 32, 128, 512 steps. */
+/* Never giving up on a drafter that pays, and probing one that does not within the budget:
+ * over 1000 steps of a simulated generation the controller drafts on every step but the plain
+ * ones that keep t1 fresh when drafts are right 80% per level; when they are always wrong, it
+ * probes now and then if catching up on a row costs 0.1% of a plain token (at most every 32
+ * steps), and only once after its first proposals (the probe that measures what a row
+ * costs) if a row costs 20% (a probe after n plain steps would cost 0.2 n tokens, above the
+ * 2% budget). */
 static void test_plan_policy(void **state) {
     (void)state;
     int32_t *hist = calloc(1 << 17, sizeof *hist);
-    for (int wrong = 0; wrong < 2; wrong++) {
-        int64_t n_hist = 1, K, S;
-        plan_case pc = {wrong ? 0.0 : 0.8, 0.05, 0.08};
+    for (int kind = 0; kind < 3; kind++) {
+        int64_t n_hist = 1, K, S, last = 0;
+        plan_case pc = {kind ? 0.0 : 0.8, 0.05, 0.08};
+        const double row = kind == 2 ? 0.2 : 0.001; /* ms per caught-up row */
         st_ctl *c = planner(&pc, hist, &n_hist);
         int drafted = 0, plain = 0;
         for (int step = 0; step < 1000; step++) {
             const int d = st_ctl_want_draft(c, 1, &K, &S);
             int32_t n = 1;
+            int64_t emitted = 1;
+            double t_step = 1e-3;
             if (d) {
                 drafted++;
                 assert_true(K >= 1 && K <= ST_CTL_AUTO_K && S >= 1 && S <= ST_CTL_AUTO_S);
-                st_ctl_draft_cost(c, K, S, pc.lvl * 1e-3,
+                const int64_t rows = step - last + 1;
+                st_ctl_draft_cost(c, K, S, (pc.lvl + row * (double)rows) * 1e-3, rows,
                                   (double)(S - 1) * pc.lvl * 1e-3 * (1.0 + 0.1 * (double)(K - 1)));
+                last = step;
                 int64_t right = 0;
                 while (right < S && (double)(rnd() % 1000) < 1000.0 * pc.a)
                     right++;
                 double g;
                 feed_right(c, S, hist, &n_hist, right);
-                n = st_ctl_choose(c, 1, S, &g) > 1 ? 2 : 1;
+                n = st_ctl_choose(c, 1, S, &g) > 1 ? (int32_t)S + 1 : 1;
+                emitted = n > 1 ? right + 1 : 1;
+                t_step = 1e-3 * ((n > 1 ? 1.0 + 0.05 * (double)S : 1.0) + pc.lvl * (double)S);
             } else {
                 plain++;
                 hist[n_hist++] = 7;
                 st_ctl_observe(c, 0, hist, n_hist, 0);
             }
-            st_ctl_step_end(c, d, n, 1, 1e-3 * (n == 1 ? 1.0 : 1.05));
+            st_ctl_step_end(c, d, n, 1, emitted, t_step,
+                            t_step - (d ? 1e-3 * pc.lvl * (double)S : 0.0));
         }
-        if (wrong)
-            assert_true(drafted <= 3);
-        else
+        print_message("kind %d drafted %d plain %d\n", kind, drafted, plain);
+        if (kind == 0)
             assert_true(plain <= 1000 / 64 + 1);
+        else if (kind == 1)
+            assert_true(drafted >= 10 && drafted <= 1000 / 32 + 1);
+        else
+            assert_true(drafted <= 1); /* the probe that measures a row's cost */
         st_ctl_free(c);
     }
     free(hist);

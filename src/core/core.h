@@ -135,7 +135,8 @@ typedef enum st_env_kernels {
 } st_env_kernels;
 typedef struct st_env {
     st_env_kernels kernels;
-    int pack; /* 0 when ST_PACK=0 */
+    int pack;      /* 0 when ST_PACK=0 */
+    int cpu_clock; /* 1 when ST_CLOCK=cpu */
 } st_env;
 st_env st_env_get(void);
 

@@ -1,8 +1,9 @@
 /*
- * env.c: the library's only reading of the environment. Two variables change how spectree runs
+ * env.c: the library's only reading of the environment. Three variables change how spectree runs
  * (never what it computes): ST_KERNELS picks the kernel table (read once, when the table is
- * chosen), ST_PACK=0 turns off the packed copy of small F32 models (read at each model load).
- * Both are documented in spectree.h.
+ * chosen), ST_PACK=0 turns off the packed copy of small F32 models (read at each model load),
+ * ST_CLOCK=cpu makes the clock count the process's CPU time (read once, at the first reading
+ * of the clock). All are documented in spectree.h.
  */
 #include "core/core.h"
 
@@ -18,5 +19,7 @@ st_env st_env_get(void) {
                                          : ST_ENV_KERNELS_AUTO;
     const char *p = getenv("ST_PACK");
     e.pack = !(p && strcmp(p, "0") == 0);
+    const char *c = getenv("ST_CLOCK");
+    e.cpu_clock = c && strcmp(c, "cpu") == 0;
     return e;
 }

@@ -107,6 +107,7 @@ static st_status eagle_catch_up(mdraft *g, const int32_t *hist, int32_t L, int64
         last = c - 1;
     }
     g->base.evals += L - start;
+    g->base.catch_rows = L - start;
     g->valid = L;
     const float *h = st_session_state(g->s, last);
     for (int64_t k = 0; k < K; k++)
@@ -123,6 +124,7 @@ static st_status standalone_catch_up(mdraft *g, const int32_t *hist, int32_t L) 
     if (st || (st = st_session_eval(g->s, 0, hist + g->valid, L + 1 - g->valid, g->logits, 1)))
         return st;
     g->base.evals += L + 1 - g->valid;
+    g->base.catch_rows = L + 1 - g->valid;
     g->valid = L + 1;
     return ST_OK;
 }

@@ -16,8 +16,9 @@ enum {
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
     CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
     CTL_PLAIN_EVERY = 64,   /* under auto, a plain step at least this often keeps t1 fresh */
-    CTL_PROBE_FIRST = 32,   /* a model drafter that does not pay drafts a probe after this */
-    CTL_PROBE_MAX = 2048,   /* many steps, 4 times as many after each probe that fails */
+    CTL_PROBE_EVERY = 32,   /* a model drafter that does not pay probes at most this often */
+    CTL_PROBE_ROWS = 16,    /* rows of the catch-up that measures a row's cost */
+    CTL_FIRST = 4,          /* a model drafter's first proposals, whatever the plan */
     CTL_EXPLORE_EVERY = 8,  /* one plan in this many tries a shape next to the best */
     CTL_REPLAN = 4,         /* steps a plan is kept */
     CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
@@ -35,6 +36,14 @@ enum {
 #define CTL_Q_PRIOR_WEIGHT 2.0
 #define CTL_LEVEL_SLOPE 0.1
 #define CTL_PLAN_MIN_GAIN 1.02
+#define CTL_PROBE_BUDGET 0.02
+/* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
+ * that pool), the prediction worth CTL_RZ_PRIOR steps. */
+#define CTL_RZ_DECAY 0.9
+#define CTL_RZ_PRIOR 2.0
+/* ... and its weight fades by this per step since its last update (old measurements, made
+ * when the machine was busier or the text different, give way to the prediction) */
+#define CTL_RZ_FADE 0.97
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
@@ -56,16 +65,28 @@ struct st_ctl {
     int64_t step, last_plain;    /* steps so far; the last plain step */
     int64_t last_draft, planned; /* the last drafted step; plans made so far */
     int64_t plan_step;           /* when the last plan was made */
-    int64_t probe_every;         /* steps from a draft to the next probe */
-    int64_t pk, ps;              /* the last plan: pool, tree size, predicted speed-up */
+    int probing;                 /* the proposal under way is a probe */
+    int64_t dk, ds;              /* the pool drafted this step */
+    /* realized speed-up of each planned pool: decayed sums of emitted tokens, of the steps'
+     * times in plain-token times, and of the steps */
+    double rz_tok[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    double rz_cost[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    double rz_w[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    int64_t rz_step[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1]; /* the step of its last update */
+    /* draft costs in plain-token times (ratios to t1 when measured, like the verify costs:
+     * a machine that slows down slows both) */
+    double probe_spent; /* what the probes have cost so far */
+    double c_row;       /* a caught-up row (catch-ups of >= 16 rows) */
+    int64_t c_row_n;
+    int64_t pk, ps; /* the last plan: pool, tree size, predicted speed-up */
     int32_t pn;
     double pgain;
     double q_seen[CTL_QD][CTL_QK]; /* depth x sibling rank: nodes whose parent was accepted */
     double q_acc[CTL_QD][CTL_QK];  /* ... and those accepted among them */
     int draft_seen;                /* a first (unmeasured) proposal was made */
-    double c_catch;                /* seconds of a catch-up (moving average) */
+    double c_catch;                /* a catch-up (moving average) */
     int64_t c_catch_n;
-    double c_level[ST_SPEC_MAX_K + 1]; /* seconds of a level pass of K nodes */
+    double c_level[ST_SPEC_MAX_K + 1]; /* a level pass of K nodes */
     int64_t c_level_n[ST_SPEC_MAX_K + 1];
     void *mem; /* the one allocation of the arrays below */
     double seen[CTL_NB], acc[CTL_NB];
@@ -144,7 +165,6 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     c->autotune = autotune;
     c->model_drafter = draft_weight_ratio > 0.0;
     c->pk = K, c->ps = S;
-    c->probe_every = CTL_PROBE_FIRST;
     /* A draft model reading more than half the target's weight bytes per token cannot pay for
      * its drafts (its tokens cost more than half a target token; the self-draft costs one):
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
@@ -171,6 +191,7 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto) {
 }
 
 static void plan(st_ctl *c, int32_t na);
+static double level_cost(const st_ctl *c, int64_t K);
 
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     *K = c->K;
@@ -183,12 +204,15 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     if (!c->model_drafter)
         return 1;
     /* a model drafter only drafts once t1 is known (its drafts cost time before they can be
-     * judged); its first proposal (a chain of at most 4) measures what drafting costs */
+     * judged); its first CTL_FIRST proposals (chains of at most 4, in a row) measure what
+     * drafting costs and start the calibration */
     if (c->t1_n == 0)
         return 0;
-    if (c->c_catch_n == 0) {
-        *K = c->k_auto ? 1 : c->K;
-        *S = c->s_auto && c->S > 4 ? 4 : c->S;
+    c->probing = 0;
+    if (c->c_catch_n < CTL_FIRST - 1) { /* (the first, cold proposal is not measured) */
+        c->dk = *K = c->k_auto ? 1 : c->K;
+        c->ds = *S = c->s_auto && c->S > 4 ? 4 : c->S;
+        c->probing = 1;
         return 1;
     }
     /* the plan is renewed every CTL_REPLAN steps (its inputs move slowly) */
@@ -196,15 +220,23 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
         c->plan_step = c->step;
         plan(c, na);
     }
-    *K = c->pk, *S = c->ps;
-    if (c->pgain >= CTL_PLAN_MIN_GAIN) {
-        c->probe_every = CTL_PROBE_FIRST;
+    *K = c->dk = c->pk, *S = c->ds = c->ps;
+    if (c->pgain >= CTL_PLAN_MIN_GAIN)
         return 1;
-    }
-    /* no shape pays: a probe now and then keeps the calibration following the text */
-    if (c->step - c->last_draft < c->probe_every)
+    /* No shape pays. A probe now and then keeps the calibration following the text, within a
+     * budget: all probes together cost at most CTL_PROBE_BUDGET of the plain decoding time so
+     * far. A probe first catches up on every token since the last draft, so a drafter whose
+     * rows cost more than the budget's share of a token (a head as wide as a small target)
+     * is not probed again. The first probe, CTL_PROBE_ROWS steps after the last draft,
+     * measures what a caught-up row costs. */
+    const int64_t since = c->step - c->last_draft;
+    if (since < (c->c_row_n ? CTL_PROBE_EVERY : CTL_PROBE_ROWS))
         return 0;
-    c->probe_every = c->probe_every * 4 < CTL_PROBE_MAX ? c->probe_every * 4 : CTL_PROBE_MAX;
+    const double cost =
+        (double)since * c->c_row + c->c_catch + (double)(c->ps - 1) * level_cost(c, c->pk);
+    if (c->c_row_n && c->probe_spent + cost > CTL_PROBE_BUDGET * (double)c->step)
+        return 0;
+    c->probing = 1;
     return 1;
 }
 
@@ -304,7 +336,7 @@ static void plan(st_ctl *c, int32_t na) {
     double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)], ratio[ST_SPEC_MAX_N + 1];
     q_table(c, c->K, c->S, q);
     for (int32_t n = 2; n <= c->N; n++)
-        ratio[n] = est_ratio(c, (int64_t)na * n) * c->t1;
+        ratio[n] = est_ratio(c, (int64_t)na * n);
     const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
     const int32_t nmax = c->N;
     double best = -1.0, alt = -1.0;
@@ -320,11 +352,20 @@ static void plan(st_ctl *c, int32_t na) {
             const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
             const double *e = E + (S - 1) * (nmax + 1);
             const double draft = (double)na * (c->c_catch + (double)(S - 1) * lc);
+            double gm = -1.0;
+            int32_t nb = 2;
             for (int32_t n = 2; n <= nm; n++) {
-                const double g = (double)na * (1.0 + e[n]) * c->t1 / (draft + ratio[n]);
-                if (g > best)
-                    best = g, bk = K, bs = S, bn = n;
+                const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
+                if (g > gm)
+                    gm = g, nb = n;
             }
+            /* the pool's realized speed-up, where it was drafted, corrects the prediction */
+            const double w = c->rz_w[K][S] * pow(CTL_RZ_FADE, (double)(c->step - c->rz_step[K][S]));
+            if (w > 0.0 && c->rz_cost[K][S] > 0.0)
+                gm = (c->rz_tok[K][S] / c->rz_cost[K][S] * w + gm * CTL_RZ_PRIOR) /
+                     (w + CTL_RZ_PRIOR);
+            if (gm > best)
+                best = gm, bk = K, bs = S, bn = nb;
         }
     }
     c->pgain = best; /* whether to draft follows the best shape */
@@ -341,7 +382,7 @@ static void plan(st_ctl *c, int32_t na) {
         const double *e = E + (S - 1) * (nmax + 1);
         const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
         for (int32_t n = 2; n <= nm; n++) {
-            const double g = (double)na * (1.0 + e[n]) * c->t1 / (draft + ratio[n]);
+            const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
             if (g > alt)
                 alt = g, ak = K, as = S, an = n;
         }
@@ -586,9 +627,18 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
 
 double st_ctl_t1(const st_ctl *c) { return c->t1; }
 
-void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, double levels_s) {
-    if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K)
+void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t rows,
+                       double levels_s) {
+    if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K || !(c->t1 > 0.0))
         return;
+    catch_s /= c->t1; /* in plain-token times from here on */
+    levels_s /= c->t1;
+    if (c->probing)
+        c->probe_spent += catch_s + (levels_s > 0.0 ? levels_s : 0.0);
+    if (rows >= CTL_PROBE_ROWS) {
+        track_cost(&c->c_row, c->c_row_n, catch_s / (double)rows);
+        c->c_row_n++;
+    }
     /* the first proposal runs cold (the head's weights and buffers touched for the first time,
      * the whole prompt caught up): not measured; the next one (same shape) is */
     if (!c->draft_seen) {
@@ -635,12 +685,26 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
     }
 }
 
-void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, double t_fwd) {
+void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
+                     double t_fwd) {
     c->step++;
     if (!c->autotune)
         return;
     if (drafted)
         c->last_draft = c->step;
+    /* a planned shape's realized speed-up: tokens per plain-token time of its steps (decayed
+     * sums; a step counts at most 1.5 times the shape's mean step) */
+    if (drafted && c->model_drafter && !c->probing && c->t1 > 0.0 && t_step > 0.0) {
+        const int64_t K = c->dk, S = c->ds;
+        double x = t_step / c->t1;
+        const double mean = c->rz_w[K][S] > 0.0 ? c->rz_cost[K][S] / c->rz_w[K][S] : 0.0;
+        if (c->rz_w[K][S] >= 3.0 && x > 1.5 * mean)
+            x = 1.5 * mean;
+        c->rz_tok[K][S] = CTL_RZ_DECAY * c->rz_tok[K][S] + (double)emitted;
+        c->rz_cost[K][S] = CTL_RZ_DECAY * c->rz_cost[K][S] + x;
+        c->rz_w[K][S] = CTL_RZ_DECAY * c->rz_w[K][S] + 1.0;
+        c->rz_step[K][S] = c->step;
+    }
     if (n == 1) {
         st_ctl_time_plain(c, t_fwd / (double)na);
         c->last_plain = c->step;

@@ -32,13 +32,17 @@
  *   node at depth d that is its parent's r-th most likely child is accepted, once its parent
  *   is, with probability q(d, r); q is calibrated from the same shadows (per depth and sibling
  *   rank), unseen cells taking their prior from the cell above or beside them.
- * - c_catch, c_level(K): the drafter's measured seconds per step for catching up on the
- *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages.
- * When no shape pays, it decodes plainly and drafts a probe after 32 steps, then 4 times as
- * many after each probe that finds no shape paying (at most 2048), so that the calibration
- * follows the text at a bounded cost (each probe first catches up on the tokens since the
- * last; it is verified only if its drafts look worth it); now and then it drafts a shape next
- * to the best to measure it.
+ * - c_catch, c_level(K): the drafter's measured time per step for catching up on the
+ *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages of
+ *   their ratios to t1 (as t(N)'s: a machine that slows down slows both).
+ * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
+ * steps) is blended into its prediction, so that what the model misses (costs it does not
+ * see, acceptance that depends on more than depth and rank) is learned per pool.
+ * When no shape pays, it decodes plainly and drafts a probe now and then (at most every 32
+ * steps) so that the calibration follows the text, all probes together costing at most 2% of
+ * the plain decoding time (a probe first catches up on every token since the last draft; it
+ * is verified only if its drafts look worth it); now and then it drafts a shape next to the
+ * best to measure it.
  */
 #ifndef ST_CTL_H
 #define ST_CTL_H
@@ -65,8 +69,10 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto);
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
 
 /* A model drafter's measured time for one proposal of pool (K, S): catch_s to catch up on the
- * committed tokens (level 0 included), levels_s for its S-1 level passes. */
-void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, double levels_s);
+ * rows committed tokens since its last proposal (level 0 included), levels_s for its S-1
+ * level passes. */
+void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t rows,
+                       double levels_s);
 
 /* The expected accepted nodes E[n] (n = 0..nmax; E[0] = E[1] = 0) of the n-1 best nodes of an
  * EAGLE-2 tree of pool (K, S) whose node at depth d (1-based), its parent's r-th child, is
@@ -101,8 +107,10 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds);
 double st_ctl_t1(const st_ctl *c);
 
 /* The end of a step: drafted (the drafters proposed), n its tree size (1: plain), na sequences,
- * t_fwd its seconds from after the choice of n. Records the timing. */
-void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, double t_fwd);
+ * emitted tokens, t_step its seconds from before proposing, t_fwd from after the choice of n.
+ * Records the timing and, for a planned pool, its realized speed-up. */
+void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
+                     double t_fwd);
 
 /* Scores sequence b's pending shadows against its history (call after tokens were appended);
  * done: the sequence has ended (pending shadows are dropped). */

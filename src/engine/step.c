@@ -122,7 +122,7 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int6
         if ((rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real)))
             return rc;
         if (d->evals > 0)
-            st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->levels_s);
+            st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->catch_rows, d->levels_s);
         n_real_max = n_real > n_real_max ? n_real : n_real_max;
         st_ctl_rank(g->ctl, a, b, K, S, sc, tok, lp, g->n_hist[b], g->dr[b]->conf);
         g->roots[a] = g->hist[b][g->n_hist[b] - 1];
