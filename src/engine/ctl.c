@@ -215,8 +215,10 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
         c->probing = 1;
         return 1;
     }
-    /* the plan is renewed every CTL_REPLAN steps (its inputs move slowly) */
-    if (c->pn == 0 || c->step - c->plan_step >= CTL_REPLAN) {
+    /* the plan is renewed every CTL_REPLAN steps (its inputs move slowly), every 4 times as
+     * many while no shape pays (only t1 moves then) */
+    if (c->pn == 0 ||
+        c->step - c->plan_step >= (c->pgain >= CTL_PLAN_MIN_GAIN ? 1 : 4) * CTL_REPLAN) {
         c->plan_step = c->step;
         plan(c, na);
     }
@@ -360,7 +362,10 @@ static void plan(st_ctl *c, int32_t na) {
                     gm = g, nb = n;
             }
             /* the pool's realized speed-up, where it was drafted, corrects the prediction */
-            const double w = c->rz_w[K][S] * pow(CTL_RZ_FADE, (double)(c->step - c->rz_step[K][S]));
+            const double w =
+                c->rz_w[K][S] > 0.0
+                    ? c->rz_w[K][S] * pow(CTL_RZ_FADE, (double)(c->step - c->rz_step[K][S]))
+                    : 0.0;
             if (w > 0.0 && c->rz_cost[K][S] > 0.0)
                 gm = (c->rz_tok[K][S] / c->rz_cost[K][S] * w + gm * CTL_RZ_PRIOR) /
                      (w + CTL_RZ_PRIOR);

@@ -258,7 +258,8 @@ static st_status gen_loop(st_gen *g) {
             g->stats->steps_sum += S * g->na;
         }
         /* the forward's time: from the choice of the tree size on */
-        st_ctl_step_end(g->ctl, drafted, n, g->na, te - (drafted ? g->t_chosen : ts));
+        st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts,
+                        te - (drafted ? g->t_chosen : ts));
     }
 }
 
