@@ -281,7 +281,7 @@ static void test_plan(void **state) {
     int32_t N;
     double g;
     /* good drafts, cheap verification and drafting: a deep chain (the K > 1 cells are only
-     * priors, 0.3 of rank 0's), predicted well above plain */
+     * priors, 0.15 of rank 0's), predicted well above plain */
     plan_case good = {0.9, 0.05, 0.05};
     st_ctl *c = planner(&good, hist, &n_hist);
     assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1);

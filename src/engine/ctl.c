@@ -32,11 +32,12 @@ enum {
  * depth 1), this fraction of the cell beside it (rank r-1) for others; worth this many
  * observations. An unmeasured level pass of K nodes costs that of k < K nodes times
  * (1 + CTL_LEVEL_SLOPE * (K - k)). A plan must promise this much to draft. */
-#define CTL_Q_PRIOR_RANK 0.3
+#define CTL_Q_PRIOR_RANK 0.15
 #define CTL_Q_PRIOR_WEIGHT 2.0
 #define CTL_LEVEL_SLOPE 0.1
 #define CTL_PLAN_MIN_GAIN 1.02
 #define CTL_PROBE_BUDGET 0.02
+#define CTL_PROBE_MIN_GAIN 0.8 /* probes are for drafters predicted near paying */
 /* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
  * that pool), the prediction worth CTL_RZ_PRIOR steps. */
 #define CTL_RZ_DECAY 0.9
@@ -230,9 +231,10 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
      * far. A probe first catches up on every token since the last draft, so a drafter whose
      * rows cost more than the budget's share of a token (a head as wide as a small target)
      * is not probed again. The first probe, CTL_PROBE_ROWS steps after the last draft,
-     * measures what a caught-up row costs. */
+     * measures what a caught-up row costs. A drafter predicted far from paying (below
+     * CTL_PROBE_MIN_GAIN) is not probed. */
     const int64_t since = c->step - c->last_draft;
-    if (since < (c->c_row_n ? CTL_PROBE_EVERY : CTL_PROBE_ROWS))
+    if (c->pgain < CTL_PROBE_MIN_GAIN || since < (c->c_row_n ? CTL_PROBE_EVERY : CTL_PROBE_ROWS))
         return 0;
     const double cost =
         (double)since * c->c_row + c->c_catch + (double)(c->ps - 1) * level_cost(c, c->pk);

@@ -38,11 +38,11 @@
  * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
  * steps) is blended into its prediction, so that what the model misses (costs it does not
  * see, acceptance that depends on more than depth and rank) is learned per pool.
- * When no shape pays, it decodes plainly and drafts a probe now and then (at most every 32
- * steps) so that the calibration follows the text, all probes together costing at most 2% of
- * the plain decoding time (a probe first catches up on every token since the last draft; it
- * is verified only if its drafts look worth it); now and then it drafts a shape next to the
- * best to measure it.
+ * When no shape pays, it decodes plainly and, if the best comes within 0.8x of plain, drafts a
+ * probe now and then (at most every 32 steps) so that the calibration follows the text, all
+ * probes together costing at most 2% of the plain decoding time (a probe first catches up on
+ * every token since the last draft; it is verified only if its drafts look worth it); now and
+ * then it drafts a shape next to the best to measure it.
  */
 #ifndef ST_CTL_H
 #define ST_CTL_H
