@@ -550,6 +550,10 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         mmax = c->avail[a] + 1 > mmax ? c->avail[a] + 1 : mmax;
     if (mmax > c->N)
         mmax = c->N;
+    /* a model drafter's first proposals are verified whole: they measure the verify cost the
+     * plan needs (its prior is pessimistic, and a size never verified is never measured) */
+    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1)
+        return mmax;
     int32_t best = 1;
     double bg = 1.03; /* a speculative step must promise a clear gain */
     double g[ST_SPEC_MAX_N + 1];
