@@ -99,6 +99,10 @@ double st_time_seconds(void);
  *                    16 MB of F32 matrices).
  *   ST_LOAD=mmap|copy  how ST_LOAD_AUTO loads (st_load_mode; read by each load; an explicit
  *                    mode in st_load_params wins).
+ *   ST_CLOCK=cpu     the library's clock (st_time_seconds, the statistics' times, the timings
+ *                    `auto` plans with) counts the process's CPU time instead of wall time:
+ *                    with one thread, a measurement that other jobs on a shared machine do
+ *                    not disturb. Read once, at the first reading of the clock.
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 
@@ -951,6 +955,9 @@ typedef struct st_gen_stats {
     int64_t tree_tokens; /* tokens of all verified trees (mean tree: / spec_steps) */
     st_stop_reason stop_reason[ST_GEN_MAX_BATCH]; /* why each sequence ended ([0]: st_generate) */
     int32_t n_ctx; /* the context the generation ran with (positions per sequence) */
+    /* sums over the speculative steps of the pool (K, S) they drafted (means: / spec_steps;
+     * `auto` plans it each step for a model drafter) */
+    int64_t topk_sum, steps_sum;
 } st_gen_stats;
 
 /* Everything st_generate needs besides the model and the prompt. Start from

@@ -228,12 +228,11 @@ static void test_batch_backoff(void **state) {
         st_ctl_rank(c, a, a, 1, S, scores, tokens, lp, n_hist, 0);
     assert_int_equal(st_ctl_choose(c, 4, 0, &g), 1);
     /* the same curve without a plain measurement at 4 (and only the prior's acceptance): the
-     * batch is priced at t1 and the trees look worth it, as the controller judged before it
-     * measured per batch size */
+     * batch is priced at t1 (one sequence's plain token) and the trees look worth it, as the
+     * controller judged before it measured per batch size */
     st_ctl *c2;
     assert_int_equal(st_ctl_create(4, 1, S, 3, 1, 0.0, &c2), ST_OK);
     st_ctl_time_plain_batch(c2, 1, 1e-3);
-    st_ctl_time_plain(c2, 0.25e-3);
     for (int32_t T = 2; T <= 12; T++)
         for (int r = 0; r < 30; r++)
             st_ctl_time_verify(c2, T, 1e-3 * (T > 4 ? T / 4.0 : 1.0));
@@ -256,22 +255,191 @@ static void test_proposal_sampling(void **state) {
         const double t_fwd = cheap ? 1.0 : 0.8;
         int drafted = 0;
         for (int s = 0; s < 200; s++) {
-            const int d = st_ctl_want_draft(c, 4);
+            int64_t K, S;
+            const int d = st_ctl_want_draft(c, 4, &K, &S);
             drafted += d;
-            st_ctl_step_end(c, d, 1, 4, 4, 1.0, d ? t_fwd : 1.0, 0.0);
+            st_ctl_step_end(c, d, 1, 4, 4, 1.0, d ? t_fwd : 1.0);
         }
         if (cheap) {
             assert_int_equal(drafted, 200);
         } else {
             assert_true(drafted >= 20 && drafted <= 24);
-            assert_true(st_ctl_want_draft(c, 3)); /* another batch size: not judged yet */
-            while (!st_ctl_want_draft(c, 4))
-                st_ctl_step_end(c, 0, 1, 4, 4, 1.0, 1.0, 0.0);
-            st_ctl_step_end(c, 1, 3, 4, 8, 1.0, 0.8, 0.0); /* a tree was chosen */
-            assert_true(st_ctl_want_draft(c, 4));
+            int64_t K, S;
+            assert_true(st_ctl_want_draft(c, 3, &K, &S)); /* another batch size: not judged yet */
+            while (!st_ctl_want_draft(c, 4, &K, &S))
+                st_ctl_step_end(c, 0, 1, 4, 4, 1.0, 1.0);
+            st_ctl_step_end(c, 1, 3, 4, 8, 1.0, 0.8); /* a tree was chosen */
+            assert_true(st_ctl_want_draft(c, 4, &K, &S));
         }
         st_ctl_free(c);
     }
+}
+
+/* The expected accepted nodes of EAGLE-2's tree under the depth x rank model, by hand. */
+static void test_tree_expect(void **state) {
+    (void)state;
+    double q[3 * 2], E[9];
+    /* a chain: 0.8, 0.8^2, 0.8^3 */
+    q[0] = q[2] = q[4] = 0.8;
+    st_ctl_tree_expect(q, 2, 1, 3, 5, E);
+    assert_true(E[0] == 0.0 && E[1] == 0.0);
+    assert_true(fabs(E[2] - 0.8) < 1e-12 && fabs(E[3] - 1.44) < 1e-12);
+    assert_true(fabs(E[4] - 1.952) < 1e-12 && fabs(E[5] - 1.952) < 1e-12); /* only 3 nodes */
+    /* K = 2: level 1 {0.6, 0.3}; level 2 {0.6*0.5, 0.6*0.2, 0.3*0.5, 0.3*0.2}; level 3 expands
+     * only the two best of level 2 (0.3, 0.15): {0.3*0.4, 0.3*0.1, 0.15*0.4, 0.15*0.1} */
+    q[0] = 0.6, q[1] = 0.3, q[2] = 0.5, q[3] = 0.2, q[4] = 0.4, q[5] = 0.1;
+    st_ctl_tree_expect(q, 2, 2, 3, 8, E);
+    const double want[] = {0.6, 0.3, 0.3, 0.15, 0.12, 0.12, 0.06};
+    double sum = 0.0;
+    for (int n = 2; n <= 8; n++) {
+        sum += want[n - 2];
+        assert_true(fabs(E[n] - sum) < 1e-12);
+    }
+    /* S = 2 of the same: no level-3 nodes (0.12 from level 2 only, then 0.06) */
+    st_ctl_tree_expect(q, 2, 2, 2, 8, E);
+    assert_true(fabs(E[6] - (0.6 + 0.3 + 0.3 + 0.15 + 0.12)) < 1e-12);
+    assert_true(fabs(E[7] - (0.6 + 0.3 + 0.3 + 0.15 + 0.12 + 0.06)) < 1e-12);
+    assert_true(fabs(E[8] - E[7]) < 1e-12);
+}
+
+/* A K = 1 chain of S drafts of which the first `right` are what the sequence then emits. */
+static void feed_right(st_ctl *c, int64_t S, int32_t *hist, int64_t *n_hist, int64_t right) {
+    float scores[16] = {0};
+    int32_t tokens[16] = {0};
+    int64_t lp[32] = {0};
+    lp[0] = -1;
+    lp[1] = 0;
+    for (int64_t i = 0; i < S; i++) {
+        scores[i] = 0.9f;
+        tokens[i] = (int32_t)(100 + (*n_hist + i) % 7);
+        if (i + 1 < S)
+            lp[2 + i] = i + 1;
+    }
+    st_ctl_rank(c, 0, 0, 1, S, scores, tokens, lp, *n_hist, 0);
+    for (int64_t i = 0; i < S; i++) {
+        hist[*n_hist] = i < right ? tokens[i] : 7;
+        ++*n_hist;
+        st_ctl_observe(c, 0, hist, *n_hist, 0);
+    }
+}
+
+/* A model drafter under auto with the pool (4, 8, 16) free: synthetic costs (t1 = 1 ms, a
+ * verify of T tokens 1 + slope * (T-1) plain tokens, a catch-up and a level pass `lvl` ms) and
+ * a drafter whose K = 1 drafts are right up to a depth drawn with acceptance a per level. */
+typedef struct plan_case {
+    double a, slope, lvl;
+} plan_case;
+
+static st_ctl *planner(const plan_case *pc, int32_t *hist, int64_t *n_hist) {
+    st_ctl *c;
+    assert_int_equal(st_ctl_create(1, ST_CTL_AUTO_K, ST_CTL_AUTO_S, ST_CTL_AUTO_N, 1, 0.1, &c),
+                     ST_OK);
+    st_ctl_auto_shape(c, 1, 1);
+    int64_t K, S;
+    assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 0); /* no plain timing yet */
+    st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
+    assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1); /* the first proposal: a chain */
+    assert_true(K == 1 && S == 4);
+    for (int32_t T = 2; T <= ST_CTL_AUTO_N; T++)
+        for (int r = 0; r < 20; r++)
+            st_ctl_time_verify(c, T, 1e-3 * (1.0 + pc->slope * (T - 1)));
+    for (int r = 0; r < 8; r++) /* (the first is not measured: a cold start) */
+        st_ctl_draft_cost(c, 1, 4, pc->lvl * 1e-3, 3, 3.0 * pc->lvl * 1e-3);
+    /* calibration: 200 chains of 8 with per-level acceptance a (deterministic draws) */
+    for (int i = 0; i < 200; i++) {
+        int64_t right = 0;
+        while (right < 8 && (double)(rnd() % 1000) < 1000.0 * pc->a)
+            right++;
+        feed_right(c, 8, hist, n_hist, right);
+    }
+    return c;
+}
+
+static void test_plan(void **state) {
+    (void)state;
+    int32_t *hist = calloc(1 << 16, sizeof *hist);
+    int64_t n_hist = 1, K, S;
+    int32_t N;
+    double g;
+    /* good drafts, cheap verification and drafting: a deep chain (the K > 1 cells are only
+     * priors, 0.15 of rank 0's), predicted well above plain */
+    plan_case good = {0.9, 0.05, 0.05};
+    st_ctl *c = planner(&good, hist, &n_hist);
+    assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1);
+    st_ctl_last_plan(c, &K, &S, &N, &g);
+    assert_true(S >= 6 && N >= 7 && g > 3.0);
+    st_ctl_free(c);
+    /* the same drafts from a dear drafter (a level pass costs 0.4 plain tokens): a short pool
+     * (K is free: the rank-1 cells are priors that only drafting a wider pool measures) */
+    plan_case dear = {0.9, 0.05, 0.4};
+    c = planner(&dear, hist, &n_hist);
+    assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1);
+    st_ctl_last_plan(c, &K, &S, &N, &g);
+    assert_true(S >= 2 && S <= 4 && g > 1.2 && g < 2.5);
+    st_ctl_free(c);
+    /* drafts right half the time, verification dear per token (slope 0.5): no shape pays
+     * (expected 1 + 0.5 + 0.25 tokens for 2 plain tokens of verify at best) */
+    plan_case weak = {0.5, 0.5, 0.05};
+    c = planner(&weak, hist, &n_hist);
+    assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 0);
+    st_ctl_free(c);
+    free(hist);
+}
+
+/* Never giving up on a drafter that pays, and probing one that does not within the budget:
+ * over 1000 steps of a simulated generation the controller drafts on every step but the plain
+ * ones that keep t1 fresh when drafts are right 80% per level; when they are always wrong, it
+ * probes now and then if catching up on a row costs 0.1% of a plain token (at most every 32
+ * steps), and only once after its first proposals (the probe that measures what a row
+ * costs) if a row costs 20% (a probe after n plain steps would cost 0.2 n tokens, above the
+ * 2% budget). */
+static void test_plan_policy(void **state) {
+    (void)state;
+    int32_t *hist = calloc(1 << 17, sizeof *hist);
+    for (int kind = 0; kind < 3; kind++) {
+        int64_t n_hist = 1, K, S, last = 0;
+        plan_case pc = {kind ? 0.0 : 0.8, 0.05, 0.08};
+        const double row = kind == 2 ? 0.2 : 0.001; /* ms per caught-up row */
+        st_ctl *c = planner(&pc, hist, &n_hist);
+        int drafted = 0, plain = 0;
+        for (int step = 0; step < 1000; step++) {
+            const int d = st_ctl_want_draft(c, 1, &K, &S);
+            int32_t n = 1;
+            int64_t emitted = 1;
+            double t_step = 1e-3;
+            if (d) {
+                drafted++;
+                assert_true(K >= 1 && K <= ST_CTL_AUTO_K && S >= 1 && S <= ST_CTL_AUTO_S);
+                const int64_t rows = step - last + 1;
+                st_ctl_draft_cost(c, K, S, (pc.lvl + row * (double)rows) * 1e-3, rows,
+                                  (double)(S - 1) * pc.lvl * 1e-3 * (1.0 + 0.1 * (double)(K - 1)));
+                last = step;
+                int64_t right = 0;
+                while (right < S && (double)(rnd() % 1000) < 1000.0 * pc.a)
+                    right++;
+                double g;
+                feed_right(c, S, hist, &n_hist, right);
+                n = st_ctl_choose(c, 1, S, &g) > 1 ? (int32_t)S + 1 : 1;
+                emitted = n > 1 ? right + 1 : 1;
+                t_step = 1e-3 * ((n > 1 ? 1.0 + 0.05 * (double)S : 1.0) + pc.lvl * (double)S);
+            } else {
+                plain++;
+                hist[n_hist++] = 7;
+                st_ctl_observe(c, 0, hist, n_hist, 0);
+            }
+            st_ctl_step_end(c, d, n, 1, emitted, t_step,
+                            t_step - (d ? 1e-3 * pc.lvl * (double)S : 0.0));
+        }
+        print_message("kind %d drafted %d plain %d\n", kind, drafted, plain);
+        if (kind == 0)
+            assert_true(plain <= 1000 / 64 + 1);
+        else if (kind == 1)
+            assert_true(drafted >= 10 && drafted <= 1000 / 32 + 1);
+        else
+            assert_true(drafted <= 1); /* the probe that measures a row's cost */
+        st_ctl_free(c);
+    }
+    free(hist);
 }
 
 int main(void) {
@@ -281,6 +449,9 @@ int main(void) {
         cmocka_unit_test(test_batch_backoff),
         cmocka_unit_test(test_proposal_sampling),
         cmocka_unit_test(test_classes),
+        cmocka_unit_test(test_tree_expect),
+        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -441,11 +441,49 @@ static void test_inflated_head(void **state) {
     st_model_free(wide);
 }
 
+/* An always-wrong head (random weights and embedding in the committed head's layout, written
+ * here): under auto the output is plain decoding's and the controller seldom verifies its drafts
+ * (only a probe now and then drafts; a tree is verified only if its drafts look right). */
+static void test_random_head_auto(void **state) {
+    (void)state;
+    tu_head h = base_head();
+    h.n_ff = 172;
+    h.seed = 77;
+    h.embed = 1;
+    const char *dir = head_dir("random");
+    assert_int_equal(tu_write_eagle_head(dir, &h), 0);
+    st_model *head = NULL;
+    assert_int_equal(st_eagle_head_load(dir, target, &head), ST_OK);
+    const char *prompts[] = {"Once upon a time", "The sun was shining and the birds were singing"};
+    for (int i = 0; i < 2; i++) {
+        int32_t ids[64];
+        int64_t n = 0;
+        assert_int_equal(
+            st_tokenize(st_model_tokenizer(target), prompts[i], strlen(prompts[i]), 1, ids, 64, &n),
+            ST_OK);
+        st_gen_params p = st_gen_default_params();
+        p.n_predict = 200;
+        p.sampler.temp = 0.0f;
+        p.n_threads = 1;
+        toks plain = {0}, spec = {0};
+        assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
+        p.spec.algo = ST_SPEC_EAGLE;
+        p.spec.draft_model = head;
+        st_gen_stats gs;
+        assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
+        assert_int_equal(spec.n, plain.n);
+        assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
+        assert_true(gs.auto_shape);
+        assert_true(4 * gs.spec_steps <= gs.spec_steps + gs.plain_steps);
+    }
+    st_model_free(head);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_and_oracle), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_engine_checks),   cmocka_unit_test(test_trained_head),
-        cmocka_unit_test(test_inflated_head),
+        cmocka_unit_test(test_inflated_head),   cmocka_unit_test(test_random_head_auto),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -11,46 +11,75 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_DRAFTS = 8, MAX_REPS = 64 };
+enum { MAX_DRAFTS = 8, MAX_REPS = 64, MAX_PROMPTS = 16 };
 
 /* The fixed (K, S, N) shapes of --sweep: chains and SGLang-like trees. */
 static const int sweep_shapes[][3] = {{1, 2, 3}, {1, 3, 4}, {1, 4, 5},  {1, 6, 7},
                                       {2, 3, 6}, {2, 4, 8}, {2, 6, 12}, {4, 4, 12}};
 
 typedef struct e2e_result {
-    double plain, spec, ratio, tau; /* medians (tau: of the last repetition) */
+    /* medians over the prompts of each prompt's median over the repetitions; tau, the steps
+     * and the mean pool (K, S) of the speculative steps: the last repetition's, summed over
+     * the prompts */
+    double plain, spec, ratio, tau, mean_k, mean_s;
     int64_t steps, plain_steps;
 } e2e_result;
 
-/* Runs plain and speculative generation back to back, reps times after a warm-up. */
-static int measure(const st_model *m, const int32_t *ids, int64_t n_ids,
-                   const st_gen_params *gp_plain, const st_gen_params *gp_spec, int reps,
-                   e2e_result *out) {
-    double plain[MAX_REPS], specr[MAX_REPS], ratio[MAX_REPS];
+/* The prompts, tokenized. */
+typedef struct prompts {
+    int n;
+    int32_t ids[MAX_PROMPTS][512];
+    int64_t n_ids[MAX_PROMPTS];
+} prompts;
+
+/* Runs plain and speculative generation back to back for each prompt, reps times after a
+ * warm-up round. */
+static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp_plain,
+                   const st_gen_params *gp_spec, int reps, e2e_result *out) {
+    double plain[MAX_PROMPTS][MAX_REPS], specr[MAX_PROMPTS][MAX_REPS], ratio[MAX_PROMPTS][MAX_REPS];
+    double mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS];
+    int64_t emitted = 0, ksum = 0, ssum = 0;
+    memset(out, 0, sizeof *out);
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-        st_gen_stats a, b;
-        if (st_generate(m, ids, n_ids, gp_plain, NULL, NULL, &a) != ST_OK ||
-            st_generate(m, ids, n_ids, gp_spec, NULL, NULL, &b) != ST_OK) {
-            fprintf(stderr, "spectree-bench: %s\n", st_last_error());
-            return -1;
-        }
-        if (a.gen_tokens != b.gen_tokens) {
-            fprintf(stderr, "spectree-bench: speculative run emitted %lld tokens, plain %lld\n",
-                    (long long)b.gen_tokens, (long long)a.gen_tokens);
-            return -1;
-        }
-        if (r >= 0) {
-            plain[r] = a.gen_tok_s;
-            specr[r] = b.gen_tok_s;
-            ratio[r] = b.gen_tok_s / a.gen_tok_s;
-            out->tau = b.tau;
-            out->steps = b.spec_steps;
-            out->plain_steps = b.plain_steps;
+        for (int i = 0; i < pr->n; i++) {
+            st_gen_stats a, b;
+            if (st_generate(m, pr->ids[i], pr->n_ids[i], gp_plain, NULL, NULL, &a) != ST_OK ||
+                st_generate(m, pr->ids[i], pr->n_ids[i], gp_spec, NULL, NULL, &b) != ST_OK) {
+                fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+                return -1;
+            }
+            if (a.gen_tokens != b.gen_tokens) {
+                fprintf(stderr, "spectree-bench: speculative run emitted %lld tokens, plain %lld\n",
+                        (long long)b.gen_tokens, (long long)a.gen_tokens);
+                return -1;
+            }
+            if (r < 0)
+                continue;
+            plain[i][r] = a.gen_tok_s;
+            specr[i][r] = b.gen_tok_s;
+            ratio[i][r] = b.gen_tok_s / a.gen_tok_s;
+            if (r == reps - 1) {
+                emitted += (int64_t)(b.tau * (double)b.spec_steps + 0.5);
+                out->steps += b.spec_steps;
+                out->plain_steps += b.plain_steps;
+                ksum += b.topk_sum;
+                ssum += b.steps_sum;
+            }
         }
     }
-    out->plain = st_bench_median(plain, reps);
-    out->spec = st_bench_median(specr, reps);
-    out->ratio = st_bench_median(ratio, reps);
+    for (int i = 0; i < pr->n; i++) {
+        mp[i] = st_bench_median(plain[i], reps);
+        ms[i] = st_bench_median(specr[i], reps);
+        mr[i] = st_bench_median(ratio[i], reps);
+    }
+    out->plain = st_bench_median(mp, pr->n);
+    out->spec = st_bench_median(ms, pr->n);
+    out->ratio = st_bench_median(mr, pr->n);
+    if (out->steps) {
+        out->tau = (double)emitted / (double)out->steps;
+        out->mean_k = (double)ksum / (double)out->steps;
+        out->mean_s = (double)ssum / (double)out->steps;
+    }
     return 0;
 }
 
@@ -59,14 +88,15 @@ static void report(int json, const char *model_path, const char *name, const cha
     if (json)
         printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"shape\": \"%s\", \"gen_tokens\": %ld, "
                "\"plain_tok_s\": %.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, "
-               "\"spec_steps\": %lld, \"plain_steps\": %lld, \"reps\": %d}\n",
+               "\"spec_steps\": %lld, \"plain_steps\": %lld, \"mean_topk\": %.2f, "
+               "\"mean_steps\": %.2f, \"reps\": %d}\n",
                model_path, name, shape, n_gen, e->plain, e->spec, e->ratio, e->tau,
-               (long long)e->steps, (long long)e->plain_steps, reps);
+               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, reps);
     else
         printf("%-28s %-10s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
-               "(%lld speculative + %lld plain steps)\n",
+               "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f)\n",
                name, shape, e->plain, e->spec, e->ratio, e->tau, (long long)e->steps,
-               (long long)e->plain_steps);
+               (long long)e->plain_steps, e->mean_k, e->mean_s);
     fflush(stdout);
 }
 
@@ -77,12 +107,15 @@ static const char *help =
     "Plain vs speculative tokens/s in the same run for NGRAM, STANDALONE with the model as its\n"
     "own draft, STANDALONE with each --draft model and EAGLE or EAGLE3 (by the head's kind)\n"
     "with each --eagle head, all with\n"
-    "auto tree shapes (and fixed ones with --sweep). Greedy.\n"
-    "Each repetition runs plain and speculative back to back; the speed-up is the median of\n"
-    "the per-repetition ratios (robust to a machine whose speed drifts), tok/s are medians.\n"
+    "auto tree shapes (and fixed ones with --sweep). Greedy unless --temp.\n"
+    "Each repetition runs plain and speculative back to back for each prompt; a prompt's\n"
+    "speed-up is the median of its per-repetition ratios (robust to a machine whose speed\n"
+    "drifts), the result the median over the prompts; tok/s likewise.\n"
     "\n"
     "  -m, --model PATH   target model (default ../shared/models/stories260K.gguf)\n"
-    "  -p, --prompt TEXT  prompt (default \"Once upon a time\")\n"
+    "  -p, --prompt TEXT  prompt (default \"Once upon a time\"; repeatable, up to 16)\n"
+    "      --temp T       sampling temperature (default 0: greedy; otherwise the\n"
+    "                     sampler's defaults, seed 1234)\n"
     "  -n N               tokens per run (default 256)\n"
     "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
     "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
@@ -98,7 +131,9 @@ static const char *help =
     "      --json         one JSON object per drafter on stdout\n";
 
 int st_bench_e2e_main(int argc, char **argv) {
-    const char *model_path = "../shared/models/stories260K.gguf", *prompt = "Once upon a time";
+    const char *model_path = "../shared/models/stories260K.gguf", *ptext[MAX_PROMPTS];
+    int n_ptext = 0;
+    double temp = 0.0;
     const char *drafts[MAX_DRAFTS];
     int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0,
         topk = 0, nsteps = 0, no_ngram = 0, sweep = 0;
@@ -117,6 +152,7 @@ int st_bench_e2e_main(int argc, char **argv) {
                                        {"eagle", required_argument, 0, 'E'},
                                        {"no-ngram", no_argument, 0, 'N'},
                                        {"sweep", no_argument, 0, 'W'},
+                                       {"temp", required_argument, 0, 'T'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -127,7 +163,14 @@ int st_bench_e2e_main(int argc, char **argv) {
             model_path = optarg;
             break;
         case 'p':
-            prompt = optarg;
+            if (n_ptext == MAX_PROMPTS) {
+                fprintf(stderr, "spectree-bench e2e: at most %d prompts\n", MAX_PROMPTS);
+                return 2;
+            }
+            ptext[n_ptext++] = optarg;
+            break;
+        case 'T':
+            temp = atof(optarg);
             break;
         case 'n':
             n_gen = strtol(optarg, NULL, 10);
@@ -191,13 +234,15 @@ int st_bench_e2e_main(int argc, char **argv) {
         }
     }
     if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0 || topk < 0 ||
-        topk > ST_SPEC_MAX_K || nsteps < 0 || nsteps > ST_SPEC_MAX_S) {
+        topk > ST_SPEC_MAX_K || nsteps < 0 || nsteps > ST_SPEC_MAX_S || !(temp >= 0.0)) {
         fprintf(stderr,
                 "spectree-bench e2e: -n must be 1..100000, --reps 1..%d, --topk 0..%d, --steps "
-                "0..%d\n",
+                "0..%d, --temp >= 0\n",
                 MAX_REPS, ST_SPEC_MAX_K, ST_SPEC_MAX_S);
         return 2;
     }
+    if (n_ptext == 0)
+        ptext[n_ptext++] = "Once upon a time";
     st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
     int rc = 1;
     if (st_model_load(model_path, &m) != ST_OK) {
@@ -211,15 +256,18 @@ int st_bench_e2e_main(int argc, char **argv) {
             goto done;
         }
     const st_tokenizer *tok = st_model_tokenizer(m);
-    int32_t ids[512];
-    int64_t n_ids = 0;
-    if (st_tokenize(tok, prompt, strlen(prompt), st_tokenizer_add_bos_default(tok), ids, 512,
-                    &n_ids) != ST_OK ||
-        n_ids < 1) {
-        fprintf(stderr, "spectree-bench: prompt: %s\n", st_last_error());
-        goto done;
-    }
-    st_sampler_params sp = {.temp = 0.0f};
+    static prompts pr;
+    pr.n = n_ptext;
+    for (int i = 0; i < n_ptext; i++)
+        if (st_tokenize(tok, ptext[i], strlen(ptext[i]), st_tokenizer_add_bos_default(tok),
+                        pr.ids[i], 512, &pr.n_ids[i]) != ST_OK ||
+            pr.n_ids[i] < 1) {
+            fprintf(stderr, "spectree-bench: prompt %d: %s\n", i + 1, st_last_error());
+            goto done;
+        }
+    st_sampler_params sp = st_sampler_default_params();
+    sp.temp = (float)temp;
+    sp.seed = 1234;
     /* configurations: 0 NGRAM, 1 self-draft, 2.. the --draft models */
     int n_cfg = 2 + n_drafts;
     for (int cfg = 0; cfg < n_cfg; cfg++) {
@@ -250,7 +298,7 @@ int st_bench_e2e_main(int argc, char **argv) {
         gp_spec = gp_plain;
         gp_spec.spec = spec;
         e2e_result e;
-        if (measure(m, ids, n_ids, &gp_plain, &gp_spec, reps, &e))
+        if (measure(m, &pr, &gp_plain, &gp_spec, reps, &e))
             goto done;
         report(json, model_path, name, topk || nsteps ? "given" : "auto", n_gen, reps, &e);
         if (!sweep)
@@ -266,7 +314,7 @@ int st_bench_e2e_main(int argc, char **argv) {
             snprintf(shape, sizeof shape, "%d/%d/%d", sweep_shapes[k][0], sweep_shapes[k][1],
                      sweep_shapes[k][2]);
             e2e_result f;
-            if (measure(m, ids, n_ids, &gp_plain, &gp_spec, reps, &f))
+            if (measure(m, &pr, &gp_plain, &gp_spec, reps, &f))
                 goto done;
             report(json, model_path, name, shape, n_gen, reps, &f);
             if (f.ratio > best) {

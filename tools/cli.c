@@ -643,14 +643,17 @@ static int cmd_generate(int argc, char **argv) {
                 "(ids past its vocabulary), printed as U+FFFD\n",
                 pr.n_textless);
     if (o.spec.algo != ST_SPEC_NONE) {
-        const double mean_tree = gs.spec_steps ? (double)gs.tree_tokens / gs.spec_steps : 0.0;
+        const double ns = gs.spec_steps ? (double)gs.spec_steps : 1.0;
         fprintf(stderr,
-                "speculative: %s, %sK=%d S=%d N=%d (mean tree %.1f tokens), %s attention: %" PRId64
-                " speculative steps (+%" PRId64 " plain), tau %.2f tokens/step; draft %.1f ms, "
-                "verify %.1f ms, overhead %.1f ms\n",
+                "speculative: %s, %sK=%d S=%d N=%d (mean pool K %.1f S %.1f, mean tree %.1f "
+                "tokens), %s attention: %" PRId64 " speculative steps (+%" PRId64
+                " plain), tau %.2f tokens/step; draft %.1f ms, verify %.1f ms, overhead %.1f "
+                "ms\n",
                 st_spec_algo_name(o.spec.algo), gs.auto_shape ? "auto, " : "", gs.topk,
-                gs.num_steps, gs.num_draft_tokens, mean_tree, st_attn_backend_name(o.spec.backend),
-                gs.spec_steps, gs.plain_steps, gs.tau, gs.draft_ms, gs.verify_ms, gs.overhead_ms);
+                gs.num_steps, gs.num_draft_tokens, (double)gs.topk_sum / ns,
+                (double)gs.steps_sum / ns, (double)gs.tree_tokens / ns,
+                st_attn_backend_name(o.spec.backend), gs.spec_steps, gs.plain_steps, gs.tau,
+                gs.draft_ms, gs.verify_ms, gs.overhead_ms);
         fprintf(stderr, "accepted drafts per step:");
         for (int k = 0; k <= gs.num_steps && k < 65; k++)
             fprintf(stderr, " %d:%" PRId64, k, gs.accept_hist[k]);

@@ -273,8 +273,15 @@ void st_mmap_close(st_mmap *m) {
 }
 
 double st_time_now(void) {
+    /* ST_CLOCK=cpu: the process's CPU time (-1: not read yet; a benign race sets the same value) */
+    static _Atomic int cpu = -1;
+    int c = atomic_load_explicit(&cpu, memory_order_relaxed);
+    if (c < 0) {
+        c = st_env_get().cpu_clock;
+        atomic_store_explicit(&cpu, c, memory_order_relaxed);
+    }
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(c ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

@@ -153,6 +153,7 @@ typedef struct st_env {
     st_env_kernels kernels;
     int pack;          /* 0 when ST_PACK=0 */
     st_load_mode load; /* ST_LOAD=mmap|copy: MMAP or COPY, else AUTO */
+    int cpu_clock;     /* 1 when ST_CLOCK=cpu */
 } st_env;
 st_env st_env_get(void);
 

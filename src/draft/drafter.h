@@ -30,8 +30,12 @@ struct st_drafter {
     void (*free)(st_drafter *d);
     double ms;     /* time spent drafting, accumulated by the drafter */
     int64_t evals; /* tokens the drafter's model evaluated (0 for model-free drafters) */
-    int32_t conf;  /* confidence class of the last proposal, 0..15 (the auto controller
-                    * calibrates acceptance per class; model drafters leave it 0) */
+    /* the last proposal's seconds catching up on the committed tokens (level 0 included) and
+     * in its level passes (model drafters; the auto controller plans with them) */
+    double catch_s, levels_s;
+    int64_t catch_rows; /* ... and the rows that catch-up evaluated */
+    int32_t conf;       /* confidence class of the last proposal, 0..15 (the auto controller
+                         * calibrates acceptance per class; model drafters leave it 0) */
 };
 
 /* EAGLE-2 expansion of draft level `level` >= 1 (its K*K candidates start at

@@ -83,24 +83,6 @@ static void topk_probs(const float *lg, int32_t V, int64_t k, float *probs, int3
     }
 }
 
-/* Evaluates committed tokens hist[valid, upto) causally in the draft session. */
-static st_status catch_up(mdraft *g, const int32_t *hist, int32_t upto) {
-    st_session *s = g->s;
-    if (g->valid > upto)
-        g->valid = upto;
-    st_status tr = st_session_seq_truncate(s, 0, g->valid);
-    if (tr)
-        return tr;
-    if (upto > g->valid) {
-        st_status st = st_session_eval(s, 0, hist + g->valid, upto - g->valid, NULL, 0);
-        if (st)
-            return st;
-        g->base.evals += upto - g->valid;
-    }
-    g->valid = upto;
-    return ST_OK;
-}
-
 /* EAGLE: evaluates head rows [start, L) (row t: token hist[t+1] with the target's state f_t),
  * up to nb per forward pass, from the first row not yet valid (at least row L-1, whose logits
  * are level 0's). The root's output h becomes the input feature of every level-1 node. */
@@ -134,6 +116,7 @@ static st_status eagle_catch_up(mdraft *g, const int32_t *hist, int32_t L, int64
         last = c - 1;
     }
     g->base.evals += L - start;
+    g->base.catch_rows = L - start;
     g->valid = L;
     const float *h = st_session_state(g->s, last);
     for (int64_t k = 0; k < K; k++)
@@ -141,14 +124,17 @@ static st_status eagle_catch_up(mdraft *g, const int32_t *hist, int32_t L, int64
     return ST_OK;
 }
 
-/* STANDALONE: evaluates the committed tokens hist[valid, L) causally, then the root at row L
- * (committed next step, so it stays valid), whose logits are level 0's. */
+/* STANDALONE: evaluates the committed tokens hist[valid, L] causally in one pass, the root at
+ * row L last (committed next step, so it stays valid): its logits are level 0's. */
 static st_status standalone_catch_up(mdraft *g, const int32_t *hist, int32_t L) {
-    st_status st = catch_up(g, hist, L);
-    if (st || (st = st_session_eval(g->s, 0, &hist[L], 1, g->logits, 1)))
+    if (g->valid > L)
+        g->valid = L;
+    st_status st = st_session_seq_truncate(g->s, 0, g->valid);
+    if (st || (st = st_session_eval(g->s, 0, hist + g->valid, L + 1 - g->valid, g->logits, 1)))
         return st;
+    g->base.evals += L + 1 - g->valid;
+    g->base.catch_rows = L + 1 - g->valid;
     g->valid = L + 1;
-    g->base.evals += 1;
     return ST_OK;
 }
 
@@ -187,12 +173,15 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         return st_fail(ST_ERR_RANGE, "%s: context full", what);
     if (g->eagle && L < 1) { /* no target state yet: nothing to draft from */
         no_drafts(g, K, S, scores, tokens, level_parents);
+        d->catch_s = d->levels_s = 0.0;
         *n_real = 0;
         return ST_OK;
     }
     st_status st = g->eagle ? eagle_catch_up(g, hist, L, K) : standalone_catch_up(g, hist, L);
     if (st)
         return st;
+    const double t1 = st_time_now();
+    d->catch_s = t1 - t0;
     d->evals += K * (S - 1);
     int64_t M = st_tree_n_candidates(K, S);
     for (int64_t i = 0; i < M; i++) {
@@ -273,7 +262,9 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         lp += K;
     }
     *n_real = M;
-    d->ms += (st_time_now() - t0) * 1e3;
+    const double t2 = st_time_now();
+    d->levels_s = t2 - t1;
+    d->ms += (t2 - t0) * 1e3;
     return ST_OK;
 }
 

@@ -16,14 +16,39 @@ enum {
     CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
     CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
     CTL_PLAIN_EVERY = 64,   /* under auto, a plain step at least this often keeps t1 fresh */
+    CTL_PROBE_EVERY = 32,   /* a model drafter that does not pay probes at most this often */
+    CTL_PROBE_ROWS = 16,    /* rows of the catch-up that measures a row's cost */
+    CTL_FIRST = 4,          /* a model drafter's first proposals, whatever the plan */
+    CTL_EXPLORE_EVERY = 8,  /* one plan in this many tries a shape next to the best */
+    CTL_REPLAN = 4,         /* steps a plan is kept */
+    CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
+    CTL_QK = ST_SPEC_MAX_K,
     CTL_PROP_SKIP_MAX = 16, /* proposals that do not pay: at least one step in this many */
 };
 
 /* Proposals that keep not paying may cost this share of the steps' time. */
 #define CTL_PROP_SHARE 0.02
+
 /* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
 #define CTL_PRIOR_SCALE 0.6
 #define CTL_PRIOR_WEIGHT 2.0
+/* Prior of an unseen depth/rank cell: the cell above (d-1, same rank 0) for rank 0 (0.5 at
+ * depth 1), this fraction of the cell beside it (rank r-1) for others; worth this many
+ * observations. An unmeasured level pass of K nodes costs that of k < K nodes times
+ * (1 + CTL_LEVEL_SLOPE * (K - k)). A plan must promise this much to draft. */
+#define CTL_Q_PRIOR_RANK 0.15
+#define CTL_Q_PRIOR_WEIGHT 2.0
+#define CTL_LEVEL_SLOPE 0.1
+#define CTL_PLAN_MIN_GAIN 1.02
+#define CTL_PROBE_BUDGET 0.02
+#define CTL_PROBE_MIN_GAIN 0.8 /* probes are for drafters predicted near paying */
+/* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
+ * that pool), the prediction worth CTL_RZ_PRIOR steps. */
+#define CTL_RZ_DECAY 0.9
+#define CTL_RZ_PRIOR 2.0
+/* ... and its weight fades by this per step since its last update (old measurements, made
+ * when the machine was busier or the text different, give way to the prediction) */
+#define CTL_RZ_FADE 0.97
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
@@ -36,21 +61,45 @@ typedef struct shadow {
 
 struct st_ctl {
     int32_t bs, N;
-    int64_t K, Mmax;
-    int autotune; /* 0: a fixed shape, verified as drafted (no ranking, timing or back-off) */
+    int64_t K, S, Mmax;
+    int autotune; /* 0: a fixed shape, verified as drafted (no ranking, timing or planning) */
     /* drafting policy of a drafter that costs time before the choice (a draft model) */
     int model_drafter;
-    int64_t step, last_plain; /* steps so far; the last plain step */
+    int off;                     /* never draft (a draft model too dear to pay) */
+    int k_auto, s_auto;          /* the planner chooses K / S (a model drafter under auto) */
+    int64_t step, last_plain;    /* steps so far; the last plain step */
+    int64_t last_draft, planned; /* the last drafted step; plans made so far */
     /* drafting that does not pay: per batch size, drafted steps in a row whose choice was
-     * plain; the last drafted step; the share of a drafted step's time spent before the choice
-     * (proposing and ranking; a moving average) */
+     * plain; the share of a drafted step's time spent before the choice (proposing and
+     * ranking; a moving average) */
     int32_t idle[ST_GEN_MAX_BATCH + 1];
-    int64_t last_draft, prop_n;
+    int64_t prop_n;
     double prop_frac;
-    int64_t off_until, backoff;       /* no drafting before step off_until; next pause */
-    int32_t failed_probes, win_steps; /* losing windows in a row; drafted steps this window */
-    double win_benefit;               /* seconds gained by this window's drafted steps */
-    void *mem;                        /* the one allocation of the arrays below */
+    int64_t plan_step; /* when the last plan was made */
+    int probing;       /* the proposal under way is a probe */
+    int64_t dk, ds;    /* the pool drafted this step */
+    /* realized speed-up of each planned pool: decayed sums of emitted tokens, of the steps'
+     * times in plain-token times, and of the steps */
+    double rz_tok[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    double rz_cost[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    double rz_w[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    int64_t rz_step[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1]; /* the step of its last update */
+    /* draft costs in plain-token times (ratios to t1 when measured, like the verify costs:
+     * a machine that slows down slows both) */
+    double probe_spent; /* what the probes have cost so far */
+    double c_row;       /* a caught-up row (catch-ups of >= 16 rows) */
+    int64_t c_row_n;
+    int64_t pk, ps; /* the last plan: pool, tree size, predicted speed-up */
+    int32_t pn;
+    double pgain;
+    double q_seen[CTL_QD][CTL_QK]; /* depth x sibling rank: nodes whose parent was accepted */
+    double q_acc[CTL_QD][CTL_QK];  /* ... and those accepted among them */
+    int draft_seen;                /* a first (unmeasured) proposal was made */
+    double c_catch;                /* a catch-up (moving average) */
+    int64_t c_catch_n;
+    double c_level[ST_SPEC_MAX_K + 1]; /* a level pass of K nodes */
+    int64_t c_level_n[ST_SPEC_MAX_K + 1];
+    void *mem; /* the one allocation of the arrays below */
     double seen[CTL_NB], acc[CTL_NB];
     /* this step's ranking, per active slot: candidate of each ranked node, its bucket, depth,
      * parent (ranked index, -1 the root, -2 none), estimated path acceptance; E[m]: expected
@@ -60,13 +109,14 @@ struct st_ctl {
     int32_t *depth;  /* (bs, N-1) */
     int32_t *par;    /* (bs, N-1) */
     int32_t *tok;    /* (bs, N-1) */
+    int32_t *rank;   /* (bs, N-1) the node's rank among its parent's children */
     double *E;       /* (bs, N+1) */
     int32_t *avail;  /* (bs) */
     int32_t *map;    /* (Mmax) candidate -> ranked index, -1 */
     int64_t *fin;    /* (Mmax) finite candidates */
     /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
     shadow *sh;
-    int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth;
+    int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth, *sh_rank;
     /* timing: t1 over every plain step; t1b[na] over those of na sequences (a batch's plain
      * step costs less per token than one sequence's: the weights are read once for all) */
     double t1;
@@ -96,6 +146,7 @@ static void ctl_layout(st_ctl *c, st_plan *p) {
     c->depth = st_plan_take(p, R, sizeof *c->depth);
     c->par = st_plan_take(p, R, sizeof *c->par);
     c->tok = st_plan_take(p, R, sizeof *c->tok);
+    c->rank = st_plan_take(p, R, sizeof *c->rank);
     c->E = st_plan_take(p, (size_t)c->bs * (size_t)(c->N + 1), sizeof *c->E);
     c->avail = st_plan_take(p, (size_t)c->bs, sizeof *c->avail);
     c->map = st_plan_take(p, M, sizeof *c->map);
@@ -105,6 +156,7 @@ static void ctl_layout(st_ctl *c, st_plan *p) {
     c->sh_tok = st_plan_take(p, SR, sizeof *c->sh_tok);
     c->sh_bucket = st_plan_take(p, SR, sizeof *c->sh_bucket);
     c->sh_depth = st_plan_take(p, SR, sizeof *c->sh_depth);
+    c->sh_rank = st_plan_take(p, SR, sizeof *c->sh_rank);
     c->tv = st_plan_take(p, T1, sizeof *c->tv);
     c->tv_n = st_plan_take(p, T1, sizeof *c->tv_n);
     c->tv_seen = st_plan_take(p, T1, sizeof *c->tv_seen);
@@ -123,14 +175,15 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     c->bs = bs;
     c->N = N;
     c->K = K;
+    c->S = S;
     c->autotune = autotune;
     c->model_drafter = draft_weight_ratio > 0.0;
-    c->backoff = 16;
+    c->pk = K, c->ps = S;
     /* A draft model reading more than half the target's weight bytes per token cannot pay for
      * its drafts (its tokens cost more than half a target token; the self-draft costs one):
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
     if (autotune && draft_weight_ratio > 0.5)
-        c->off_until = INT64_MAX;
+        c->off = 1;
     c->Mmax = st_tree_n_candidates(K, S);
     c->Tmax = (int64_t)bs * N;
     st_plan pl = {0};
@@ -146,9 +199,22 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     return ST_OK;
 }
 
-int st_ctl_want_draft(const st_ctl *c, int32_t na) {
+void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto) {
+    c->k_auto = c->autotune && c->model_drafter && k_auto;
+    c->s_auto = c->autotune && c->model_drafter && s_auto;
+}
+
+static void plan(st_ctl *c, int32_t na);
+static double level_cost(const st_ctl *c, int64_t K);
+
+int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
+    *K = c->K;
+    *S = c->S;
     if (!c->autotune)
         return 1;
+    /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh */
+    if (c->off || c->step - c->last_plain >= CTL_PLAIN_EVERY)
+        return 0;
     /* Proposals that keep ending in a plain step at this batch size are sampled, one step in
      * k, k chosen so that they cost about CTL_PROP_SHARE of the steps' time (k = 1 where
      * proposing is cheap beside the forward: a large model); the proposals still calibrate the
@@ -156,13 +222,49 @@ int st_ctl_want_draft(const st_ctl *c, int32_t na) {
     if (na >= 1 && na <= ST_GEN_MAX_BATCH && c->idle[na] >= 2) {
         double k = ceil(c->prop_frac / CTL_PROP_SHARE);
         k = k < 1.0 ? 1.0 : k > CTL_PROP_SKIP_MAX ? CTL_PROP_SKIP_MAX : k;
-        if ((double)(c->step - c->last_draft) < k)
+        if ((double)(c->step - c->last_draft + 1) < k)
             return 0;
     }
-    /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh; a model drafter only drafts
-     * once that time is known (its drafts cost time before they can be judged) */
-    return c->step >= c->off_until && c->step - c->last_plain < CTL_PLAIN_EVERY &&
-           !(c->model_drafter && c->t1 <= 0.0);
+    if (!c->model_drafter)
+        return 1;
+    /* a model drafter only drafts once t1 is known (its drafts cost time before they can be
+     * judged); its first CTL_FIRST proposals (chains of at most 4, in a row) measure what
+     * drafting costs and start the calibration */
+    if (c->t1_n == 0)
+        return 0;
+    c->probing = 0;
+    if (c->c_catch_n < CTL_FIRST - 1) { /* (the first, cold proposal is not measured) */
+        c->dk = *K = c->k_auto ? 1 : c->K;
+        c->ds = *S = c->s_auto && c->S > 4 ? 4 : c->S;
+        c->probing = 1;
+        return 1;
+    }
+    /* the plan is renewed every CTL_REPLAN steps (its inputs move slowly), every 4 times as
+     * many while no shape pays (only t1 moves then) */
+    if (c->pn == 0 ||
+        c->step - c->plan_step >= (c->pgain >= CTL_PLAN_MIN_GAIN ? 1 : 4) * CTL_REPLAN) {
+        c->plan_step = c->step;
+        plan(c, na);
+    }
+    *K = c->dk = c->pk, *S = c->ds = c->ps;
+    if (c->pgain >= CTL_PLAN_MIN_GAIN)
+        return 1;
+    /* No shape pays. A probe now and then keeps the calibration following the text, within a
+     * budget: all probes together cost at most CTL_PROBE_BUDGET of the plain decoding time so
+     * far. A probe first catches up on every token since the last draft, so a drafter whose
+     * rows cost more than the budget's share of a token (a head as wide as a small target)
+     * is not probed again. The first probe, CTL_PROBE_ROWS steps after the last draft,
+     * measures what a caught-up row costs. A drafter predicted far from paying (below
+     * CTL_PROBE_MIN_GAIN) is not probed. */
+    const int64_t since = c->step - c->last_draft;
+    if (c->pgain < CTL_PROBE_MIN_GAIN || since < (c->c_row_n ? CTL_PROBE_EVERY : CTL_PROBE_ROWS))
+        return 0;
+    const double cost =
+        (double)since * c->c_row + c->c_catch + (double)(c->ps - 1) * level_cost(c, c->pk);
+    if (c->c_row_n && c->probe_spent + cost > CTL_PROBE_BUDGET * (double)c->step)
+        return 0;
+    c->probing = 1;
+    return 1;
 }
 
 /* st_tree_organize's order (st_ranks_before). */
@@ -172,6 +274,157 @@ static int ranks_before(const float *score, int64_t a, int64_t b) {
 
 static int32_t score_bin(float s) {
     return s >= 0.8f ? 0 : s >= 0.5f ? 1 : s >= 0.25f ? 2 : s >= 0.1f ? 3 : 4;
+}
+
+/* The depth x rank acceptance table q[(d-1) * CTL_QK + r] for d <= S, r < K, with priors. */
+static void q_table(const st_ctl *c, int64_t K, int64_t S, double *q) {
+    for (int64_t d = 0; d < S; d++)
+        for (int64_t r = 0; r < K; r++) {
+            const double prior = r > 0   ? CTL_Q_PRIOR_RANK * q[d * CTL_QK + r - 1]
+                                 : d > 0 ? q[(d - 1) * CTL_QK]
+                                         : 0.5;
+            q[d * CTL_QK + r] = (c->q_acc[d][r] + CTL_Q_PRIOR_WEIGHT * prior) /
+                                (c->q_seen[d][r] + CTL_Q_PRIOR_WEIGHT);
+        }
+}
+
+/* Inserts v into the descending list top[0..*n) of at most cap values. */
+static void top_insert(double *top, int32_t *n, int32_t cap, double v) {
+    if (cap < 1 || (*n == cap && v <= top[cap - 1]))
+        return;
+    int32_t i = *n < cap ? (*n)++ : cap - 1;
+    for (; i > 0 && top[i - 1] < v; i--)
+        top[i] = top[i - 1];
+    top[i] = v;
+}
+
+/* st_ctl_tree_expect for every S in 1..S at once (the levels of a deeper pool extend a
+ * shallower one's): row s-1 of E ((S, nmax + 1)) is pool (K, s)'s. */
+static void tree_expect_levels(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax,
+                               double *E) {
+    /* EAGLE-2's tree under the model: level 1 holds the root's K children; each next level the
+     * K children of each of the K most likely nodes of the level before; the tree keeps the
+     * n-1 most likely nodes of all levels (each node's ancestors are more likely than it) */
+    double top[ST_SPEC_MAX_N], lvl[ST_SPEC_MAX_K], nxt[ST_SPEC_MAX_K];
+    int32_t nt = 0, nl = 0;
+    const int32_t cap = nmax - 1 < ST_SPEC_MAX_N ? nmax - 1 : ST_SPEC_MAX_N;
+    for (int64_t d = 0; d < S; d++) {
+        if (d == 0) {
+            for (int64_t r = 0; r < K; r++) {
+                top_insert(top, &nt, cap, q[r]);
+                top_insert(lvl, &nl, (int32_t)K, q[r]);
+            }
+        } else {
+            int32_t nn = 0;
+            for (int32_t p = 0; p < nl; p++)
+                for (int64_t r = 0; r < K; r++) {
+                    const double v = lvl[p] * q[d * qk + r];
+                    top_insert(top, &nt, cap, v);
+                    top_insert(nxt, &nn, (int32_t)K, v);
+                }
+            memcpy(lvl, nxt, (size_t)nn * sizeof *lvl);
+            nl = nn;
+        }
+        double *e = E + d * (nmax + 1);
+        e[0] = 0.0;
+        for (int32_t n = 1; n <= nmax; n++)
+            e[n] = e[n - 1] + (n >= 2 && n - 2 < nt ? top[n - 2] : 0.0);
+    }
+}
+
+void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax,
+                        double *E) {
+    double all[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)];
+    tree_expect_levels(q, qk, K, S, nmax, all);
+    memcpy(E, all + (S - 1) * (nmax + 1), (size_t)(nmax + 1) * sizeof *E);
+}
+
+static double est_ratio(const st_ctl *c, int64_t T);
+
+/* Seconds of a level pass of K nodes: measured, else from the nearest measured smaller (or
+ * larger) pool, else a catch-up's. */
+static double level_cost(const st_ctl *c, int64_t K) {
+    if (c->c_level_n[K] > 0)
+        return c->c_level[K];
+    for (int64_t k = K - 1; k >= 1; k--)
+        if (c->c_level_n[k] > 0)
+            return c->c_level[k] * (1.0 + CTL_LEVEL_SLOPE * (double)(K - k));
+    for (int64_t k = K + 1; k <= ST_SPEC_MAX_K; k++)
+        if (c->c_level_n[k] > 0)
+            return c->c_level[k] / (1.0 + CTL_LEVEL_SLOPE * (double)(k - K));
+    return c->c_catch;
+}
+
+/* The best (K, S, N) for na sequences by predicted speed-up (into pk, ps, pn, pgain).
+ * Every CTL_EXPLORE_EVERY-th planned draft, a shape one step deeper or wider than the best is
+ * drafted instead when its prediction comes within 15% (its costs and deeper or wider cells
+ * are measured only by drafting it). */
+static void plan(st_ctl *c, int32_t na) {
+    double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)], ratio[ST_SPEC_MAX_N + 1];
+    q_table(c, c->K, c->S, q);
+    for (int32_t n = 2; n <= c->N; n++)
+        ratio[n] = est_ratio(c, (int64_t)na * n);
+    const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
+    const int32_t nmax = c->N;
+    double best = -1.0, alt = -1.0;
+    int64_t bk = c->K, bs = c->S, ak = 0, as = 0;
+    int32_t bn = 2, an = 2;
+    const int try_alt = ++c->planned % CTL_EXPLORE_EVERY == 0;
+    for (int64_t K = k_lo; K <= c->K; K++) {
+        tree_expect_levels(q, CTL_QK, K, c->S, nmax, E);
+        const double lc = level_cost(c, K);
+        for (int64_t S = s_lo; S <= c->S; S++) {
+            /* pass 1: the shapes one level deeper or one candidate wider than the best */
+            const int64_t M = st_tree_n_candidates(K, S);
+            const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
+            const double *e = E + (S - 1) * (nmax + 1);
+            const double draft = (double)na * (c->c_catch + (double)(S - 1) * lc);
+            double gm = -1.0;
+            int32_t nb = 2;
+            for (int32_t n = 2; n <= nm; n++) {
+                const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
+                if (g > gm)
+                    gm = g, nb = n;
+            }
+            /* the pool's realized speed-up, where it was drafted, corrects the prediction */
+            const double w =
+                c->rz_w[K][S] > 0.0
+                    ? c->rz_w[K][S] * pow(CTL_RZ_FADE, (double)(c->step - c->rz_step[K][S]))
+                    : 0.0;
+            if (w > 0.0 && c->rz_cost[K][S] > 0.0)
+                gm = (c->rz_tok[K][S] / c->rz_cost[K][S] * w + gm * CTL_RZ_PRIOR) /
+                     (w + CTL_RZ_PRIOR);
+            if (gm > best)
+                best = gm, bk = K, bs = S, bn = nb;
+        }
+    }
+    c->pgain = best; /* whether to draft follows the best shape */
+    c->pk = bk, c->ps = bs, c->pn = bn;
+    if (!try_alt || best < CTL_PLAN_MIN_GAIN)
+        return;
+    for (int w = 0; w < 2; w++) { /* one level deeper, one candidate wider */
+        const int64_t K = bk + w, S = bs + 1 - w;
+        if (K > c->K || S > c->S || (w && !c->k_auto) || (!w && !c->s_auto))
+            continue;
+        tree_expect_levels(q, CTL_QK, K, S, nmax, E);
+        const int64_t M = st_tree_n_candidates(K, S);
+        const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
+        const double *e = E + (S - 1) * (nmax + 1);
+        const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
+        for (int32_t n = 2; n <= nm; n++) {
+            const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
+            if (g > alt)
+                alt = g, ak = K, as = S, an = n;
+        }
+    }
+    if (alt > 0.85 * best) {
+        c->pk = ak, c->ps = as, c->pn = an;
+        c->plan_step -= CTL_REPLAN - 1; /* for one step only */
+    }
+}
+
+void st_ctl_last_plan(const st_ctl *c, int64_t *K, int64_t *S, int32_t *N, double *gain) {
+    *K = c->pk, *S = c->ps, *N = c->pn, *gain = c->pgain;
 }
 
 static double bucket_p(const st_ctl *c, int32_t b, float score) {
@@ -206,6 +459,7 @@ static void add_shadow(st_ctl *c, int32_t a, int32_t b, int64_t n_hist) {
         c->sh_tok[o + j] = c->tok[s + j];
         c->sh_bucket[o + j] = c->bucket[s + j];
         c->sh_depth[o + j] = c->depth[s + j];
+        c->sh_rank[o + j] = c->rank[s + j];
         r->maxd = c->depth[s + j] > r->maxd ? c->depth[s + j] : r->maxd;
     }
 }
@@ -238,16 +492,18 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
         int64_t cand = c->fin[bi];
         c->fin[bi] = c->fin[cnt];
         c->fin[cnt] = cand;
-        int32_t d, parent;
+        int32_t d, parent, rank;
         if (cand < K) {
             d = 1;
             parent = -1;
+            rank = (int32_t)cand;
         } else {
             const int64_t lvl = st_tree_candidate_level(K, cand);
             const int64_t q = cand - st_tree_level_base(K, lvl);
             const int64_t pc = level_parents[1 + (lvl - 1) * K + q / K];
             d = (int32_t)lvl + 1;
             parent = pc >= 0 && pc < c->Mmax && c->map[pc] >= 0 ? c->map[pc] : -2;
+            rank = (int32_t)(q % K);
         }
         c->map[cand] = cnt;
         const int32_t bk = (conf * CTL_DEPTHS + (d > CTL_DEPTHS ? CTL_DEPTHS : d) - 1) * CTL_BINS +
@@ -257,6 +513,7 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
         c->depth[s0 + cnt] = d;
         c->par[s0 + cnt] = parent;
         c->tok[s0 + cnt] = tokens[cand];
+        c->rank[s0 + cnt] = rank;
         E[cnt + 2] = E[cnt + 1] + (parent == -2 ? 0.0 : bucket_p(c, bk, scores[cand]));
     }
     for (int32_t j = 0; j < cnt; j++)
@@ -316,6 +573,10 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         mmax = c->avail[a] + 1 > mmax ? c->avail[a] + 1 : mmax;
     if (mmax > c->N)
         mmax = c->N;
+    /* a model drafter's first proposals are verified whole: they measure the verify cost the
+     * plan needs (its prior is pessimistic, and a size never verified is never measured) */
+    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1)
+        return mmax;
     int32_t best = 1;
     double bg = 1.03; /* a speculative step must promise a clear gain */
     double g[ST_SPEC_MAX_N + 1];
@@ -368,10 +629,19 @@ static void track(double *v, int64_t n, double x) {
     *v += (n < 6 ? 1.0 / (double)(n + 1) : 0.15) * (x - *v);
 }
 
+/* A cost (a plain token, a catch-up, a level pass): the smallest of the first few
+ * measurements (a cold first step or a preempted one only adds time), then track's average. */
+static void track_cost(double *v, int64_t n, double x) {
+    if (n == 0 || (n < 3 && x < *v))
+        *v = x;
+    else if (n >= 3)
+        track(v, n, x);
+}
+
 void st_ctl_time_plain(st_ctl *c, double per_token) {
     if (!(per_token > 0.0))
         return;
-    track(&c->t1, c->t1_n, per_token);
+    track_cost(&c->t1, c->t1_n, per_token);
     c->t1_n++;
 }
 
@@ -406,6 +676,31 @@ void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
 
 double st_ctl_t1(const st_ctl *c) { return c->t1; }
 
+void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t rows,
+                       double levels_s) {
+    if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K || !(c->t1 > 0.0))
+        return;
+    catch_s /= c->t1; /* in plain-token times from here on */
+    levels_s /= c->t1;
+    if (c->probing)
+        c->probe_spent += catch_s + (levels_s > 0.0 ? levels_s : 0.0);
+    if (rows >= CTL_PROBE_ROWS) {
+        track_cost(&c->c_row, c->c_row_n, catch_s / (double)rows);
+        c->c_row_n++;
+    }
+    /* the first proposal runs cold (the head's weights and buffers touched for the first time,
+     * the whole prompt caught up): not measured; the next one (same shape) is */
+    if (!c->draft_seen) {
+        c->draft_seen = 1;
+        return;
+    }
+    track_cost(&c->c_catch, c->c_catch_n++, catch_s);
+    if (S > 1 && levels_s > 0.0) {
+        track_cost(&c->c_level[K], c->c_level_n[K], levels_s / (double)(S - 1));
+        c->c_level_n[K]++;
+    }
+}
+
 void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done) {
     if (!c->autotune || b < 0 || b >= c->bs)
         return;
@@ -426,21 +721,26 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
         for (int32_t j = 0; j < r->cnt && j < ST_SPEC_MAX_N; j++) {
             const int32_t p = c->sh_par[o + j];
             const int reach = p == -1 || (p >= 0 && p < j && ok[p]);
-            ok[j] = (uint8_t)(reach && hist[r->n0 + c->sh_depth[o + j] - 1] == c->sh_tok[o + j]);
+            const int32_t d = c->sh_depth[o + j], rk = c->sh_rank[o + j];
+            ok[j] = (uint8_t)(reach && hist[r->n0 + d - 1] == c->sh_tok[o + j]);
             c->seen[c->sh_bucket[o + j]] += 1.0;
             c->acc[c->sh_bucket[o + j]] += ok[j];
+            if (reach && d >= 1 && d <= CTL_QD && rk >= 0 && rk < CTL_QK) {
+                c->q_seen[d - 1][rk] += 1.0;
+                c->q_acc[d - 1][rk] += ok[j];
+            }
         }
         r->used = 0;
     }
 }
 
 void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
-                     double t_fwd, double draft_s_per_token) {
+                     double t_fwd) {
     c->step++;
     if (!c->autotune)
         return;
     if (drafted) {
-        c->last_draft = c->step - 1;
+        c->last_draft = c->step;
         if (na >= 1 && na <= ST_GEN_MAX_BATCH)
             c->idle[na] = n > 1 ? 0 : c->idle[na] + (c->idle[na] < INT32_MAX);
         if (t_step > 0.0) {
@@ -451,6 +751,19 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
             c->prop_n++;
         }
     }
+    /* a planned shape's realized speed-up: tokens per plain-token time of its steps (decayed
+     * sums; a step counts at most 1.5 times the shape's mean step) */
+    if (drafted && c->model_drafter && !c->probing && c->t1 > 0.0 && t_step > 0.0) {
+        const int64_t K = c->dk, S = c->ds;
+        double x = t_step / c->t1;
+        const double mean = c->rz_w[K][S] > 0.0 ? c->rz_cost[K][S] / c->rz_w[K][S] : 0.0;
+        if (c->rz_w[K][S] >= 3.0 && x > 1.5 * mean)
+            x = 1.5 * mean;
+        c->rz_tok[K][S] = CTL_RZ_DECAY * c->rz_tok[K][S] + (double)emitted;
+        c->rz_cost[K][S] = CTL_RZ_DECAY * c->rz_cost[K][S] + x;
+        c->rz_w[K][S] = CTL_RZ_DECAY * c->rz_w[K][S] + 1.0;
+        c->rz_step[K][S] = c->step;
+    }
     if (n == 1) {
         if (emitted > 0)
             st_ctl_time_plain_batch(c, na, t_fwd);
@@ -458,28 +771,4 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     } else {
         st_ctl_time_verify(c, (int64_t)na * n, t_fwd);
     }
-    if (!drafted || !c->model_drafter)
-        return;
-    /* A model drafter is judged by its realized gain over windows of 4 drafted steps: the
-     * plain time of the tokens a drafted step emitted minus the step's time. A losing window
-     * pauses drafting for a back-off that doubles with each failure (16 .. 512 steps; 4096
-     * after three in a row, since every probe first catches up on the tokens since the last);
-     * drafts that cost more than half a target token each can never pay: off for good. Each
-     * probe's proposals still calibrate the acceptance as shadows. */
-    c->win_benefit += (double)emitted * c->t1 - t_step;
-    const int hopeless = draft_s_per_token > 0.5 * c->t1;
-    ++c->win_steps;
-    if (!hopeless && c->win_steps < 4 && c->win_benefit >= -0.5 * c->t1)
-        return;
-    if (c->win_benefit >= 0.0 && !hopeless) {
-        c->backoff = 16;
-        c->failed_probes = 0;
-    } else {
-        c->off_until = hopeless ? INT64_MAX : c->step + c->backoff;
-        c->backoff = c->backoff * 2 < 512 ? c->backoff * 2 : 512;
-        if (++c->failed_probes >= 3 && c->off_until != INT64_MAX)
-            c->off_until = c->step + 4096;
-    }
-    c->win_benefit = 0.0;
-    c->win_steps = 0;
 }

@@ -17,9 +17,32 @@
  *   it was verified or not, so the calibration keeps learning while speculation is off.
  *
  * It also owns the drafting policy: when to draft at all (a plain step now and then to keep t1
- * fresh; a draft model only once t1 is known, paused while its realized gain is negative, never
- * one that reads more than half the target's weight bytes). With a fixed shape (all of K, S, N
- * given) it does none of this: every step drafts and verifies what was drafted, up to N.
+ * fresh; a draft model only once t1 is known, never one that reads more than half the target's
+ * weight bytes). With a fixed shape (all of K, S, N given) it does none of this: every step
+ * drafts and verifies what was drafted, up to N.
+ *
+ * A model drafter (STANDALONE, EAGLE) costs time before its drafts can be judged, so under
+ * `auto` the controller also plans each step's pool (K, S) before drafting (st_ctl_want_draft),
+ * maximizing the predicted speed-up
+ *
+ *   (1 + E(K, S, N)) * t1 / (draft(K, S) + t(N)),   draft(K, S) = c_catch + (S-1) * c_level(K)
+ *
+ * over K <= the pool's K, S <= its S and N <= its N:
+ * - E(K, S, N): the expected accepted nodes of the N-1 best nodes of an EAGLE-2 tree whose
+ *   node at depth d that is its parent's r-th most likely child is accepted, once its parent
+ *   is, with probability q(d, r); q is calibrated from the same shadows (per depth and sibling
+ *   rank), unseen cells taking their prior from the cell above or beside them.
+ * - c_catch, c_level(K): the drafter's measured time per step for catching up on the
+ *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages of
+ *   their ratios to t1 (as t(N)'s: a machine that slows down slows both).
+ * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
+ * steps) is blended into its prediction, so that what the model misses (costs it does not
+ * see, acceptance that depends on more than depth and rank) is learned per pool.
+ * When no shape pays, it decodes plainly and, if the best comes within 0.8x of plain, drafts a
+ * probe now and then (at most every 32 steps) so that the calibration follows the text, all
+ * probes together costing at most 2% of the plain decoding time (a probe first catches up on
+ * every token since the last draft; it is verified only if its drafts look worth it); now and
+ * then it drafts a shape next to the best to measure it.
  */
 #ifndef ST_CTL_H
 #define ST_CTL_H
@@ -34,10 +57,33 @@ typedef struct st_ctl st_ctl;
 st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotune,
                         double draft_weight_ratio, st_ctl **out);
 
-/* Whether this step of na sequences drafts at all (the engine also checks that the trees fit
- * the context). Under `auto`, proposals that keep ending in a plain step at this batch size are
- * made only one step in k, k such that they cost about 2% of the time (at most 16). */
-int st_ctl_want_draft(const st_ctl *c, int32_t na);
+/* The pool of a model drafter under `auto`: K and S are chosen each step (k_auto, s_auto: that
+ * dimension is free, else it stays the pool's). Drafters without a model keep their pool. */
+#define ST_CTL_AUTO_K 4
+#define ST_CTL_AUTO_S 8
+#define ST_CTL_AUTO_N 16
+void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto);
+
+/* Whether this step drafts at all for na active sequences (the engine also checks that the
+ * trees fit the context) and, if so, the pool (*K, *S) the drafters propose this step. Under
+ * `auto`, proposals that keep ending in a plain step at this batch size are made only one step
+ * in k, k such that they cost about 2% of the time (at most 16). */
+int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
+
+/* A model drafter's measured time for one proposal of pool (K, S): catch_s to catch up on the
+ * rows committed tokens since its last proposal (level 0 included), levels_s for its S-1
+ * level passes. */
+void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t rows,
+                       double levels_s);
+
+/* The expected accepted nodes E[n] (n = 0..nmax; E[0] = E[1] = 0) of the n-1 best nodes of an
+ * EAGLE-2 tree of pool (K, S) whose node at depth d (1-based), its parent's r-th child, is
+ * accepted given its parent with probability q[(d-1) * qk + r]. Exposed for the tests. */
+void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32_t nmax, double *E);
+
+/* The controller's current plan (K, S, N and its predicted speed-up; N = 0 before the first
+ * plan). Exposed for the tests. */
+void st_ctl_last_plan(const st_ctl *c, int64_t *K, int64_t *S, int32_t *N, double *gain);
 void st_ctl_free(st_ctl *c);
 
 /* Ranks the candidates of active slot a (sequence b, whose history has n_hist tokens) as
@@ -66,11 +112,10 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds);
 double st_ctl_t1(const st_ctl *c);
 
 /* The end of a step: drafted (the drafters proposed), n its tree size (1: plain), na sequences,
- * emitted tokens, t_step its seconds from before proposing, t_fwd from after the choice, and
- * the draft model's mean seconds per evaluated token so far (<= 0: none yet). Records the
- * timing and runs the draft model's back-off. */
+ * emitted tokens, t_step its seconds from before proposing, t_fwd from after the choice of n.
+ * Records the timing and, for a planned pool, its realized speed-up. */
 void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
-                     double t_fwd, double draft_s_per_token);
+                     double t_fwd);
 
 /* Scores sequence b's pending shadows against its history (call after tokens were appended);
  * done: the sequence has ended (pending shadows are dropped). */

@@ -51,21 +51,31 @@ st_gen_params st_gen_default_params(void) {
     return p;
 }
 
+/* Whether the controller chooses the tree (`auto`): some of K, S, N not given. */
+static int auto_shape(const st_spec_params *sp) {
+    return sp->topk == 0 || sp->num_steps == 0 || (sp->topk != 1 && sp->num_draft_tokens == 0);
+}
+
+/* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N): NGRAM's pool (2, 6),
+ * a model drafter's largest pool under auto (ST_CTL_AUTO_K, ST_CTL_AUTO_S; the controller
+ * plans each step's within it). */
 st_status st_gen_resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S, int32_t *N) {
     *K = sp->topk, *S = sp->num_steps, *N = sp->num_draft_tokens;
     if (*K < 0 || *S < 0 || *N < 0)
         return st_fail(ST_ERR_INVALID, "speculative tree: negative topk/steps/draft tokens");
+    const int model = sp->algo != ST_SPEC_NGRAM;
     if (*S == 0)
-        *S = sp->algo == ST_SPEC_NGRAM ? 6 : 4;
+        *S = model ? ST_CTL_AUTO_S : 6;
     if (*K == 0)
-        *K = sp->algo == ST_SPEC_NGRAM ? 2 : 1;
+        *K = model ? ST_CTL_AUTO_K : 2;
     if (*K > ST_SPEC_MAX_K || *S > ST_SPEC_MAX_S)
         return st_fail(ST_ERR_INVALID, "speculative tree: topk %d (max %d) or steps %d (max %d)",
                        *K, ST_SPEC_MAX_K, *S, ST_SPEC_MAX_S);
     if (*K == 1) {
         *N = *S + 1; /* a chain, as SGLang adjusts it */
     } else if (*N == 0) {
-        *N = *K * *S + 1 < 12 ? *K * *S + 1 : 12;
+        const int32_t cap = model && auto_shape(sp) ? ST_CTL_AUTO_N : 12;
+        *N = *K * *S + 1 < cap ? *K * *S + 1 : cap;
     }
     int64_t M = st_tree_n_candidates(*K, *S);
     if (*N < 2 || *N > ST_SPEC_MAX_N || *N - 1 > M)
@@ -188,8 +198,7 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     if (sp->algo == ST_SPEC_EAGLE3 &&
         (rc = st_session_set_capture(g->s, sp->draft_model->n_cap, sp->draft_model->cap_layer)))
         return rc;
-    const int autotune =
-        sp->topk == 0 || sp->num_steps == 0 || (sp->topk != 1 && sp->num_draft_tokens == 0);
+    const int autotune = auto_shape(sp);
     /* a model drafter's bytes read per token (an EAGLE head's include the target's output
      * layer) over the target's */
     const double wr =
@@ -200,6 +209,7 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     if ((rc = st_verify_mask_create(sp->backend, g->bs, N, (int64_t)g->bs * ps.n_ctx, &g->vm)) ||
         (rc = st_ctl_create(g->bs, K, S, N, autotune, wr, &g->ctl)))
         return rc;
+    st_ctl_auto_shape(g->ctl, sp->topk == 0, sp->num_steps == 0);
     return ST_OK;
 }
 

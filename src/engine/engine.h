@@ -41,6 +41,7 @@ typedef struct st_gen {
     st_drafter *dr[ST_GEN_MAX_BATCH]; /* one drafter per sequence (each keeps its state) */
     int32_t V, bs, K, S, N;           /* vocabulary, slots, the tree pool and largest tree */
     int64_t M, LPW, PW;               /* candidates, level_parents and parent_list widths */
+    int32_t Kt, St;                   /* this speculative step's pool (<= K, S: auto plans it) */
     st_gen_stats *stats;  /* totals over every sequence (spec_steps counts each sequence's) */
     double verify_s;      /* seconds in verify forwards and the logits they deferred */
     int64_t spec_emitted; /* tokens emitted by speculative steps (for tau) */
@@ -65,11 +66,11 @@ typedef struct st_gen {
     int32_t *drafts;                         /* (bs, N-1) */
     int32_t *tree_tokens, *positions, *pred; /* (bs, N) */
     int64_t *ri, *nt, *ns;                   /* (bs, N) */
-    int64_t *acc;                            /* (bs, S+1) accepted path: root, accepted nodes */
-    int64_t *n_acc;                          /* (bs) accepted drafts */
-    float *logits; /* (bs, V) a plain step's logits; one row per walked node in verify */
-    void *scratch; /* the sampler's */
-    void *mem;     /* the one allocation of every array above */
+    int64_t *acc;   /* (bs, S+1) accepted path: root, accepted nodes (rows of St+1 this step) */
+    int64_t *n_acc; /* (bs) accepted drafts */
+    float *logits;  /* (bs, V) a plain step's logits; one row per walked node in verify */
+    void *scratch;  /* the sampler's */
+    void *mem;      /* the one allocation of every array above */
 } st_gen;
 
 /* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N) for speculation sp. */
@@ -97,11 +98,12 @@ int st_gen_push(st_gen *g, int32_t b, int32_t tok);
 void st_engine_gen_stats(const st_engine *e, st_gen_stats *out);
 double st_engine_prefill_ms(const st_engine *e);
 
-/* One speculative step of the g->na active sequences: propose, choose the tree size, organize,
- * mask, build, verify forward, targets along the path and accept, commit. When the drafts are
- * not worth verifying (the controller chooses size 1) it runs the plain step instead. *n_out: the
- * tree size verified (1: plain); *emitted: tokens appended. */
-st_status st_gen_spec_step(st_gen *g, int32_t *n_out, int64_t *emitted);
+/* One speculative step of the g->na active sequences with pool (K, S) (at most g->K, g->S):
+ * propose, choose the tree size, organize, mask, build, verify forward, targets along the path
+ * and accept, commit. When the drafts are not worth verifying (the controller chooses size 1) it
+ * runs the plain step instead. *n_out: the tree size verified (1: plain); *emitted: tokens
+ * appended. The per-candidate arrays (scores, level_parents, ...) are laid out for (K, S). */
+st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int64_t *emitted);
 
 /* One plain decoding step of the g->na active sequences in one forward pass. */
 st_status st_gen_plain_step(st_gen *g, int64_t *emitted);

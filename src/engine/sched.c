@@ -343,15 +343,17 @@ static st_status forward(st_engine *e, int *ran) {
         return ST_OK;
     *ran = 1;
     /* a speculative step needs room for the drafters' pools and the trees */
-    const int drafted =
-        g->ctl && st_ctl_want_draft(g->ctl, g->na) && maxL + g->N + 1 + g->K * g->S < e->n_ctx;
+    int64_t K = 0, S = 0; /* the pool this step drafts (auto plans it for model drafters) */
+    const int drafted = g->ctl && st_ctl_want_draft(g->ctl, g->na, &K, &S) &&
+                        maxL + g->N + 1 + g->K * g->S < e->n_ctx;
     const double ts = st_time_now();
     int64_t emitted = 0;
     int32_t n = 1;
     const int64_t spec0 = g->stats->spec_steps;
     int64_t hist0[ST_SPEC_MAX_S + 1];
     memcpy(hist0, g->stats->accept_hist, sizeof hist0);
-    st_status rc = drafted ? st_gen_spec_step(g, &n, &emitted) : st_gen_plain_step(g, &emitted);
+    st_status rc = drafted ? st_gen_spec_step(g, (int32_t)K, (int32_t)S, &n, &emitted)
+                           : st_gen_plain_step(g, &emitted);
     if (rc) {
         for (int32_t a = 0; a < g->na; a++)
             if (g->req[g->seqs[a]])
@@ -367,18 +369,16 @@ static st_status forward(st_engine *e, int *ran) {
     if (!g->ctl)
         return ST_OK;
     const double te = st_time_now();
-    double dms = 0.0;
-    int64_t ev = 0;
     for (int32_t a = 0; a < g->na; a++) {
         const int32_t b = g->seqs[a];
         st_ctl_observe(g->ctl, b, g->hist[b], g->n_hist[b], g->done[b]);
     }
-    for (int32_t b = 0; b < g->bs; b++)
-        dms += g->dr[b]->ms, ev += g->dr[b]->evals;
+    if (n > 1) {
+        g->stats->topk_sum += K * g->na;
+        g->stats->steps_sum += S * g->na;
+    }
     /* the forward's time: from the choice of the tree size on */
-    const double t_fwd = te - (drafted ? g->t_chosen : ts);
-    st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts, t_fwd,
-                    ev > 0 ? dms / 1e3 / (double)ev : 0.0);
+    st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts, te - (drafted ? g->t_chosen : ts));
     return ST_OK;
 }
 

@@ -89,7 +89,7 @@ static st_status path_target(void *user, int64_t x, int32_t *token) {
 static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
     const int32_t b = g->seqs[a];
     const int64_t k = g->n_acc[a], o = (int64_t)a * n;
-    int64_t *acc = g->acc + (int64_t)a * (g->S + 1);
+    int64_t *acc = g->acc + (int64_t)a * (g->St + 1);
     for (int64_t i = 0; i <= k; i++)
         acc[i] -= o; /* global node index -> node of this tree */
     st_status rc = st_session_commit(g->s, b, n, acc, k + 1);
@@ -116,20 +116,24 @@ static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
     return ST_OK;
 }
 
-st_status st_gen_spec_step(st_gen *g, int32_t *n_out, int64_t *emitted) {
-    const int32_t na = g->na, K = g->K, S = g->S;
+st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int64_t *emitted) {
+    const int32_t na = g->na;
+    const int64_t M = st_tree_n_candidates(K, S), LPW = st_tree_level_parents_width(K, S);
+    g->Kt = K, g->St = S;
     st_status rc;
     /* propose: each sequence's drafter scores its (K, S) candidate pool */
     int64_t n_real_max = 0, ctx = 0;
     for (int32_t a = 0; a < na; a++) {
         const int32_t b = g->seqs[a];
         int64_t n_real = 0;
-        float *sc = g->scores + a * g->M;
-        int32_t *tok = g->cand_tokens + a * g->M;
-        int64_t *lp = g->level_parents + a * g->LPW;
-        if ((rc =
-                 g->dr[b]->propose(g->dr[b], g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real)))
+        float *sc = g->scores + a * M;
+        int32_t *tok = g->cand_tokens + a * M;
+        int64_t *lp = g->level_parents + a * LPW;
+        st_drafter *d = g->dr[b];
+        if ((rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real)))
             return rc;
+        if (d->evals > 0)
+            st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->catch_rows, d->levels_s);
         n_real_max = n_real > n_real_max ? n_real : n_real_max;
         st_ctl_rank(g->ctl, a, b, K, S, sc, tok, lp, g->n_hist[b], g->dr[b]->conf);
         g->roots[a] = g->hist[b][g->n_hist[b] - 1];
@@ -153,8 +157,8 @@ st_status st_gen_spec_step(st_gen *g, int32_t *n_out, int64_t *emitted) {
     if ((rc = st_verify_mask_prepare(g->vm, K, na, n, ctx, &mask)))
         return rc;
     /* build: positions, retrieve/next-token/next-sibling lists and the mask */
-    const st_tree_input in = {g->roots, g->PW ? g->parent_list : NULL, g->sel, g->drafts,
-                              g->seq_lens};
+    const st_tree_input in = {g->roots, st_tree_parent_width(K, S) ? g->parent_list : NULL, g->sel,
+                              g->drafts, g->seq_lens};
     const st_tree tree = {g->tree_tokens, g->positions, g->ri, g->nt, g->ns};
     if ((rc = st_tree_build(&shape, &in, &tree, &mask)))
         return rc;
