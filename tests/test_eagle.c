@@ -474,7 +474,12 @@ static void test_random_head_auto(void **state) {
         assert_int_equal(spec.n, plain.n);
         assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
         assert_true(gs.auto_shape);
-        assert_true(4 * gs.spec_steps <= gs.spec_steps + gs.plain_steps);
+        print_message("random head: %lld speculative, %lld plain steps\n", (long long)gs.spec_steps,
+                      (long long)gs.plain_steps);
+        /* 3 of 199 steps on a quiet machine; the controller's choices follow measured times, so
+         * on a busy one (a CI run beside a benchmark once exceeded a quarter) the bound is
+         * loose: at most half the steps verify a tree. test_ctl checks the policy exactly. */
+        assert_true(2 * gs.spec_steps <= gs.spec_steps + gs.plain_steps);
     }
     st_model_free(head);
 }
