@@ -1,6 +1,6 @@
 /*
- * cli.h: the argument helpers the `spectree` subcommands share (cli.c, cli_serve.c): each bad
- * value ends the program with a one-line message naming the flag and exit status 2.
+ * cli.h: the argument helpers the `spectree` subcommands share (cli.c, cli_model.c, cli_serve.c):
+ * each bad value ends the program with a one-line message naming the flag and exit status 2.
  */
 #ifndef ST_CLI_H
 #define ST_CLI_H
@@ -23,6 +23,11 @@ int cli_model_path_ok(const char *path, int dir_ok);
 /* Tokenizes text into *out (malloc'd; free it even on failure); 0 on success. */
 int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
                      int32_t **out, int64_t *n);
+
+/* `spectree tokenize`, `info` and `convert` (cli_model.c). */
+int cli_cmd_tokenize(int argc, char **argv);
+int cli_cmd_info(int argc, char **argv);
+int cli_cmd_convert(int argc, char **argv);
 
 /* `spectree serve` (cli_serve.c). */
 int cli_cmd_serve(int argc, char **argv);
