@@ -250,9 +250,10 @@ static st_model *load_mode(const char *path, st_load_mode mode, progress_log *lo
 static void test_load_modes(void **state) {
     (void)state;
     char q8[1024], cmd[4096];
+    /* 10.6 MB: over the 8 MB from which two threads read the copy */
     snprintf(q8, sizeof q8, "%s/test_load_modes_q8_0.gguf", ST_BUILD_DIR);
     snprintf(cmd, sizeof cmd,
-             "%s/spectree-mkmodel %s --vocab %s --dim 256 --ff 512 --layers 2 --heads 8 "
+             "%s/spectree-mkmodel %s --vocab %s --dim 512 --ff 1024 --layers 4 --heads 8 "
              "--kv-heads 4 --type q8_0 --seed 5 --ctx 512 2>/dev/null",
              ST_BUILD_DIR, q8, tu_shared("models/stories260K.gguf"));
     assert_int_equal(system(cmd), 0);
@@ -442,7 +443,7 @@ static void test_parallel_decode(void **state) {
         char path[1024], cmd[4096];
         snprintf(path, sizeof path, "%s/test_parallel_%s.gguf", ST_BUILD_DIR, types[ti]);
         snprintf(cmd, sizeof cmd,
-                 "%s/spectree-mkmodel %s --vocab %s --dim 256 --ff 512 --layers 2 --heads 8 "
+                 "%s/spectree-mkmodel %s --vocab %s --dim 512 --ff 1024 --layers 4 --heads 8 "
                  "--kv-heads 4 --type %s --seed 3 --ctx 512 2>/dev/null",
                  ST_BUILD_DIR, path, tu_shared("models/stories260K.gguf"), types[ti]);
         assert_int_equal(system(cmd), 0);
