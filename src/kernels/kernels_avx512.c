@@ -27,7 +27,7 @@ const st_kernels *st_kernels_avx512_table_get(void);
 
 /* Rows per tile (in pairs), tokens per tile; prefetch distance of single-token quantized
  * streams (float tiles prefetch the next block of rows). */
-enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q4 = 4, TOK_Q8 = 8, ST_PF_BYTES = 8192 };
+enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4, ST_PF_BYTES = 8192 };
 
 /* acc[p*T + t] holds rows 2p (low half) and 2p+1 (high half) of token t; writes
  * y[t*ldy + r] for r < 2P, t < T. */
@@ -342,27 +342,27 @@ ST_INLINE __m512i load_qpair(const char *ra, const char *rbp, int64_t b, const i
     return v;
 }
 
-/* 2P rows x T tokens of the canonical quantized dot product. The activations' scales are read
- * where they are used (a broadcast operand of the multiply), so that eight tokens' accumulators
- * and inputs fit the 32 registers. */
+/* 2P rows x T tokens of the canonical quantized dot product. */
 ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
                           int64_t ldx, int64_t nb, const int P, const int T, const int q4,
                           st_pf pf) {
-    __m512 acc[PAIRS_Q * TOK_Q8];
+    __m512 acc[PAIRS_Q * TOK_Q];
     ST_UNROLL
     for (int i = 0; i < P * T; i++)
         acc[i] = _mm512_setzero_ps();
     const __m512i zero = _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; b++) {
         pf_step(&pf);
-        __m512i xv[TOK_Q8], xinit[TOK_Q4];
+        __m512i xv[TOK_Q], xinit[TOK_Q];
+        __m512 dx[TOK_Q];
         ST_UNROLL
         for (int t = 0; t < T; t++) {
             const st_block_q8x *xb = x + t * ldx + b;
             const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
+            dx[t] = _mm512_set1_ps(xb->d);
             if (q4) { /* nibble * x, lanes starting at -8 * sum(x) */
                 xv[t] = v;
-                xinit[t % TOK_Q4] =
+                xinit[t] =
                     _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), v));
             } else { /* (x + 128) * w, lanes starting at -128 * sum(w) */
                 xv[t] = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
@@ -379,47 +379,14 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
                                       _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)0x80), wv));
             ST_UNROLL
             for (int t = 0; t < T; t++) {
-                const __m512i s = q4 ? _mm512_dpbusd_epi32(xinit[t % TOK_Q4], wv, xv[t])
+                const __m512i s = q4 ? _mm512_dpbusd_epi32(xinit[t], wv, xv[t])
                                      : _mm512_dpbusd_epi32(winit, xv[t], wv);
-                const __m512 dx = _mm512_set1_ps(x[t * ldx + b].d);
-                acc[p * T + t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[p * T + t]);
+                acc[p * T + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx[t]),
+                                                 acc[p * T + t]);
             }
         }
     }
     store_tile(y, ldy, acc, P, T);
-}
-
-/* One tile of n tokens (n <= 4 for Q4_0, <= 8 for Q8_0), the token count a constant. */
-ST_INLINE void tile_quant_n(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
-                            int64_t ldx, int64_t nb, int64_t n, const int q4, st_pf pf) {
-#define ST_TQ(T)                                                                                   \
-    case T:                                                                                        \
-        tile_quant(y, ldy, w, rb, x, ldx, nb, PAIRS_Q, T, q4, pf);                                 \
-        return;
-    if (q4) {
-        switch (n) {
-            ST_TQ(1)
-            ST_TQ(2)
-            ST_TQ(3)
-        default:
-            tile_quant(y, ldy, w, rb, x, ldx, nb, PAIRS_Q, TOK_Q4, q4, pf);
-            return;
-        }
-    }
-    switch (n) {
-        ST_TQ(1)
-        ST_TQ(2)
-        ST_TQ(3)
-        ST_TQ(4)
-        ST_TQ(5)
-        ST_TQ(6)
-        ST_TQ(7)
-    default:
-        tile_quant(y, ldy, w, rb, x, ldx, nb, PAIRS_Q, TOK_Q8, q4, pf);
-        return;
-    }
-#undef ST_TQ
 }
 
 ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void *w, size_t rb,
@@ -429,17 +396,30 @@ ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void
         return;
     const st_block_q8x *xq = x;
     const char *wc = w;
-    const int64_t tq = q4 ? TOK_Q4 : TOK_Q8;
     const int64_t nb = K / ST_QK, R = 2 * PAIRS_Q;
-    const int64_t nc = (M + tq - 1) / tq, blk = R * (int64_t)rb, seg = (blk + nc - 1) / nc;
+    const int64_t nc = (M + TOK_Q - 1) / TOK_Q, blk = R * (int64_t)rb, seg = (blk + nc - 1) / nc;
     int64_t r = r0;
     for (; r + R <= r1; r += R) {
         const char *wr = wc + (size_t)r * rb;
-        for (int64_t m = 0, c = 0; m < M; m += tq, c++) {
+        for (int64_t m = 0, c = 0; m < M; m += TOK_Q, c++) {
             const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, nb)
                                     : pf_region(wr + blk + c * seg, seg, nb);
-            tile_quant_n(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb,
-                         M - m >= tq ? tq : M - m, q4, pf);
+            float *ym = y + m * ldy + r;
+            const st_block_q8x *xm = xq + m * ldx;
+            switch (M - m >= TOK_Q ? TOK_Q : M - m) {
+            case 1:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 1, q4, pf);
+                break;
+            case 2:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 2, q4, pf);
+                break;
+            case 3:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 3, q4, pf);
+                break;
+            default:
+                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, TOK_Q, q4, pf);
+                break;
+            }
         }
     }
     if (r < r1)
