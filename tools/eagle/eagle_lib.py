@@ -11,6 +11,7 @@ half-split ("rotate_half") RoPE and the head's q/k weights are written in the pu
 layout. A C loader that uses adjacent-pair RoPE must permute the head's q_proj/k_proj rows:
 GGUF row h*hd + 2j + t = HF row h*hd + t*hd/2 + j.
 """
+import argparse
 import hashlib
 import json
 import math
@@ -26,6 +27,64 @@ PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "eagle"
 
 class InputError(Exception):
     """Bad input: a file, a field or an option. The message names them; callers print it."""
+
+
+# Command lines of the trainers
+
+def positive(kind):
+    def parse(s):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a %s" % (s, kind.__name__))
+        if not v > 0 or (kind is float and not math.isfinite(v)):
+            raise argparse.ArgumentTypeError("%r must be positive" % s)
+        return v
+    return parse
+
+
+def non_negative_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % s)
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError("%r must be >= 0" % s)
+    return v
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def add_data_args(ap, here):
+    """The options of the training data both trainers share: the target and its continuations."""
+    ap.add_argument("--target", required=True, help="the target model (llama GGUF: F32/F16/BF16/Q8_0)")
+    ap.add_argument("--out", required=True, help="output directory (created if missing)")
+    ap.add_argument("--prompts", default=os.path.join(here, "prompts.txt"),
+                    help="training prompts, one per line")
+    ap.add_argument("--gen-tokens", type=positive(int), default=160,
+                    help="tokens the target writes after the longest prompt")
+    ap.add_argument("--samples", type=positive(int), default=4,
+                    help="continuations per prompt: the first greedy, the others sampled at --temp")
+    ap.add_argument("--temp", type=non_negative_float, default=0.8,
+                    help="sampling temperature of the sampled continuations")
+
+
+def add_train_args(ap, epochs, warmup):
+    """The optimizer, schedule and output options both trainers share."""
+    ap.add_argument("--epochs", type=positive(int), default=epochs, help="passes over the data")
+    ap.add_argument("--batch", type=positive(int), default=32, help="sequences per step")
+    ap.add_argument("--lr", type=positive(float), default=3e-3,
+                    help="peak learning rate (linear warm-up, cosine decay to 10%%)")
+    ap.add_argument("--warmup", type=int, default=warmup, help="warm-up steps")
+    ap.add_argument("--seed", type=int, default=0, help="seed of data sampling and training")
+    ap.add_argument("--steps", type=positive(int), default=None,
+                    help="stop after this many optimizer steps (the schedule ends there)")
+    ap.add_argument("--threads", type=positive(int), default=1, help="torch CPU threads")
+    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
+                    help="storage type of the weights in model.safetensors")
+    ap.add_argument("--log-every", type=positive(int), default=50, help="steps between progress lines")
 
 
 def die(msg):

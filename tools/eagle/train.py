@@ -27,63 +27,28 @@ import eagle_lib as el  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def positive(kind):
-    def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError("%r is not a %s" % (s, kind.__name__))
-        if not v > 0 or (kind is float and not math.isfinite(v)):
-            raise argparse.ArgumentTypeError("%r must be positive" % s)
-        return v
-    return parse
-
-
-def non_negative_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number" % s)
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError("%r must be >= 0" % s)
-    return v
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="train.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--target", required=True, help="the target model (llama GGUF: F32/F16/BF16/Q8_0)")
-    ap.add_argument("--out", required=True, help="output directory (created if missing)")
-    ap.add_argument("--prompts", default=os.path.join(HERE, "prompts.txt"),
-                    help="training prompts, one per line")
-    ap.add_argument("--gen-tokens", type=positive(int), default=160,
-                    help="tokens the target writes after the longest prompt")
+    el.add_data_args(ap, HERE)
+    el.add_train_args(ap, epochs=40, warmup=200)
     ap.add_argument("--gen-prompts", type=int, default=0,
                     help="also this many prompts the target writes itself: openings of "
                     "--gen-prompt-len tokens at most (4 at least) sampled at temperature 1 from "
                     "the start of text, then continued like the listed prompts")
-    ap.add_argument("--gen-prompt-len", type=positive(int), default=16,
+    ap.add_argument("--gen-prompt-len", type=el.positive(int), default=16,
                     help="the longest --gen-prompts opening, in tokens")
-    ap.add_argument("--samples", type=positive(int), default=4,
-                    help="continuations per prompt: the first greedy, the others sampled at --temp")
-    ap.add_argument("--temp", type=non_negative_float, default=0.8,
-                    help="sampling temperature of the sampled continuations")
-    ap.add_argument("--epochs", type=positive(int), default=40, help="passes over the data")
-    ap.add_argument("--batch", type=positive(int), default=32, help="sequences per step")
-    ap.add_argument("--lr", type=positive(float), default=3e-3,
-                    help="peak learning rate (linear warm-up, cosine decay to 10%%)")
-    ap.add_argument("--warmup", type=int, default=200, help="warm-up steps")
-    ap.add_argument("--noise", type=non_negative_float, default=0.0,
+    ap.add_argument("--noise", type=el.non_negative_float, default=0.0,
                     help="uniform noise of this width added to the input features (EAGLE: 0.2)")
-    ap.add_argument("--w-cls", type=non_negative_float, default=0.1,
+    ap.add_argument("--w-cls", type=el.non_negative_float, default=0.1,
                     help="weight of the classification (soft cross-entropy) loss")
-    ap.add_argument("--unroll", type=positive(int), default=1,
+    ap.add_argument("--unroll", type=el.positive(int), default=1,
                     help="training-time test (HASS): train the head on its own outputs this many "
                     "draft steps deep (1: on the target's features only, as EAGLE-1)")
-    ap.add_argument("--unroll-decay", type=non_negative_float, default=1.0,
+    ap.add_argument("--unroll-decay", type=el.non_negative_float, default=1.0,
                     help="loss weight of unrolled step j is this to the power j")
-    ap.add_argument("--intermediate-size", type=positive(int), default=None,
+    ap.add_argument("--intermediate-size", type=el.positive(int), default=None,
                     help="the head's MLP width (default: the target's feed_forward_length)")
     ap.add_argument("--init", default=None,
                     help="start from this head (a directory in the published layout, for the same "
@@ -92,23 +57,13 @@ def parse_args(argv):
                     help="a file to keep the generated training data in: read if it exists "
                     "(made by the same --target, --prompts, --gen-tokens, --samples, --temp and "
                     "--seed), else written")
-    ap.add_argument("--seed", type=int, default=0, help="seed of data sampling and training")
-    ap.add_argument("--steps", type=positive(int), default=None,
-                    help="stop after this many optimizer steps (the schedule ends there)")
-    ap.add_argument("--threads", type=positive(int), default=1, help="torch CPU threads")
-    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
-                    help="storage type of model.safetensors")
-    ap.add_argument("--log-every", type=positive(int), default=50, help="steps between progress lines")
     ap.add_argument("--eval", action="store_true",
                     help="after training, report tau for chain drafting on --heldout prompts")
     ap.add_argument("--heldout", default=os.path.join(HERE, "heldout.txt"),
                     help="held-out prompts for --eval")
-    ap.add_argument("--eval-depth", type=positive(int), default=4, help="chain length S for --eval")
+    ap.add_argument("--eval-depth", type=el.positive(int), default=4, help="chain length S for --eval")
     return ap.parse_args(argv)
 
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def sampled_prompts(target, args, gen):
@@ -177,7 +132,7 @@ def train(args):
         cfg["intermediate_size"] = icfg["intermediate_size"]
     elif args.intermediate_size is not None:
         cfg["intermediate_size"] = args.intermediate_size
-    log("target %s: dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, rope theta %g, lm_head %s" %
+    el.log("target %s: dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, rope theta %g, lm_head %s" %
         (args.target, target.dim, target.n_layer, target.n_head, target.n_kv, target.n_ff,
          target.vocab, target.theta, "tied to token_embd" if target.tied else "output.weight"))
 
@@ -203,7 +158,7 @@ def train(args):
     mask = valid[:, 1:].float()
     N, T = x_in.shape
     n_tok = int(mask.sum())
-    log("data: %d prompts x %d samples = %d sequences of %d positions, %d training pairs "
+    el.log("data: %d prompts x %d samples = %d sequences of %d positions, %d training pairs "
         "(%.1f s%s)" % (N // args.samples, args.samples, N, T + 1, n_tok, time.time() - t0,
                         ", from %s" % args.data_cache if cached else ""))
     # step j of the unrolled head is meaningful at elements t >= j
@@ -263,13 +218,13 @@ def train(args):
                 first_loss = float(loss)
             if step % args.log_every == 0 or step == total:
                 last_loss = loss_sum / ((step - 1) % args.log_every + 1)
-                log("step %d/%d epoch %d loss %.5f (step 0: vloss %.5f ploss %.4f) acc %.4f "
+                el.log("step %d/%d epoch %d loss %.5f (step 0: vloss %.5f ploss %.4f) acc %.4f "
                     "lr %.2e %.1f s" % (step, total, (step - 1) // steps_per_epoch + 1, last_loss,
                                 float(vloss0), float(ploss0), acc_sum / max(cnt, 1),
                                 lr_at(step - 1, total, args), time.time() - t1))
                 acc_sum = loss_sum = cnt = 0.0
     train_s = time.time() - t1
-    log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
+    el.log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
         (step, train_s, first_loss, last_loss))
 
     os.makedirs(args.out, exist_ok=True)
@@ -296,12 +251,12 @@ def train(args):
     with open(os.path.join(args.out, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
+    el.log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
 
     if args.eval:
         t2 = time.time()
         tau, cycles, hist = el.chain_tau(head, target, heldout, args.gen_tokens, args.eval_depth)
-        log("eval: tau %.3f at K=1 S=%d greedy over %d cycles on %d held-out prompts "
+        el.log("eval: tau %.3f at K=1 S=%d greedy over %d cycles on %d held-out prompts "
             "(accepted drafts per cycle: %s) %.1f s" %
             (tau, args.eval_depth, cycles, len(heldout), hist, time.time() - t2))
         print("tau %.4f" % tau)

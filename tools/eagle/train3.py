@@ -36,28 +36,6 @@ import eagle_lib as el  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def positive(kind):
-    def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError("%r is not a %s" % (s, kind.__name__))
-        if not v > 0 or (kind is float and not math.isfinite(v)):
-            raise argparse.ArgumentTypeError("%r must be positive" % s)
-        return v
-    return parse
-
-
-def non_negative_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number" % s)
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError("%r must be >= 0" % s)
-    return v
-
-
 def layer_list(s):
     try:
         v = [int(x) for x in s.split(",")]
@@ -72,45 +50,22 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="train3.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--target", required=True, help="the target model (llama GGUF: F32/F16/BF16/Q8_0)")
-    ap.add_argument("--out", required=True, help="output directory (created if missing)")
-    ap.add_argument("--prompts", default=os.path.join(HERE, "prompts.txt"),
-                    help="training prompts, one per line")
+    el.add_data_args(ap, HERE)
+    el.add_train_args(ap, epochs=20, warmup=100)
     ap.add_argument("--layers", type=layer_list, default=None,
                     help="the three target layers whose input the head reads, 0-based, as "
                          "EAGLE-3 counts (L: the last layer's output); default 2,L/2,L-3")
-    ap.add_argument("--draft-vocab", type=positive(int), default=32000,
+    ap.add_argument("--draft-vocab", type=el.positive(int), default=32000,
                     help="draft vocabulary size (at most the target's)")
-    ap.add_argument("--ttt-steps", type=positive(int), default=7,
+    ap.add_argument("--ttt-steps", type=el.positive(int), default=7,
                     help="draft steps unrolled per batch (training-time test; EAGLE-3: 7)")
-    ap.add_argument("--gen-tokens", type=positive(int), default=160,
-                    help="tokens the target writes after the longest prompt")
-    ap.add_argument("--samples", type=positive(int), default=4,
-                    help="continuations per prompt: the first greedy, the others sampled at --temp")
-    ap.add_argument("--temp", type=non_negative_float, default=0.8,
-                    help="sampling temperature of the sampled continuations")
-    ap.add_argument("--epochs", type=positive(int), default=20, help="passes over the data")
-    ap.add_argument("--batch", type=positive(int), default=32, help="sequences per step")
-    ap.add_argument("--lr", type=positive(float), default=3e-3,
-                    help="peak learning rate (linear warm-up, cosine decay to 10%%)")
-    ap.add_argument("--warmup", type=int, default=100, help="warm-up steps")
-    ap.add_argument("--seed", type=int, default=0, help="seed of data sampling and training")
-    ap.add_argument("--steps", type=positive(int), default=None,
-                    help="stop after this many optimizer steps (the schedule ends there)")
-    ap.add_argument("--stop-after", type=positive(int), default=None,
+    ap.add_argument("--stop-after", type=el.positive(int), default=None,
                     help="stop after this many steps without changing the schedule (a run cut "
                          "short, reproducibly)")
-    ap.add_argument("--save-every", type=positive(int), default=None,
+    ap.add_argument("--save-every", type=el.positive(int), default=None,
                     help="also write the head every this many steps (overwritten)")
-    ap.add_argument("--threads", type=positive(int), default=1, help="torch CPU threads")
-    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
-                    help="storage type of the weights in model.safetensors")
-    ap.add_argument("--log-every", type=positive(int), default=50, help="steps between progress lines")
     return ap.parse_args(argv)
 
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 @torch.no_grad()
@@ -291,11 +246,11 @@ def train(args):
             raise el.InputError("--layers %s: layer %d outside 0..%d (%d: the last layer's "
                                 "output)" % (",".join(map(str, layers)), c, L, L))
     if args.draft_vocab > target.vocab:
-        log("--draft-vocab %d is above the target's vocabulary: using %d" %
+        el.log("--draft-vocab %d is above the target's vocabulary: using %d" %
             (args.draft_vocab, target.vocab))
     D = min(args.draft_vocab, target.vocab)
     texts, prompts = el.read_prompts(args.prompts, target.tok)
-    log("target %s: dim %d, %d layers, vocab %d; the head reads the inputs of layers %s" %
+    el.log("target %s: dim %d, %d layers, vocab %d; the head reads the inputs of layers %s" %
         (args.target, target.dim, L, target.vocab, layers))
 
     # the data: the target's own continuations (greedy, then sampled)
@@ -334,7 +289,7 @@ def train(args):
     x_in, a_in = toks[:, 1:], aux[:, :-1]
     f_next, m_next = feats[:, 1:], valid[:, 1:]
     N, T = x_in.shape
-    log("data: %d prompts x %d samples = %d sequences of %d positions, %d valid pairs; draft "
+    el.log("data: %d prompts x %d samples = %d sequences of %d positions, %d valid pairs; draft "
         "vocabulary %d of %d covers %.2f%% of the %d generated tokens (%.1f s)" %
         (len(prompts), args.samples, N, T + 1, int(m_next.sum()), D, target.vocab,
          100 * coverage, n_gen, time.time() - t0))
@@ -415,7 +370,7 @@ def train(args):
                 first_loss = float(loss)
             if step % args.log_every == 0 or step == n_steps:
                 last_loss = loss_sum / ((step - 1) % args.log_every + 1)
-                log("step %d/%d epoch %d loss %.5f acc per step %s lr %.2e %.1f s" %
+                el.log("step %d/%d epoch %d loss %.5f acc per step %s lr %.2e %.1f s" %
                     (step, n_steps, (step - 1) // steps_per_epoch + 1, last_loss,
                      " ".join("%.3f" % (a / max(c, 1)) for a, c in acc),
                      lr_at(step - 1, n_steps, args), time.time() - t1))
@@ -426,7 +381,7 @@ def train(args):
                     command=info["command"] + " --stop-after %d" % step))
     if last_loss is None:
         last_loss = loss_sum / max(1, step % args.log_every)
-    log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
+    el.log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
         (step, time.time() - t1, first_loss, last_loss))
 
     save(args, cfg, head, d2t, t2d, dict(info, steps=step, loss_first=round(first_loss, 6),
@@ -446,7 +401,7 @@ def save(args, cfg, head, d2t, t2d, info):
     with open(os.path.join(args.out, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
+    el.log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
 
 
 def main(argv=None):
