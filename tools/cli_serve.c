@@ -494,24 +494,20 @@ static const char *base_name(const char *path) {
     return b ? b + 1 : path;
 }
 
-/* The chat template: --chat-template, else detected from tokenizer.chat_template. 0, or -1
- * with a message printed. */
+/* The chat template: --chat-template, else detected from the model's tokenizer.chat_template
+ * (for a Hugging Face directory, tokenizer_config.json's chat_template, which the in-memory
+ * conversion copies there). 0, or -1 with a message printed. */
 static int find_template(srv *s) {
     if (s->o.tmpl != SRV_TMPL_NONE) {
         s->tmpl = s->o.tmpl;
         snprintf(s->tmpl_source, sizeof s->tmpl_source, "--chat-template");
         return 0;
     }
-    st_gguf *g = NULL;
-    if (st_gguf_open(s->o.model, &g) != ST_OK) {
-        fprintf(stderr, "spectree serve: %s\n", st_last_error());
-        return -1;
-    }
+    const st_gguf *g = st_model_gguf(s->model);
     st_gguf_str str = {0};
-    int have = st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
+    int have = g && st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
                st_gguf_get_str(g, "tokenizer.chat_template", &str) == ST_OK;
     s->tmpl = have ? srv_tmpl_detect(str.ptr, (size_t)str.len) : SRV_TMPL_NONE;
-    st_gguf_free(g);
     if (have && s->tmpl == SRV_TMPL_NONE) {
         fprintf(stderr,
                 "spectree serve: %s: tokenizer.chat_template is none of the templates this "
@@ -545,12 +541,15 @@ int cli_cmd_serve(int argc, char **argv) {
     if (!cli_model_path_ok(o->model, 0) ||
         (o->draft_path && !cli_model_path_ok(o->draft_path, eagle)))
         return 1;
-    if (find_template(&s))
-        return 1;
     st_model *dm = NULL;
     int rc = 1;
-    if (st_model_load(o->model, &s.model) != ST_OK ||
-        (o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
+    if (st_model_load(o->model, &s.model) != ST_OK) {
+        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        goto done;
+    }
+    if (find_template(&s))
+        goto done;
+    if ((o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
          st_model_load(o->draft_path, &dm) != ST_OK) ||
         (o->draft_path && eagle && st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK)) {
         fprintf(stderr, "spectree serve: %s\n", st_last_error());
