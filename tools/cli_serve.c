@@ -489,9 +489,16 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
 
 /* ---------------------------------------------------------------------------------------- */
 
-static const char *base_name(const char *path) {
-    const char *b = strrchr(path, '/');
-    return b ? b + 1 : path;
+/* The last component of path, trailing slashes dropped (a directory given as "dir/"), into buf. */
+static const char *base_name(const char *path, char *buf, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    snprintf(buf, cap, "%.*s", (int)(n - b), path + b);
+    return buf;
 }
 
 /* The chat template: --chat-template, else detected from the model's tokenizer.chat_template
@@ -569,7 +576,8 @@ int cli_cmd_serve(int argc, char **argv) {
         o->max_prompt = s.n_ctx - 1;
     if (o->max_tokens_limit <= 0 || o->max_tokens_limit > s.n_ctx)
         o->max_tokens_limit = s.n_ctx;
-    s.model_name = o->model_name ? o->model_name : base_name(o->model);
+    static char name_buf[256];
+    s.model_name = o->model_name ? o->model_name : base_name(o->model, name_buf, sizeof name_buf);
     s.created = (int64_t)time(NULL);
     s.t_start = st_time_seconds();
     pthread_mutex_init(&s.mu, NULL);

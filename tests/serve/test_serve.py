@@ -412,9 +412,12 @@ def test_hf_dir_templates():
                                 {"name": "default", "template": CHATML}]
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
-        with Server(BUILD, d) as s:
+        with Server(BUILD, d + "/") as s:
             check("chat template chatml from tokenizer.chat_template" in s.log_text(),
                   s.log_text())
+            code, text = curl(s.url + "/v1/models")
+            name = json.loads(text)["data"][0]["id"]
+            check(code == 200 and name == os.path.basename(d), "the model's name: %r" % name)
             want = generate(BUILD, d, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
                             20)
             code, text = curl(s.url + "/v1/chat/completions",
