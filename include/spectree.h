@@ -314,6 +314,9 @@ void st_model_free(st_model *m);
 const st_model_hparams *st_model_get_hparams(const st_model *m);
 /* The model's tokenizer; owned by the model. */
 const st_tokenizer *st_model_tokenizer(const st_model *m);
+/* The model's GGUF metadata (for a Hugging Face directory, the GGUF converted in memory, with
+ * tokenizer_config.json's chat_template as tokenizer.chat_template); owned by the model. */
+const st_gguf *st_model_gguf(const st_model *m);
 /* Bytes of weights read per token by a forward pass (all matrices). */
 size_t st_model_weight_bytes(const st_model *m);
 

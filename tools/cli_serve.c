@@ -489,29 +489,32 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
 
 /* ---------------------------------------------------------------------------------------- */
 
-static const char *base_name(const char *path) {
-    const char *b = strrchr(path, '/');
-    return b ? b + 1 : path;
+/* The last component of path, trailing slashes dropped (a directory given as "dir/"), into buf. */
+static const char *base_name(const char *path, char *buf, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    snprintf(buf, cap, "%.*s", (int)(n - b), path + b);
+    return buf;
 }
 
-/* The chat template: --chat-template, else detected from tokenizer.chat_template. 0, or -1
- * with a message printed. */
+/* The chat template: --chat-template, else detected from the model's tokenizer.chat_template
+ * (for a Hugging Face directory, tokenizer_config.json's chat_template, which the in-memory
+ * conversion copies there). 0, or -1 with a message printed. */
 static int find_template(srv *s) {
     if (s->o.tmpl != SRV_TMPL_NONE) {
         s->tmpl = s->o.tmpl;
         snprintf(s->tmpl_source, sizeof s->tmpl_source, "--chat-template");
         return 0;
     }
-    st_gguf *g = NULL;
-    if (st_gguf_open(s->o.model, &g) != ST_OK) {
-        fprintf(stderr, "spectree serve: %s\n", st_last_error());
-        return -1;
-    }
+    const st_gguf *g = st_model_gguf(s->model);
     st_gguf_str str = {0};
-    int have = st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
+    int have = g && st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
                st_gguf_get_str(g, "tokenizer.chat_template", &str) == ST_OK;
     s->tmpl = have ? srv_tmpl_detect(str.ptr, (size_t)str.len) : SRV_TMPL_NONE;
-    st_gguf_free(g);
     if (have && s->tmpl == SRV_TMPL_NONE) {
         fprintf(stderr,
                 "spectree serve: %s: tokenizer.chat_template is none of the templates this "
@@ -545,12 +548,15 @@ int cli_cmd_serve(int argc, char **argv) {
     if (!cli_model_path_ok(o->model, 0) ||
         (o->draft_path && !cli_model_path_ok(o->draft_path, eagle)))
         return 1;
-    if (find_template(&s))
-        return 1;
     st_model *dm = NULL;
     int rc = 1;
-    if (st_model_load(o->model, &s.model) != ST_OK ||
-        (o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
+    if (st_model_load(o->model, &s.model) != ST_OK) {
+        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        goto done;
+    }
+    if (find_template(&s))
+        goto done;
+    if ((o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
          st_model_load(o->draft_path, &dm) != ST_OK) ||
         (o->draft_path && eagle && st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK)) {
         fprintf(stderr, "spectree serve: %s\n", st_last_error());
@@ -570,7 +576,8 @@ int cli_cmd_serve(int argc, char **argv) {
         o->max_prompt = s.n_ctx - 1;
     if (o->max_tokens_limit <= 0 || o->max_tokens_limit > s.n_ctx)
         o->max_tokens_limit = s.n_ctx;
-    s.model_name = o->model_name ? o->model_name : base_name(o->model);
+    static char name_buf[256];
+    s.model_name = o->model_name ? o->model_name : base_name(o->model, name_buf, sizeof name_buf);
     s.created = (int64_t)time(NULL);
     s.t_start = st_time_seconds();
     pthread_mutex_init(&s.mu, NULL);

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { WAIT_MS = 100 };
+enum { WAIT_MS = 100, SEND_BUFFER_BYTES = 64 << 10 };
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_ctx {
@@ -55,6 +55,11 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         }
         w->fd = ci->connect_fd;
         w->t_begin = st_time_seconds();
+        /* a bounded send buffer: Linux grows it to megabytes, which a client that stops
+         * reading would fill for seconds (its request running all the while) before the writes
+         * block and MHD's idle timeout (--timeout) ends the connection and the request */
+        int sndbuf = SEND_BUFFER_BYTES;
+        setsockopt(w->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
         pthread_mutex_lock(&s->mu);
         w->next = s->watches;
         if (s->watches)

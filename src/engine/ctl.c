@@ -27,7 +27,7 @@ enum {
 };
 
 /* Proposals that keep not paying may cost this share of the steps' time. */
-#define CTL_PROP_SHARE 0.02
+#define CTL_PROP_SHARE 0.01
 
 /* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
 #define CTL_PRIOR_SCALE 0.6
@@ -52,6 +52,17 @@ enum {
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
+/* A tree must promise this speed-up over a plain step, its verify cost at this batch size
+ * measured (CTL_TREE_MIN_GAIN). A size not measured yet at a batch size, or one next to the best
+ * that comes within CTL_REPROBE_NEAR of it (one step in CTL_REPROBE_EVERY), is verified as a
+ * probe; probes may lose, beyond what plain steps would take for the tokens they emit, at most
+ * CTL_VPROBE_BUDGET of all steps' time plus CTL_VPROBE_ALLOW plain-token times. */
+#define CTL_TREE_MIN_GAIN 1.03
+#define CTL_PROBE_NEAR 0.7
+#define CTL_REPROBE_NEAR 0.85
+#define CTL_REPROBE_EVERY 16
+#define CTL_VPROBE_BUDGET 0.01
+#define CTL_VPROBE_ALLOW 8.0
 #define CTL_PRIOR_RATIO(T) (1.0 + CTL_PRIOR_SLOPE * (double)((T)-1))
 
 typedef struct shadow {
@@ -123,7 +134,19 @@ struct st_ctl {
     int64_t t1_n;
     double t1b[ST_GEN_MAX_BATCH + 1];
     int64_t t1b_n[ST_GEN_MAX_BATCH + 1];
-    int64_t explore;  /* near-paying steps seen (exploration counter) */
+    int64_t explore; /* near-paying steps seen (exploration counter) */
+    /* per batch size: cvb[na * (N+1) + m], the time of a verify step of na sequences with m
+     * nodes each over that of a plain step of na sequences, measured at that batch size
+     * (cvb_n: measurements) */
+    double *cvb;
+    int32_t *cvb_n;
+    /* proposing and ranking, per sequence, in plain-token times (a moving average) */
+    double prop_r;
+    int64_t prop_rn;
+    /* verify probes: all steps' time and the probes' loss, in plain-token times; whether the
+     * tree chosen this step is a probe */
+    double t_total, vprobe_loss;
+    int vprobe;
     double *tv;       /* (Tmax + 1) */
     int32_t *tv_n;    /* (Tmax + 1) */
     uint8_t *tv_seen; /* (Tmax + 1) a first, unmeasured step of that size was made */
@@ -160,6 +183,9 @@ static void ctl_layout(st_ctl *c, st_plan *p) {
     c->tv = st_plan_take(p, T1, sizeof *c->tv);
     c->tv_n = st_plan_take(p, T1, sizeof *c->tv_n);
     c->tv_seen = st_plan_take(p, T1, sizeof *c->tv_seen);
+    const size_t B = ((size_t)c->bs + 1) * ((size_t)c->N + 1);
+    c->cvb = st_plan_take(p, B, sizeof *c->cvb);
+    c->cvb_n = st_plan_take(p, B, sizeof *c->cvb_n);
 }
 
 st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotune,
@@ -340,6 +366,8 @@ void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32
 }
 
 static double est_ratio(const st_ctl *c, int64_t T);
+static double batch_f(const st_ctl *c, int32_t na);
+static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured);
 
 /* Seconds of a level pass of K nodes: measured, else from the nearest measured smaller (or
  * larger) pool, else a catch-up's. */
@@ -362,8 +390,12 @@ static double level_cost(const st_ctl *c, int64_t K) {
 static void plan(st_ctl *c, int32_t na) {
     double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)], ratio[ST_SPEC_MAX_N + 1];
     q_table(c, c->K, c->S, q);
+    /* a verify step's time in plain-token times, from its cost at this batch size; the plain
+     * step it is weighed against takes na * f */
+    const double f = batch_f(c, na);
+    int meas;
     for (int32_t n = 2; n <= c->N; n++)
-        ratio[n] = est_ratio(c, (int64_t)na * n);
+        ratio[n] = verify_cost(c, na, n, &meas) * (double)na * f;
     const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
     const int32_t nmax = c->N;
     double best = -1.0, alt = -1.0;
@@ -382,7 +414,7 @@ static void plan(st_ctl *c, int32_t na) {
             double gm = -1.0;
             int32_t nb = 2;
             for (int32_t n = 2; n <= nm; n++) {
-                const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
+                const double g = (double)na * f * (1.0 + e[n]) / (draft + ratio[n]);
                 if (g > gm)
                     gm = g, nb = n;
             }
@@ -412,7 +444,7 @@ static void plan(st_ctl *c, int32_t na) {
         const double *e = E + (S - 1) * (nmax + 1);
         const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
         for (int32_t n = 2; n <= nm; n++) {
-            const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
+            const double g = (double)na * f * (1.0 + e[n]) / (draft + ratio[n]);
             if (g > alt)
                 alt = g, ak = K, as = S, an = n;
         }
@@ -562,8 +594,26 @@ static double est_ratio(const st_ctl *c, int64_t T) {
     return vlo + slope * (double)(T - lo);
 }
 
+/* Plain decoding's time per token at batch size na over t1 (1 where not measured). */
+static double batch_f(const st_ctl *c, int32_t na) {
+    return na >= 1 && na <= c->bs && c->t1b_n[na] > 0 && c->t1 > 0.0 ? c->t1b[na] / c->t1 : 1.0;
+}
+
+/* The time of a verify step of na sequences with m nodes each over that of a plain step of na
+ * sequences: measured at that batch size (*measured = 1), else estimated from the verify-cost
+ * curve over all steps (by total tokens, in t1 times), which does not see what a batch does to
+ * it. */
+static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured) {
+    const size_t i = (size_t)na * (size_t)(c->N + 1) + (size_t)m;
+    *measured = na >= 1 && na <= c->bs && m >= 2 && m <= c->N && c->cvb_n[i] > 0;
+    if (*measured)
+        return c->cvb[i];
+    return est_ratio(c, (int64_t)na * m) / ((double)na * batch_f(c, na));
+}
+
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
     *exp_gain = 1.0;
+    c->vprobe = 0;
     if (!c->autotune) /* a fixed shape verifies what was drafted, up to N */
         return (int32_t)(n_real_max + 1 < c->N ? n_real_max + 1 : c->N);
     if (c->t1_n == 0)
@@ -575,40 +625,57 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         mmax = c->N;
     /* a model drafter's first proposals are verified whole: they measure the verify cost the
      * plan needs (its prior is pessimistic, and a size never verified is never measured) */
-    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1)
+    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1) {
+        c->vprobe = 1;
         return mmax;
+    }
+    /* the yardstick: a plain step at this batch size, measured first */
+    if (na < 1 || na > c->bs || c->t1b_n[na] == 0)
+        return 1;
+    /* A step with trees is weighed against a plain step of the same batch: its verify forward
+     * (its cost measured at this batch size) and its proposals (drafting and ranking, measured
+     * per sequence) against the tokens it is expected to emit. The larger the batch, the
+     * cheaper a plain step's tokens and the dearer a verify step (verification stops being
+     * free): the trees must deliver more. */
+    const double f = batch_f(c, na), cp = c->prop_rn ? c->prop_r / f : 0.0;
     int32_t best = 1;
-    double bg = 1.03; /* a speculative step must promise a clear gain */
+    double bg = CTL_TREE_MIN_GAIN;
     double g[ST_SPEC_MAX_N + 1];
-    /* plain decoding's time per token at this batch size, over t1 (the scale of the verify
-     * curve): the larger the batch, the cheaper its plain tokens and the more a tree must
-     * deliver. Unmeasured at this size: t1's. */
-    const double f =
-        na >= 1 && na <= ST_GEN_MAX_BATCH && c->t1b_n[na] > 0 ? c->t1b[na] / c->t1 : 1.0;
+    int meas[ST_SPEC_MAX_N + 1];
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        g[m] = tok * f / est_ratio(c, (int64_t)na * m);
-        if (g[m] > bg) {
+        g[m] = tok / ((double)na * (verify_cost(c, na, m, &meas[m]) + cp));
+        if (meas[m] && g[m] > bg) {
             bg = g[m];
             best = m;
         }
     }
-    /* Exploration: now and then (one step in 16 of those where it applies) the size next to
-     * the best, if its estimate comes close, is verified instead, so that one slow measurement
-     * (a cold cache, a preempted step) cannot rule a size out for good. */
+    /* Probes, within the budget: the most promising size not yet measured at this batch size
+     * if its estimate comes near paying, else now and then (one step in CTL_REPROBE_EVERY of
+     * those where it applies) a measured size next to the best if it comes close (one slow
+     * measurement, a cold cache or a preempted step, must not rule a size out for good). */
     int32_t alt = 0;
     double ag = 0.0;
-    for (int32_t m = 2; m <= mmax; m++)
-        if (m != best && (m == best + 1 || m == best - 1 || best == 1) && g[m] > ag) {
+    int fresh = 0;
+    for (int32_t m = 2; m <= mmax; m++) {
+        if (m == best)
+            continue;
+        const int near = !meas[m] ? g[m] > CTL_PROBE_NEAR * bg
+                                  : (m == best + 1 || m == best - 1 || best == 1) &&
+                                        g[m] > CTL_REPROBE_NEAR * bg;
+        const int un = !meas[m]; /* unmeasured sizes first */
+        if (near && (un > fresh || (un == fresh && g[m] > ag))) {
             ag = g[m];
             alt = m;
+            fresh = un;
         }
-    const double near = alt && c->tv_n[(int64_t)na * alt] < 3 ? 0.7 : 0.85;
-    if (alt && ag > near * bg && ++c->explore % 16 == 0) {
-        best = alt;
-        bg = ag;
+    }
+    if (alt && c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW &&
+        (fresh || ++c->explore % CTL_REPROBE_EVERY == 0)) {
+        c->vprobe = 1;
+        return alt;
     }
     if (best > 1)
         *exp_gain = bg;
@@ -638,14 +705,12 @@ static void track_cost(double *v, int64_t n, double x) {
         track(v, n, x);
 }
 
-void st_ctl_time_plain(st_ctl *c, double per_token) {
-    if (!(per_token > 0.0))
-        return;
-    track_cost(&c->t1, c->t1_n, per_token);
-    c->t1_n++;
-}
+void st_ctl_time_plain(st_ctl *c, double per_token) { st_ctl_time_plain_batch(c, 1, per_token); }
 
-void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
+/* The verify-cost curve by total tokens T (in t1 times, any batch); cold: the first step of
+ * that size, not measured. */
+static void time_verify_tokens(st_ctl *c, int64_t T, double seconds, int *cold) {
+    *cold = 1;
     if (T < 2 || T > c->Tmax || !(seconds > 0.0) || c->t1_n == 0)
         return;
     /* the first step of a size is not measured: it runs cold (fresh logits rows and buffers
@@ -654,6 +719,7 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
         c->tv_seen[T] = 1;
         return;
     }
+    *cold = 0;
     double r = seconds / c->t1;
     if (c->tv_n[T] == 0) { /* a first measurement counts at most 1.5 times the estimate */
         const double e = est_ratio(c, T);
@@ -664,10 +730,33 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
         c->tv_n[T]++;
 }
 
+/* A verify step of na sequences with m nodes each that took `seconds`: the curve by total
+ * tokens, and its cost over a plain step at this batch size (where that is measured). */
+static void time_verify_batch(st_ctl *c, int32_t na, int32_t m, double seconds) {
+    int cold;
+    time_verify_tokens(c, (int64_t)na * m, seconds, &cold);
+    if (cold || na < 1 || na > c->bs || m < 2 || m > c->N || c->t1b_n[na] == 0)
+        return;
+    const size_t i = (size_t)na * (size_t)(c->N + 1) + (size_t)m;
+    track(&c->cvb[i], c->cvb_n[i], seconds / ((double)na * c->t1b[na]));
+    if (c->cvb_n[i] < 1000000)
+        c->cvb_n[i]++;
+}
+
+void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
+    if (T >= 2 && T <= c->N)
+        time_verify_batch(c, 1, (int32_t)T, seconds);
+    else {
+        int cold;
+        time_verify_tokens(c, T, seconds, &cold);
+    }
+}
+
 void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
     if (na < 1 || !(seconds > 0.0))
         return;
-    st_ctl_time_plain(c, seconds / (double)na);
+    track_cost(&c->t1, c->t1_n, seconds / (double)na);
+    c->t1_n++;
     if (na <= ST_GEN_MAX_BATCH) {
         track(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
         c->t1b_n[na]++;
@@ -739,6 +828,20 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     c->step++;
     if (!c->autotune)
         return;
+    /* a probe's loss: its time beyond what plain steps would take for the tokens it emitted */
+    if (c->t1 > 0.0 && t_step > 0.0) {
+        c->t_total += t_step / c->t1;
+        if (c->vprobe && n > 1) {
+            const double loss = t_step / c->t1 - (double)emitted * batch_f(c, na);
+            c->vprobe_loss += loss > 0.0 ? loss : 0.0;
+        }
+    }
+    c->vprobe = 0;
+    if (drafted && na >= 1 && c->t1 > 0.0 && t_step > t_fwd && t_fwd >= 0.0) {
+        const double x = (t_step - t_fwd) / (double)na / c->t1;
+        track(&c->prop_r, c->prop_rn, x);
+        c->prop_rn++;
+    }
     if (drafted) {
         c->last_draft = c->step;
         if (na >= 1 && na <= ST_GEN_MAX_BATCH)
@@ -769,6 +872,6 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
             st_ctl_time_plain_batch(c, na, t_fwd);
         c->last_plain = c->step;
     } else {
-        st_ctl_time_verify(c, (int64_t)na * n, t_fwd);
+        time_verify_batch(c, na, n, t_fwd);
     }
 }

@@ -4,12 +4,20 @@
  * st_tree_organize selects them, plus the root), or none, by maximizing the expected tokens per
  * second:
  *
- *   speed-up(N) = (tokens emitted, expected) * t1 / t(N tokens),   plain: 1
+ *   speed-up(N) = (tokens emitted, expected) / (na * (cv(na, N) + cp)),   plain: 1
  *
- * - t1 is the measured time of a plain step per token; t(T) / t1 the measured cost of a verify
- *   step over T tree tokens (all sequences) in plain-token times, interpolated where not yet
- *   measured. Both are moving averages with preempted steps clipped, and a size that
- *   nearly pays is re-measured now and then.
+ * for a batch of na sequences, weighed against a plain step of the same batch:
+ * - cv(na, N): the time of a verify step of na trees of N nodes over that of a plain step of na
+ *   sequences, measured at that batch size (moving averages with preempted steps clipped). A
+ *   tree is chosen only where it is measured; a size not yet measured at a batch size (its
+ *   estimate from the curve of verify cost by total tokens, in plain-token times t1, coming
+ *   near paying), or now and then one next to the best that nearly pays, is verified as a
+ *   probe, all probes together losing at most 1% of the time (plus 8 plain-token times) against
+ *   plain steps emitting the same tokens. A batch size whose plain step was never measured
+ *   decodes plainly first. (The larger the batch, the cheaper its plain tokens and the less
+ *   free verification is: this is where speculation must back off.)
+ * - cp: proposing and ranking (drafting included), per sequence, in plain-token times of that
+ *   batch: a tree must pay for its proposals too.
  * - The expected tokens of a sequence are 1 (the bonus) plus the sum, over the selected nodes,
  *   of the probability that the node's whole path is accepted. That probability is calibrated
  *   online per bucket of (drafter confidence class, depth, drafter score): each proposal is
@@ -67,7 +75,7 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto);
 /* Whether this step drafts at all for na active sequences (the engine also checks that the
  * trees fit the context) and, if so, the pool (*K, *S) the drafters propose this step. Under
  * `auto`, proposals that keep ending in a plain step at this batch size are made only one step
- * in k, k such that they cost about 2% of the time (at most 16). */
+ * in k, k such that they cost about 1% of the time (at most 16). */
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
 
 /* A model drafter's measured time for one proposal of pool (K, S): catch_s to catch up on the
@@ -103,7 +111,8 @@ int64_t st_ctl_ranked(const st_ctl *c, int32_t a, int32_t j);
 /* Deepest level among the first n-1 ranked nodes of slot a. */
 int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n);
 
-/* Timing of a plain step (seconds per token) and of a verify step over T tree tokens. */
+/* Timing of a plain step (seconds per token) and of a verify step over T tree tokens, both of one
+ * sequence (for the tests; the engine reports its steps through st_ctl_step_end). */
 void st_ctl_time_plain(st_ctl *c, double per_token);
 /* A plain step of na sequences that took `seconds`: t1, and the per-token time at that batch
  * size, which scales the expected speed-up of a tree for a batch of na (st_ctl_choose). */

@@ -387,6 +387,8 @@ st_status st_model_load_hf(const char *dir, st_model **out) {
 const st_model_hparams *st_model_get_hparams(const st_model *m) { return &m->hp; }
 const st_tokenizer *st_model_tokenizer(const st_model *m) { return m->tok; }
 
+const st_gguf *st_model_gguf(const st_model *m) { return m->gguf; }
+
 size_t st_model_weight_bytes(const st_model *m) {
     size_t total = (size_t)m->output.n_out * m->output.row_bytes +
                    (size_t)m->fc.n_out * m->fc.row_bytes; /* an EAGLE head's input projection */

@@ -8,18 +8,23 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
   bodies and prompts each get their status and an OpenAI error object;
 - faults: a client that disconnects mid-stream frees its sequence; a client that sends its
-  request a byte at a time is dropped without taking a slot; SIGTERM lets running requests
-  finish, then the server exits 0;
+  request a byte at a time is dropped without taking a slot; a client that stops reading a
+  stream has its request cancelled --timeout after the socket buffers fill, while other streams
+  run; SIGTERM lets running requests finish, then the server exits 0;
+- chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
+  list-of-templates form too); an unknown one is a startup error;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed.
 Usage: test_serve.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -184,9 +189,23 @@ def test_errors():
         (b'{"prompt": [1, 99999]}', 400, "not a token id"),
         (b'{"prompt": "' + b"word " * 3000 + b'"}', 400, "at most"),
         (b'{"prompt": "' + b"x" * 70000 + b'"}', 413, "exceeds"),
+        (b'{"prompt": "x", "max_tokens": 99999999999999999999}', 400, "too big integer"),
+        (b'{"prompt": "x", "seed": 1e300}', 400, "must be an integer"),
+        (b'{"prompt": "x", "top_p": NaN}', 400, "malformed JSON"),
+        (b'{"prompt": "x", "top_p": 1.5}', 400, "must be in"),
+        (b'{"prompt": "x\\u0000y"}', 400, "malformed JSON"),
+        (b'{"prompt": "\\ud800"}', 400, "malformed JSON"),
+        (b'[1, 2]', 400, "must be a JSON object"),
     ]
-    for raw, want_code, want in cases:
-        code, text = post("/v1/completions", None, raw=raw)
+    chat = [
+        (b'{"messages": "hi"}', 400, "must be an array"),
+        (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "must be system"),
+        (b'{"messages": [{"role": "user", "content": 5}]}', 400, "content"),
+        (b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, "malformed JSON"),
+    ]
+    for raw, want_code, want, path in [(r, c, w, "completions") for r, c, w in cases] + \
+            [(r, c, w, "chat/completions") for r, c, w in chat]:
+        code, text = post("/v1/" + path, None, raw=raw)
         check(code == want_code, "%r: %d (want %d) %s" % (raw[:40], code, want_code, text))
         e = json.loads(text)["error"]
         check(want in e["message"] and e["type"], "%r: %s" % (raw[:40], e))
@@ -373,6 +392,116 @@ def test_startup_errors():
         check(s2.stop() == 0, "exit status")
 
 
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_hf_dir_templates():
+    # -m DIR (a Hugging Face checkpoint): the template comes from tokenizer_config.json, in its
+    # list-of-templates form too; an unknown one stops the server at start
+    src = os.path.join(SHARED, "models", "TinyStories-656K")
+    with tempfile.TemporaryDirectory() as d:
+        for f in os.listdir(src):
+            shutil.copy(os.path.join(src, f), d)
+        cfg_path = os.path.join(d, "tokenizer_config.json")
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        check("chat_template" not in cfg, "TinyStories-656K has a chat template already")
+        cfg["chat_template"] = [{"name": "tool_use", "template": "{{ messages }}"},
+                                {"name": "default", "template": CHATML}]
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        with Server(BUILD, d + "/") as s:
+            check("chat template chatml from tokenizer.chat_template" in s.log_text(),
+                  s.log_text())
+            code, text = curl(s.url + "/v1/models")
+            name = json.loads(text)["data"][0]["id"]
+            check(code == 200 and name == os.path.basename(d), "the model's name: %r" % name)
+            want = generate(BUILD, d, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                            20)
+            code, text = curl(s.url + "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "Hi"}],
+                               "max_tokens": 20, "temperature": 0})
+            check(code == 200, "chatml chat: %d %s" % (code, text))
+            got = json.loads(text)["choices"][0]["message"]["content"]
+            check(got == want, "chatml chat %r != generate %r" % (got, want))
+            check(s.stop() == 0, "exit status")
+        cfg["chat_template"] = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", d, "--port", "0"],
+                           capture_output=True, timeout=60)
+        err = r.stderr.decode()
+        check(r.returncode == 1 and "--chat-template NAME" in err and err.count("\n") == 1,
+              "an unknown template in tokenizer_config.json: %d %r" % (r.returncode, err))
+
+
+def test_stalled_reader():
+    # a client that opens a long stream and never reads (a small receive buffer): the server's
+    # writes block once the socket buffers fill; its request is cancelled (the slot freed)
+    # --timeout (2 s) after that, and other streams run meanwhile. With the kernel's
+    # auto-grown send buffer (megabytes) it ran on for seconds more, writing MiBs.
+    with Server(BUILD, MODEL, "--max-running-requests", "4", "--timeout", "2", "-c",
+                "32768") as s:
+        key = 'spectree_requests_finished_total{reason="cancelled"}'
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.connect(("127.0.0.1", s.port))
+        data = json.dumps({"prompt": PROMPT, "max_tokens": 30000, "temperature": 0.9,
+                           "seed": 5, "stream": True}).encode()
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: " + str(len(data)).encode() +
+                  b"\r\n\r\n" + data)
+        t0 = time.time()
+
+        def running():
+            return metrics(s.url).get("spectree_running_sequences", 0)
+
+        deadline = t0 + 30
+        while running() < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        results = {}
+
+        def other(i):
+            results[i] = curl(s.url + "/v1/completions",
+                              {"prompt": PROMPT, "max_tokens": 100, "temperature": 0,
+                               "stream": True})
+
+        th = [threading.Thread(target=other, args=(i,)) for i in range(3)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(60)
+        want = generate(BUILD, MODEL, PROMPT, 100)
+        for i in range(3):
+            code, text = results.get(i, (0, ""))
+            check(code == 200, "a stream beside the stalled one: %d" % code)
+            got = "".join(e["choices"][0]["text"] for e in sse_events(text))
+            check(got == want, "a stream beside the stalled one differs from generate")
+        while metrics(s.url).get(key, 0) < 1 and time.time() - t0 < 60:
+            time.sleep(0.1)
+        freed = time.time() - t0
+        check(metrics(s.url).get(key, 0) == 1 and running() == 0,
+              "the stalled stream was not cancelled")
+        # what reached the client: the socket buffers' worth, not the generation's
+        c.settimeout(10)
+        n = 0
+        while True:
+            try:
+                b = c.recv(65536)
+            except OSError:
+                break
+            if not b:
+                break
+            n += len(b)
+        c.close()
+        print("     stalled stream: cancelled after %.1f s, %d bytes delivered" % (freed, n))
+        check(n < 512 * 1024, "the stalled stream was sent %d bytes before its end" % n)
+        check(freed < 2 + 6, "the stalled stream held its slot %.1f s (timeout 2 s)" % freed)
+        check(s.stop() == 0, "exit status")
+
+
 def test_long_waits():
     # requests that wait longer than --timeout for their tokens (queued behind others) are
     # not mistaken for idle clients: every stream and answer arrives whole
@@ -475,7 +604,9 @@ def main():
             if s.proc.poll() is None or s.proc.returncode not in (0, None):
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
     run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
-               ("waits longer than --timeout", test_long_waits)])
+               ("waits longer than --timeout", test_long_waits),
+               ("a client that stops reading", test_stalled_reader),
+               ("templates from a Hugging Face directory", test_hf_dir_templates)])
     print("all serve tests passed")
 
 
