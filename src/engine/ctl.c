@@ -40,7 +40,7 @@ enum {
 #define CTL_Q_PRIOR_WEIGHT 2.0
 #define CTL_LEVEL_SLOPE 0.1
 #define CTL_PLAN_MIN_GAIN 1.02
-#define CTL_PROBE_BUDGET 0.02
+#define CTL_PROBE_BUDGET 0.01
 #define CTL_PROBE_MIN_GAIN 0.8 /* probes are for drafters predicted near paying */
 /* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
  * that pool), the prediction worth CTL_RZ_PRIOR steps. */
@@ -538,28 +538,47 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n) {
     return d;
 }
 
+/* A measured size's estimate: its measurements' average blended with the prior, worth one
+ * measurement (a few lucky steps must not make a large tree look cheap). */
+static double meas_ratio(const st_ctl *c, int64_t T) {
+    return ((double)c->tv_n[T] * c->tv[T] + CTL_PRIOR_RATIO(T)) / (double)(c->tv_n[T] + 1);
+}
+
 /* Estimated cost of a verify step over T tree tokens, in plain-token times (a ratio to t1: both
- * grow with the context, their ratio much less), interpolated between measured sizes and
- * extrapolated with the measured slope (0.6 per token before any measurement). */
+ * grow with the context, their ratio much less). Measured sizes give meas_ratio; others are
+ * interpolated between the measured sizes around them (1.0 at T = 1) and extrapolated past the
+ * largest with the slope up to it (0.6 per token before any measurement). Every estimate is
+ * at least that of every smaller measured size: a verify of more tokens costs no less, and an
+ * unmeasured size must not look cheaper than a measured smaller one (an interpolation of raw
+ * measurements beside blended ones did that, and the planner chased the unmeasured sizes). */
 static double est_ratio(const st_ctl *c, int64_t T) {
-    if (T <= c->Tmax && c->tv_n[T] > 0) /* a few measurements are blended with the prior */
-        return ((double)c->tv_n[T] * c->tv[T] + CTL_PRIOR_RATIO(T)) / (double)(c->tv_n[T] + 1);
     int64_t lo = 1, hi = 0;
-    for (int64_t t = T - 1; t >= 2 && lo == 1; t--)
-        if (t <= c->Tmax && c->tv_n[t] > 0)
+    double vlo = 1.0; /* the most a measured size below T is estimated to cost */
+    for (int64_t t = 2; t < T && t <= c->Tmax; t++)
+        if (c->tv_n[t] > 0) {
+            const double v = meas_ratio(c, t);
             lo = t;
-    for (int64_t t = T + 1; t <= c->Tmax && hi == 0; t++)
-        if (c->tv_n[t] > 0)
-            hi = t;
-    const double vlo = lo == 1 ? 1.0 : c->tv[lo];
-    if (hi)
-        return vlo + (c->tv[hi] - vlo) * (double)(T - lo) / (double)(hi - lo);
-    double slope = CTL_PRIOR_SLOPE;
-    if (lo > 1) {
-        slope = (vlo - 1.0) / (double)(lo - 1);
-        slope = slope < 0.25 ? 0.25 : slope > 1.5 ? 1.5 : slope;
+            vlo = v > vlo ? v : vlo;
+        }
+    double e;
+    if (T <= c->Tmax && c->tv_n[T] > 0) {
+        e = meas_ratio(c, T);
+    } else {
+        for (int64_t t = T + 1; t <= c->Tmax && hi == 0; t++)
+            if (c->tv_n[t] > 0)
+                hi = t;
+        if (hi) {
+            e = vlo + (meas_ratio(c, hi) - vlo) * (double)(T - lo) / (double)(hi - lo);
+        } else {
+            double slope = CTL_PRIOR_SLOPE;
+            if (lo > 1) {
+                slope = (vlo - 1.0) / (double)(lo - 1);
+                slope = slope < 0.25 ? 0.25 : slope > 1.5 ? 1.5 : slope;
+            }
+            e = vlo + slope * (double)(T - lo);
+        }
     }
-    return vlo + slope * (double)(T - lo);
+    return e > vlo ? e : vlo;
 }
 
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
@@ -573,9 +592,12 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         mmax = c->avail[a] + 1 > mmax ? c->avail[a] + 1 : mmax;
     if (mmax > c->N)
         mmax = c->N;
-    /* a model drafter's first proposals are verified whole: they measure the verify cost the
-     * plan needs (its prior is pessimistic, and a size never verified is never measured) */
-    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1)
+    /* a model drafter's first proposals are verified whole until that size is measured (its
+     * first verify runs cold and is not): they measure the verify cost the plan needs (its prior
+     * is pessimistic, and a size never verified is never measured). Once measured, they are
+     * verified as their drafts look: an always-wrong head must not pay for more whole trees. */
+    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1 &&
+        c->tv_n[(int64_t)na * mmax] == 0)
         return mmax;
     int32_t best = 1;
     double bg = 1.03; /* a speculative step must promise a clear gain */

@@ -8,8 +8,9 @@
  *
  * - t1 is the measured time of a plain step per token; t(T) / t1 the measured cost of a verify
  *   step over T tree tokens (all sequences) in plain-token times, interpolated where not yet
- *   measured. Both are moving averages with preempted steps clipped, and a size that
- *   nearly pays is re-measured now and then.
+ *   measured (a size is never estimated below a smaller measured one). Both are moving
+ *   averages with preempted steps clipped, and a size that nearly pays is re-measured now and
+ *   then.
  * - The expected tokens of a sequence are 1 (the bonus) plus the sum, over the selected nodes,
  *   of the probability that the node's whole path is accepted. That probability is calibrated
  *   online per bucket of (drafter confidence class, depth, drafter score): each proposal is
@@ -40,7 +41,7 @@
  * see, acceptance that depends on more than depth and rank) is learned per pool.
  * When no shape pays, it decodes plainly and, if the best comes within 0.8x of plain, drafts a
  * probe now and then (at most every 32 steps) so that the calibration follows the text, all
- * probes together costing at most 2% of the plain decoding time (a probe first catches up on
+ * probes together costing at most 1% of the plain decoding time (a probe first catches up on
  * every token since the last draft; it is verified only if its drafts look worth it); now and
  * then it drafts a shape next to the best to measure it.
  */
