@@ -228,9 +228,11 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     if (!c->model_drafter)
         return 1;
     /* a model drafter only drafts once t1 is known (its drafts cost time before they can be
-     * judged); its first CTL_FIRST proposals (chains of at most 4, in a row) measure what
-     * drafting costs and start the calibration */
-    if (c->t1_n == 0)
+     * judged), from two plain steps: the first after the prompt runs cold (fresh KV rows and
+     * buffers: on a 768-wide target it measured 1.3x the later ones) and every cost is a ratio
+     * to t1 (the smallest of the first measurements). Its first CTL_FIRST proposals (chains of
+     * at most 4, in a row) measure what drafting costs and start the calibration. */
+    if (c->t1_n < 2)
         return 0;
     c->probing = 0;
     if (c->c_catch_n < CTL_FIRST - 1) { /* (the first, cold proposal is not measured) */
@@ -538,11 +540,12 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n) {
     return d;
 }
 
-/* A measured size's estimate: its measurements' average blended with the prior, worth one
- * measurement (a few lucky steps must not make a large tree look cheap). */
-static double meas_ratio(const st_ctl *c, int64_t T) {
-    return ((double)c->tv_n[T] * c->tv[T] + CTL_PRIOR_RATIO(T)) / (double)(c->tv_n[T] + 1);
-}
+/* A measured size's estimate: its measurements' average. (It was blended with the prior of
+ * 0.6 per token, worth one measurement; on a target whose verify costs 0.05 per token that kept
+ * the sizes measured once or twice, the first proposals' among them, far dearer than they are,
+ * and a size the planner thinks dear is not drafted, so not measured again: the plan stuck on
+ * the smallest trees. Overestimates correct themselves: a size drafted is measured.) */
+static double meas_ratio(const st_ctl *c, int64_t T) { return c->tv[T]; }
 
 /* Estimated cost of a verify step over T tree tokens, in plain-token times (a ratio to t1: both
  * grow with the context, their ratio much less). Measured sizes give meas_ratio; others are
