@@ -22,6 +22,7 @@ typedef struct e2e_result {
      * and the mean pool (K, S) of the speculative steps: the last repetition's, summed over
      * the prompts */
     double plain, spec, ratio, tau, mean_k, mean_s;
+    double draft; /* drafting time per verified tree in plain-token times */
     int64_t steps, plain_steps;
 } e2e_result;
 
@@ -37,7 +38,8 @@ typedef struct prompts {
 static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp_plain,
                    const st_gen_params *gp_spec, int reps, e2e_result *out) {
     double plain[MAX_PROMPTS][MAX_REPS], specr[MAX_PROMPTS][MAX_REPS], ratio[MAX_PROMPTS][MAX_REPS];
-    double mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS];
+    double draft[MAX_PROMPTS][MAX_REPS], mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS],
+        md[MAX_PROMPTS];
     int64_t emitted = 0, ksum = 0, ssum = 0;
     memset(out, 0, sizeof *out);
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
@@ -58,6 +60,10 @@ static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp
             plain[i][r] = a.gen_tok_s;
             specr[i][r] = b.gen_tok_s;
             ratio[i][r] = b.gen_tok_s / a.gen_tok_s;
+            /* drafting time per verified tree (with drafts that were not verified, under auto)
+             * in plain-token times */
+            draft[i][r] =
+                b.spec_steps ? b.draft_ms / (double)b.spec_steps * a.gen_tok_s / 1e3 : 0.0;
             if (r == reps - 1) {
                 emitted += (int64_t)(b.tau * (double)b.spec_steps + 0.5);
                 out->steps += b.spec_steps;
@@ -71,7 +77,9 @@ static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp
         mp[i] = st_bench_median(plain[i], reps);
         ms[i] = st_bench_median(specr[i], reps);
         mr[i] = st_bench_median(ratio[i], reps);
+        md[i] = st_bench_median(draft[i], reps);
     }
+    out->draft = st_bench_median(md, pr->n);
     out->plain = st_bench_median(mp, pr->n);
     out->spec = st_bench_median(ms, pr->n);
     out->ratio = st_bench_median(mr, pr->n);
@@ -89,14 +97,16 @@ static void report(int json, const char *model_path, const char *name, const cha
         printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"shape\": \"%s\", \"gen_tokens\": %ld, "
                "\"plain_tok_s\": %.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, "
                "\"spec_steps\": %lld, \"plain_steps\": %lld, \"mean_topk\": %.2f, "
-               "\"mean_steps\": %.2f, \"reps\": %d}\n",
+               "\"mean_steps\": %.2f, \"draft_per_tree\": %.3f, \"reps\": %d}\n",
                model_path, name, shape, n_gen, e->plain, e->spec, e->ratio, e->tau,
-               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, reps);
+               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft,
+               reps);
     else
         printf("%-28s %-10s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
-               "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f)\n",
+               "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f; drafting %.3f "
+               "plain tokens per tree)\n",
                name, shape, e->plain, e->spec, e->ratio, e->tau, (long long)e->steps,
-               (long long)e->plain_steps, e->mean_k, e->mean_s);
+               (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft);
     fflush(stdout);
 }
 
