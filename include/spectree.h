@@ -606,8 +606,8 @@ st_status st_eagle_head_load(const char *dir, const st_model *target, st_model *
  * head; errors: ST_ERR_INVALID (another type, not a head, a second call), ST_ERR_FORMAT (a
  * weight that is not finite), ST_ERR_NOMEM. Call it before drafting with the head. */
 st_status st_eagle_head_set_type(st_model *head, int type);
-/* The type `-1` converts a head to beside `target`: Q8_0 beside quantized matrices (Q8_0, Q4_0,
- * the K-quants), F16 or BF16 beside those, -1 (as stored) beside F32. */
+/* The type `-1` converts a head to beside `target`: -1 (as stored) beside F32 matrices, Q8_0
+ * beside any other (F16, BF16, Q8_0, Q4_0, the K-quants). */
 int st_eagle_head_auto_type(const st_model *target);
 
 /* Loads an EAGLE-3 draft head (Li et al., EAGLE-3, 2025; FORMATS.md §d.2) for `target` from a
