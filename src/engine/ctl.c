@@ -24,6 +24,7 @@ enum {
     CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
     CTL_QK = ST_SPEC_MAX_K,
     CTL_PROP_SKIP_MAX = 16, /* proposals that do not pay: at least one step in this many */
+    CTL_FLOOR_N = 3,        /* measurements of a verify size that bound the larger ones */
 };
 
 /* Proposals that keep not paying may cost this share of the steps' time. */
@@ -40,6 +41,7 @@ enum {
 #define CTL_Q_PRIOR_WEIGHT 2.0
 #define CTL_LEVEL_SLOPE 0.1
 #define CTL_PLAN_MIN_GAIN 1.02
+#define CTL_PLAN_MARGIN 0.02 /* what a dearer pool must promise more than a cheaper one */
 #define CTL_PROBE_BUDGET 0.01
 #define CTL_PROBE_MIN_GAIN 0.8 /* probes are for drafters predicted near paying */
 /* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
@@ -368,7 +370,7 @@ static void plan(st_ctl *c, int32_t na) {
         ratio[n] = est_ratio(c, (int64_t)na * n);
     const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
     const int32_t nmax = c->N;
-    double best = -1.0, alt = -1.0;
+    double best = -1.0, alt = -1.0, bdraft = 0.0;
     int64_t bk = c->K, bs = c->S, ak = 0, as = 0;
     int32_t bn = 2, an = 2;
     const int try_alt = ++c->planned % CTL_EXPLORE_EVERY == 0;
@@ -396,8 +398,10 @@ static void plan(st_ctl *c, int32_t na) {
             if (w > 0.0 && c->rz_cost[K][S] > 0.0)
                 gm = (c->rz_tok[K][S] / c->rz_cost[K][S] * w + gm * CTL_RZ_PRIOR) /
                      (w + CTL_RZ_PRIOR);
-            if (gm > best)
-                best = gm, bk = K, bs = S, bn = nb;
+            /* a dearer pool must be clearly better: near-ties (a wider pool whose siblings are
+             * seldom right) are decided by noise, and a dearer pool's noise costs more */
+            if (gm > (draft > bdraft ? 1.0 + CTL_PLAN_MARGIN : 1.0) * best)
+                best = gm, bk = K, bs = S, bn = nb, bdraft = draft;
         }
     }
     c->pgain = best; /* whether to draft follows the best shape */
@@ -551,18 +555,23 @@ static double meas_ratio(const st_ctl *c, int64_t T) { return c->tv[T]; }
  * grow with the context, their ratio much less). Measured sizes give meas_ratio; others are
  * interpolated between the measured sizes around them (1.0 at T = 1) and extrapolated past the
  * largest with the slope up to it (0.6 per token before any measurement). Every estimate is
- * at least that of every smaller measured size: a verify of more tokens costs no less, and an
- * unmeasured size must not look cheaper than a measured smaller one (an interpolation of raw
- * measurements beside blended ones did that, and the planner chased the unmeasured sizes). */
+ * at least that of every smaller size measured CTL_FLOOR_N times: a verify of more tokens costs
+ * no less, and an unmeasured size must not look cheaper than a measured smaller one (an
+ * interpolation of raw measurements beside blended ones did that, and the planner chased the
+ * unmeasured sizes); a size measured once or twice (a slow step, seldom repeated) does not
+ * raise the larger ones. */
 static double est_ratio(const st_ctl *c, int64_t T) {
     int64_t lo = 1, hi = 0;
-    double vlo = 1.0; /* the most a measured size below T is estimated to cost */
+    double vlo = 1.0, floor = 1.0; /* the nearest measured size below T; the most a size below
+                                    * measured CTL_FLOOR_N times costs */
     for (int64_t t = 2; t < T && t <= c->Tmax; t++)
         if (c->tv_n[t] > 0) {
             const double v = meas_ratio(c, t);
             lo = t;
-            vlo = v > vlo ? v : vlo;
+            vlo = v;
+            floor = c->tv_n[t] >= CTL_FLOOR_N && v > floor ? v : floor;
         }
+    vlo = vlo > floor ? vlo : floor;
     double e;
     if (T <= c->Tmax && c->tv_n[T] > 0) {
         e = meas_ratio(c, T);
@@ -581,7 +590,7 @@ static double est_ratio(const st_ctl *c, int64_t T) {
             e = vlo + slope * (double)(T - lo);
         }
     }
-    return e > vlo ? e : vlo;
+    return e > floor ? e : floor;
 }
 
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
