@@ -51,6 +51,10 @@ enum {
 /* ... and its weight fades by this per step since its last update (old measurements, made
  * when the machine was busier or the text different, give way to the prediction) */
 #define CTL_RZ_FADE 0.97
+/* The realized-over-predicted ratio of all planned pools: its sums decay by this per step, and
+ * a prior of 1 is worth this many tokens. */
+#define CTL_RHO_DECAY 0.97
+#define CTL_RHO_PRIOR 4.0
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
@@ -86,6 +90,12 @@ struct st_ctl {
     double rz_cost[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
     double rz_w[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
     int64_t rz_step[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1]; /* the step of its last update */
+    /* the model's prediction for each pool at the last plan, and how the planned pools'
+     * realized tokens compare with it: decayed sums of tokens emitted and of tokens predicted
+     * for the same time (costs the model does not see make every prediction optimistic alike,
+     * which must not favour the pools never drafted over those measured) */
+    double pred[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    double rho_tok, rho_pred;
     /* draft costs in plain-token times (ratios to t1 when measured, like the verify costs:
      * a machine that slows down slows both) */
     double probe_spent; /* what the probes have cost so far */
@@ -363,6 +373,12 @@ static double level_cost(const st_ctl *c, int64_t K) {
  * Every CTL_EXPLORE_EVERY-th planned draft, a shape one step deeper or wider than the best is
  * drafted instead when its prediction comes within 15% (its costs and deeper or wider cells
  * are measured only by drafting it). */
+/* Realized over predicted tokens of the planned pools (1 before any), in [0.5, 1.5]. */
+static double rho(const st_ctl *c) {
+    const double r = (c->rho_tok + CTL_RHO_PRIOR) / (c->rho_pred + CTL_RHO_PRIOR);
+    return r < 0.5 ? 0.5 : r > 1.5 ? 1.5 : r;
+}
+
 static void plan(st_ctl *c, int32_t na) {
     double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)], ratio[ST_SPEC_MAX_N + 1];
     q_table(c, c->K, c->S, q);
@@ -390,6 +406,8 @@ static void plan(st_ctl *c, int32_t na) {
                 if (g > gm)
                     gm = g, nb = n;
             }
+            c->pred[K][S] = gm;
+            gm *= rho(c);
             /* the pool's realized speed-up, where it was drafted, corrects the prediction */
             const double w =
                 c->rz_w[K][S] > 0.0
@@ -419,8 +437,10 @@ static void plan(st_ctl *c, int32_t na) {
         const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
         for (int32_t n = 2; n <= nm; n++) {
             const double g = (double)na * (1.0 + e[n]) / (draft + ratio[n]);
-            if (g > alt)
-                alt = g, ak = K, as = S, an = n;
+            if (g > c->pred[K][S] || n == 2)
+                c->pred[K][S] = g;
+            if (g * rho(c) > alt)
+                alt = g * rho(c), ak = K, as = S, an = n;
         }
     }
     if (alt > 0.85 * best) {
@@ -797,6 +817,10 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         c->rz_cost[K][S] = CTL_RZ_DECAY * c->rz_cost[K][S] + x;
         c->rz_w[K][S] = CTL_RZ_DECAY * c->rz_w[K][S] + 1.0;
         c->rz_step[K][S] = c->step;
+        if (c->pred[K][S] > 0.0) {
+            c->rho_tok = CTL_RHO_DECAY * c->rho_tok + (double)emitted;
+            c->rho_pred = CTL_RHO_DECAY * c->rho_pred + c->pred[K][S] * x;
+        }
     }
     if (n == 1) {
         if (emitted > 0)
