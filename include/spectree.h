@@ -600,6 +600,19 @@ const char *st_stop_reason_name(st_stop_reason r);
  * ST_ERR_NOMEM. */
 st_status st_eagle_head_load(const char *dir, const st_model *target, st_model **out);
 
+/* Converts the matrices an EAGLE-1/2 or EAGLE-3 head owns (fc, its layer's projections, an
+ * EAGLE-3 head's lm_head; not the embedding, nor the target's output layer an EAGLE-1/2 head
+ * borrows) to `type`: ST_DTYPE_F32, F16, BF16 or Q8_0 (Q8_0 leaves a matrix whose rows are not a
+ * multiple of 32 in F16), or -1 for st_eagle_head_auto_type's choice, which never widens a
+ * matrix. Small F32 heads (like small models) also get packed copies for the F32 kernel. Drafts
+ * may change; the output of speculative decoding does not (the target verifies). Once per
+ * head; errors: ST_ERR_INVALID (another type, not a head, a second call), ST_ERR_FORMAT (a
+ * weight that is not finite), ST_ERR_NOMEM. Call it before drafting with the head. */
+st_status st_eagle_head_set_type(st_model *head, int type);
+/* The type `-1` converts a head to beside `target`: -1 (as stored) beside F32 matrices, Q8_0
+ * beside any other (F16, BF16, Q8_0, Q4_0, the K-quants). */
+int st_eagle_head_auto_type(const st_model *target);
+
 /* Loads an EAGLE-3 draft head (Li et al., EAGLE-3, 2025; FORMATS.md §d.2) for `target` from a
  * checkpoint directory as published: config.json (num_hidden_layers 1, vocab_size equal to the
  * target's, optional draft_vocab_size V' (default vocab_size), target_hidden_size (default

@@ -76,6 +76,8 @@ static void test_generate_golden(void **state) {
         "--speculative-eagle-topk 1 --speculative-num-steps 3",
         "--speculative-algorithm EAGLE --speculative-draft-model-path %s "
         "--speculative-eagle-topk 2 --speculative-num-steps 3",
+        "--speculative-algorithm EAGLE --speculative-draft-model-path %s "
+        "--speculative-draft-type q8_0 --speculative-eagle-topk 2 --speculative-num-steps 3",
     };
     /* a random EAGLE-1 head for stories260K in the published layout */
     char head[1024];
@@ -89,9 +91,9 @@ static void test_generate_golden(void **state) {
                        .seed = 3,
                        .scale = 1.0f};
     assert_int_equal(tu_write_eagle_head(head, &h), 0);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         char alg[1024];
-        snprintf(alg, sizeof alg, algos[i], i == 4 ? head : tu_shared("models/stories260K.gguf"));
+        snprintf(alg, sizeof alg, algos[i], i >= 4 ? head : tu_shared("models/stories260K.gguf"));
         snprintf(args, sizeof args,
                  "generate -m %s -p 'Once upon a time' -n 199 --temp 0 --json -t 2 %s",
                  tu_shared("models/stories260K.gguf"), alg);
@@ -198,6 +200,7 @@ static void test_bad_usage(void **state) {
         "generate -m %s -p hi --speculative-algorithm NGRAM --speculative-eagle-topk 2 "
         "--speculative-num-steps 2 --speculative-num-draft-tokens 64",
         "generate -m %s -p hi --attention-backend flash",
+        "generate -m %s -p hi --speculative-draft-type q4_k",
         "generate -m %s -p hi --speculative-algorithm STANDALONE "
         "--speculative-draft-model-path /nonexistent.gguf",
         "generate -m %s -p hi -c 2",

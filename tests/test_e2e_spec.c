@@ -2,7 +2,8 @@
  * test_e2e_spec.c: speculation is invisible (DESIGN.md invariant 1). On stories260K, for
  * several prompts, every drafter (NGRAM; STANDALONE with stories260K as its own draft; EAGLE
  * and EAGLE3 with random heads in the published layouts written here, F32 and F16, EAGLE-3's
- * with a reduced draft vocabulary and with the full one), tree shapes K in
+ * with a reduced draft vocabulary and with the full one, and heads converted to Q8_0 by
+ * st_eagle_head_set_type, whose drafts may differ from the F32 ones), tree shapes K in
  * {1, 2, 4} (and 10 for EAGLE), S in {1, 3, 6}, N in {2, 4, 8, 16, 32} and auto, both attention
  * backends and 1 or 2 threads, f32 and f16 KV caches, greedy and seeded sampling, single
  * sequences and batches: the generated tokens equal plain decoding with the same seed and cache.
@@ -36,6 +37,8 @@ static float bigram[512 * 64]; /* (n_vocab, n_embd) */
 /* EAGLE-3 heads: F32 with a draft vocabulary of 160 whose ids land on the top of the target's
  * (d2t nonzero), and F16 with the full vocabulary and its own embedding */
 static st_model *head3r, *head3f;
+/* the bigram head and the reduced-vocabulary EAGLE-3 head with their matrices in Q8_0 */
+static st_model *headbq, *head3q;
 
 static st_model *write_head3(const char *name, int f16) {
     char dir[1024];
@@ -112,11 +115,18 @@ static int setup(void **state) {
     headbi = write_head("test_e2e_eagle_bigram", 0, bigram);
     head3r = write_head3("test_e2e_eagle3_f32", 0);
     head3f = write_head3("test_e2e_eagle3_f16", 1);
+    headbq = write_head("test_e2e_eagle_bigram", 0, bigram);
+    head3q = write_head3("test_e2e_eagle3_f32", 0);
+    if (!headbq || st_eagle_head_set_type(headbq, ST_DTYPE_Q8_0) != ST_OK || !head3q ||
+        st_eagle_head_set_type(head3q, ST_DTYPE_Q8_0) != ST_OK)
+        return -1;
     return head32 && head16 && headbi && head3r && head3f ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
+    st_model_free(head3q);
+    st_model_free(headbq);
     st_model_free(head3f);
     st_model_free(head3r);
     st_model_free(headbi);
@@ -199,8 +209,12 @@ static void test_lossless_matrix(void **state) {
                                         : algo == 2 ? ST_SPEC_EAGLE
                                         : algo == 1 ? ST_SPEC_STANDALONE
                                                     : ST_SPEC_NGRAM;
-                            spec.draft_model = algo == 3   ? (p == 1 ? head3f : head3r)
-                                               : algo == 2 ? (p == 1 ? head32 : headbi)
+                            spec.draft_model = algo == 3   ? (p == 1   ? head3f
+                                                              : p == 2 ? head3q
+                                                                       : head3r)
+                                               : algo == 2 ? (p == 1   ? head32
+                                                              : p == 2 ? headbq
+                                                                       : headbi)
                                                            : model;
                             spec.ngram_min_match = 1; /* draft as often as possible */
                             spec.topk = K;

@@ -392,6 +392,108 @@ static void test_trained_head(void **state) {
     st_model_free(head);
 }
 
+/* Greedy K=1 S=4 generation of `prompt` with head, checked against plain decoding; its tau. */
+static double chain_tau(st_model *head, const char *prompt) {
+    int32_t ids[64];
+    int64_t n = 0;
+    assert_int_equal(
+        st_tokenize(st_model_tokenizer(target), prompt, strlen(prompt), 1, ids, 64, &n), ST_OK);
+    st_gen_params p = st_gen_default_params();
+    p.n_predict = 128;
+    p.sampler.temp = 0.0f;
+    p.n_threads = 1;
+    toks plain = {0}, spec = {0};
+    assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
+    p.spec.algo = ST_SPEC_EAGLE;
+    p.spec.draft_model = head;
+    p.spec.topk = 1;
+    p.spec.num_steps = 4;
+    st_gen_stats gs;
+    assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
+    assert_int_equal(spec.n, plain.n);
+    assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
+    return gs.tau;
+}
+
+/* st_eagle_head_set_type: the head's own matrices in Q8_0 (F16 where a row is not whole blocks
+ * of 32), the borrowed output layer untouched, drafts about as good, output unchanged; the auto
+ * choice is Q8_0 beside any target but an F32 one; bad requests are refused. */
+static void test_head_type(void **state) {
+    (void)state;
+    st_model *h32 = NULL, *h8 = NULL, *h16 = NULL;
+    const char *dir = ST_SOURCE_DIR "/models/eagle-stories260K";
+    assert_int_equal(st_eagle_head_load(dir, target, &h32), ST_OK);
+    assert_int_equal(st_eagle_head_load(dir, target, &h8), ST_OK);
+    assert_int_equal(st_eagle_head_load(dir, target, &h16), ST_OK);
+    const size_t bytes32 = st_model_weight_bytes(h32), out_bytes = target->output.row_bytes * 512;
+    assert_int_equal(st_eagle_head_set_type(h8, ST_DTYPE_Q4_0), ST_ERR_INVALID);
+    assert_int_equal(st_eagle_head_set_type(target, ST_DTYPE_Q8_0), ST_ERR_INVALID);
+    assert_int_equal(st_eagle_head_set_type(h8, ST_DTYPE_Q8_0), ST_OK);
+    assert_int_equal(st_eagle_head_set_type(h8, ST_DTYPE_F16), ST_ERR_INVALID); /* once */
+    assert_int_equal(st_eagle_head_set_type(h16, ST_DTYPE_F16), ST_OK);
+    const st_layer *L = &h8->layers[0];
+    assert_int_equal(h8->fc.type, ST_DTYPE_Q8_0);
+    assert_int_equal(L->wq.type, ST_DTYPE_Q8_0);
+    assert_int_equal(L->w_gate.type, ST_DTYPE_Q8_0);
+    assert_int_equal(L->w_down.type, ST_DTYPE_F16); /* rows of 688 */
+    assert_int_equal(h8->hp.wtype, ST_DTYPE_Q8_0);
+    assert_ptr_equal(h8->output.data, target->output.data);
+    assert_int_equal(h8->output.type, target->output.type);
+    assert_int_equal(h16->layers[0].w_down.type, ST_DTYPE_F16);
+    /* the head's own bytes: Q8_0 is 34/128 of F32 per element, F16 half */
+    const double own32 = (double)(bytes32 - out_bytes),
+                 own8 = (double)(st_model_weight_bytes(h8) - out_bytes),
+                 own16 = (double)(st_model_weight_bytes(h16) - out_bytes);
+    print_message("head bytes without the output layer: f32 %.0f, q8_0 %.0f, f16 %.0f\n", own32,
+                  own8, own16);
+    assert_true(own8 < 0.4 * own32 && own16 == 0.5 * own32);
+    /* auto beside this F32 target keeps F32 (and packs the small head when packing is on) */
+    st_model *ha = NULL;
+    assert_int_equal(st_eagle_head_auto_type(target), -1);
+    assert_int_equal(st_eagle_head_load(dir, target, &ha), ST_OK);
+    assert_int_equal(st_eagle_head_set_type(ha, -1), ST_OK);
+    assert_int_equal(ha->fc.type, ST_DTYPE_F32);
+    assert_int_equal(st_model_weight_bytes(ha), bytes32);
+    /* drafts: the output is plain decoding's; acceptance about the same */
+    const char *prompts[] = {"Once upon a time, in a small town, there lived an old man",
+                             "Molly the cow lived on a green hill"};
+    double t32 = 0.0, t8 = 0.0, t16 = 0.0, ta = 0.0;
+    for (int i = 0; i < 2; i++) {
+        t32 += chain_tau(h32, prompts[i]) / 2;
+        t8 += chain_tau(h8, prompts[i]) / 2;
+        t16 += chain_tau(h16, prompts[i]) / 2;
+        ta += chain_tau(ha, prompts[i]) / 2;
+    }
+    print_message("mean tau at K=1 S=4: f32 %.3f, q8_0 %.3f, f16 %.3f, auto %.3f\n", t32, t8, t16,
+                  ta);
+    assert_true(ta == t32); /* packing changes no bit */
+    assert_true(t8 > t32 - 0.3 && t16 > t32 - 0.3);
+    st_model_free(ha);
+    st_model_free(h16);
+    st_model_free(h8);
+    st_model_free(h32);
+    /* the auto type of quantized and F16 targets */
+    char cmd[2048];
+    const char *types[] = {"q8_0", "q4_0", "f16"};
+    const int want[] = {ST_DTYPE_Q8_0, ST_DTYPE_Q8_0, ST_DTYPE_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s/spectree-mkmodel '%s/t_%s.gguf' --inflate '%s' --dim 64 --ff 192 --layers 5 "
+                 "--type %s >/dev/null 2>&1",
+                 ST_BUILD_DIR, tmp_dir, types[i], tu_shared("models/stories260K.gguf"), types[i]);
+        assert_int_equal(system(cmd), 0);
+        snprintf(cmd, sizeof cmd, "%s/t_%s.gguf", tmp_dir, types[i]);
+        st_model *t = NULL, *h = NULL;
+        assert_int_equal(st_model_load(cmd, &t), ST_OK);
+        assert_int_equal(st_eagle_head_auto_type(t), want[i]);
+        assert_int_equal(st_eagle_head_load(dir, t, &h), ST_OK);
+        assert_int_equal(st_eagle_head_set_type(h, -1), ST_OK);
+        assert_int_equal(h->layers[0].wq.type, want[i]);
+        st_model_free(h);
+        st_model_free(t);
+    }
+}
+
 /* tools/eagle/inflate_head.py widens the committed head as spectree-mkmodel --inflate widens
  * its target: on the F32 inflated target the inflated head drafts the same tokens, so the
  * accepted lengths and the text are those of the original pair. */
@@ -489,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_load_and_oracle), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_engine_checks),   cmocka_unit_test(test_trained_head),
         cmocka_unit_test(test_inflated_head),   cmocka_unit_test(test_random_head_auto),
+        cmocka_unit_test(test_head_type),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -22,6 +22,7 @@ typedef struct e2e_result {
      * and the mean pool (K, S) of the speculative steps: the last repetition's, summed over
      * the prompts */
     double plain, spec, ratio, tau, mean_k, mean_s;
+    double draft; /* drafting time per verified tree in plain-token times */
     int64_t steps, plain_steps;
 } e2e_result;
 
@@ -37,7 +38,8 @@ typedef struct prompts {
 static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp_plain,
                    const st_gen_params *gp_spec, int reps, e2e_result *out) {
     double plain[MAX_PROMPTS][MAX_REPS], specr[MAX_PROMPTS][MAX_REPS], ratio[MAX_PROMPTS][MAX_REPS];
-    double mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS];
+    double draft[MAX_PROMPTS][MAX_REPS], mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS],
+        md[MAX_PROMPTS];
     int64_t emitted = 0, ksum = 0, ssum = 0;
     memset(out, 0, sizeof *out);
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
@@ -58,6 +60,10 @@ static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp
             plain[i][r] = a.gen_tok_s;
             specr[i][r] = b.gen_tok_s;
             ratio[i][r] = b.gen_tok_s / a.gen_tok_s;
+            /* drafting time per verified tree (with drafts that were not verified, under auto)
+             * in plain-token times */
+            draft[i][r] =
+                b.spec_steps ? b.draft_ms / (double)b.spec_steps * a.gen_tok_s / 1e3 : 0.0;
             if (r == reps - 1) {
                 emitted += (int64_t)(b.tau * (double)b.spec_steps + 0.5);
                 out->steps += b.spec_steps;
@@ -71,7 +77,9 @@ static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp
         mp[i] = st_bench_median(plain[i], reps);
         ms[i] = st_bench_median(specr[i], reps);
         mr[i] = st_bench_median(ratio[i], reps);
+        md[i] = st_bench_median(draft[i], reps);
     }
+    out->draft = st_bench_median(md, pr->n);
     out->plain = st_bench_median(mp, pr->n);
     out->spec = st_bench_median(ms, pr->n);
     out->ratio = st_bench_median(mr, pr->n);
@@ -89,14 +97,16 @@ static void report(int json, const char *model_path, const char *name, const cha
         printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"shape\": \"%s\", \"gen_tokens\": %ld, "
                "\"plain_tok_s\": %.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, "
                "\"spec_steps\": %lld, \"plain_steps\": %lld, \"mean_topk\": %.2f, "
-               "\"mean_steps\": %.2f, \"reps\": %d}\n",
+               "\"mean_steps\": %.2f, \"draft_per_tree\": %.3f, \"reps\": %d}\n",
                model_path, name, shape, n_gen, e->plain, e->spec, e->ratio, e->tau,
-               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, reps);
+               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft,
+               reps);
     else
         printf("%-28s %-10s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
-               "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f)\n",
+               "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f; drafting %.3f "
+               "plain tokens per tree)\n",
                name, shape, e->plain, e->spec, e->ratio, e->tau, (long long)e->steps,
-               (long long)e->plain_steps, e->mean_k, e->mean_s);
+               (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft);
     fflush(stdout);
 }
 
@@ -120,6 +130,9 @@ static const char *help =
     "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
     "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
     "      --eagle DIR    an EAGLE-1/2 or EAGLE-3 head for the model (repeatable)\n"
+    "      --draft-type T[,T]...  the heads' matrices in each of these types, one run per\n"
+    "                     head and type (auto, f32, f16, bf16, q8_0; default auto: as\n"
+    "                     `spectree generate --speculative-draft-type`)\n"
     "      --no-ngram     skip NGRAM\n"
     "      --sweep        also run each drafter with fixed (K, S, N) shapes and print the best\n"
     "                     fixed shape against auto\n"
@@ -130,6 +143,34 @@ static const char *help =
     "  -t N               threads (default: the engine's choice)\n"
     "      --json         one JSON object per drafter on stdout\n";
 
+static const char *type_name(int t) { return t < 0 ? "auto" : st_dtype_name((uint32_t)t); }
+
+/* --draft-type's comma-separated list into types; its length, or 0 (after a message). */
+static int parse_types(const char *v, int *types) {
+    static const char *const nm[] = {"auto", "f32", "f16", "bf16", "q8_0"};
+    static const int id[] = {-1, ST_DTYPE_F32, ST_DTYPE_F16, ST_DTYPE_BF16, ST_DTYPE_Q8_0};
+    int n = 0;
+    for (const char *p = v; *p;) {
+        const size_t len = strcspn(p, ",");
+        int found = -2;
+        for (size_t k = 0; k < sizeof nm / sizeof nm[0]; k++)
+            if (strlen(nm[k]) == len && !strncmp(p, nm[k], len))
+                found = id[k];
+        if (found == -2 || n == MAX_DRAFTS) {
+            fprintf(stderr,
+                    "spectree-bench e2e: --draft-type takes up to %d of auto, f32, f16, bf16, "
+                    "q8_0, comma-separated; got '%s'\n",
+                    MAX_DRAFTS, v);
+            return 0;
+        }
+        types[n++] = found;
+        p += len + (p[len] == ',');
+    }
+    if (n == 0)
+        fprintf(stderr, "spectree-bench e2e: --draft-type needs a type\n");
+    return n;
+}
+
 int st_bench_e2e_main(int argc, char **argv) {
     const char *model_path = "../shared/models/stories260K.gguf", *ptext[MAX_PROMPTS];
     int n_ptext = 0;
@@ -137,7 +178,8 @@ int st_bench_e2e_main(int argc, char **argv) {
     const char *drafts[MAX_DRAFTS];
     int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0,
         topk = 0, nsteps = 0, no_ngram = 0, sweep = 0;
-    int is_eagle[MAX_DRAFTS] = {0};
+    int is_eagle[MAX_DRAFTS] = {0}, dtype[MAX_DRAFTS], types[MAX_DRAFTS] = {-1}, n_types = 1;
+    char names[MAX_DRAFTS][600];
     long n_gen = 256;
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
@@ -153,6 +195,7 @@ int st_bench_e2e_main(int argc, char **argv) {
                                        {"no-ngram", no_argument, 0, 'N'},
                                        {"sweep", no_argument, 0, 'W'},
                                        {"temp", required_argument, 0, 'T'},
+                                       {"draft-type", required_argument, 0, 'D'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -190,6 +233,10 @@ int st_bench_e2e_main(int argc, char **argv) {
             }
             is_eagle[n_drafts] = c == 'E';
             drafts[n_drafts++] = optarg;
+            break;
+        case 'D':
+            if ((n_types = parse_types(optarg, types)) < 1)
+                return 2;
             break;
         case 'N':
             no_ngram = 1;
@@ -243,6 +290,33 @@ int st_bench_e2e_main(int argc, char **argv) {
     }
     if (n_ptext == 0)
         ptext[n_ptext++] = "Once upon a time";
+    /* each head once per --draft-type */
+    {
+        int n = 0, ok = 1;
+        const char *path[MAX_DRAFTS];
+        int eg[MAX_DRAFTS];
+        for (int i = 0; i < n_drafts && ok; i++)
+            for (int t = 0; t < (is_eagle[i] ? n_types : 1) && ok; t++) {
+                if (n == MAX_DRAFTS) {
+                    fprintf(stderr, "spectree-bench e2e: at most %d heads and types\n", MAX_DRAFTS);
+                    ok = 0;
+                    break;
+                }
+                path[n] = drafts[i];
+                eg[n] = is_eagle[i];
+                dtype[n] = is_eagle[i] ? types[t] : -1;
+                snprintf(names[n], sizeof names[n], "%s%s%s%s", drafts[i], n_types > 1 ? " [" : "",
+                         n_types > 1 ? type_name(types[t]) : "", n_types > 1 ? "]" : "");
+                n++;
+            }
+        if (!ok)
+            return 2;
+        for (int i = 0; i < n; i++) {
+            drafts[i] = path[i];
+            is_eagle[i] = eg[i];
+        }
+        n_drafts = n;
+    }
     st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
     int rc = 1;
     if (st_model_load(model_path, &m) != ST_OK) {
@@ -250,7 +324,8 @@ int st_bench_e2e_main(int argc, char **argv) {
         return 1;
     }
     for (int i = 0; i < n_drafts; i++)
-        if ((is_eagle[i] ? st_eagle_head_load(drafts[i], m, &dm[i])
+        if ((is_eagle[i] ? st_eagle_head_load(drafts[i], m, &dm[i]) ||
+                               st_eagle_head_set_type(dm[i], dtype[i])
                          : st_model_load(drafts[i], &dm[i])) != ST_OK) {
             fprintf(stderr, "spectree-bench: %s\n", st_last_error());
             goto done;
@@ -290,7 +365,7 @@ int st_bench_e2e_main(int argc, char **argv) {
                     : cfg >= 2 && is_eagle[cfg - 2] ? ST_SPEC_EAGLE
                                                     : ST_SPEC_STANDALONE;
         spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
-        const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : drafts[cfg - 2];
+        const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : names[cfg - 2];
         st_gen_params gp_plain = st_gen_default_params(), gp_spec;
         gp_plain.n_predict = n_gen;
         gp_plain.sampler = sp;

@@ -174,7 +174,8 @@ int st_bench_engine_main(int argc, char **argv) {
     int rc = 1;
     if (st_model_load(o.model, &m) != ST_OK ||
         (eo.draft && (algo == ST_SPEC_EAGLE || algo == ST_SPEC_EAGLE3
-                          ? st_eagle_head_load(eo.draft, m, &dm)
+                          ? st_eagle_head_load(eo.draft, m, &dm) ||
+                                st_eagle_head_set_type(dm, -1) /* as the CLI's default */
                           : st_model_load(eo.draft, &dm)) != ST_OK)) {
         fprintf(stderr, "spectree-bench engine: %s\n", st_last_error());
         goto done;

@@ -174,6 +174,9 @@ static const char *generate_help =
     "      --speculative-draft-model-path PATH   STANDALONE: a draft model (same vocabulary);\n"
     "                       EAGLE / EAGLE3: an EAGLE-1/2 / EAGLE-3 head directory\n"
     "                       (config.json, safetensors)\n"
+    "      --speculative-draft-type {auto,f32,f16,bf16,q8_0}   EAGLE / EAGLE3: the head's\n"
+    "                       matrices in this type (default auto: as stored beside an f32\n"
+    "                       target, q8_0 beside any other)\n"
     "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
     "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
     "chain)\n"
@@ -191,6 +194,7 @@ enum { MAX_STOPS = 16 };
 
 typedef struct gen_opts {
     const char *model, *prompt, *prompt_file, *draft_path;
+    int draft_type; /* --speculative-draft-type (-1: auto) */
     long n_predict, threads, ctx;
     uint32_t type_k, type_v;
     st_sampler_params sp;
@@ -292,6 +296,25 @@ int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo
     return (int32_t)x;
 }
 
+int cli_parse_draft_type(const char *cmd, const char *v) {
+    static const struct {
+        const char *name;
+        int type;
+    } t[] = {{"auto", -1},
+             {"f32", ST_DTYPE_F32},
+             {"f16", ST_DTYPE_F16},
+             {"bf16", ST_DTYPE_BF16},
+             {"q8_0", ST_DTYPE_Q8_0}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(v, t[i].name))
+            return t[i].type;
+    fprintf(stderr,
+            "spectree %s: --speculative-draft-type must be auto, f32, f16, bf16 or q8_0, got "
+            "'%s'\n",
+            cmd, v);
+    exit(2);
+}
+
 /* Load progress of files over 1 GB on stderr: bytes and seconds, on one line. */
 static void load_progress(void *user, size_t done, size_t total, double seconds) {
     (void)user;
@@ -302,8 +325,10 @@ static void load_progress(void *user, size_t done, size_t total, double seconds)
 }
 
 static int cmd_generate(int argc, char **argv) {
-    gen_opts o = {
-        .n_predict = 256, .sp = st_sampler_default_params(), .spec = st_spec_default_params()};
+    gen_opts o = {.n_predict = 256,
+                  .sp = st_sampler_default_params(),
+                  .spec = st_spec_default_params(),
+                  .draft_type = -1};
     enum {
         O_TEMP = 1000,
         O_TOPK,
@@ -315,6 +340,7 @@ static int cmd_generate(int argc, char **argv) {
         O_STOP,
         O_ALGO,
         O_DRAFT,
+        O_DRAFT_TYPE,
         O_STEPS,
         O_EAGLE_TOPK,
         O_NDRAFT,
@@ -347,6 +373,7 @@ static int cmd_generate(int argc, char **argv) {
         {"stop", required_argument, 0, O_STOP},
         {"speculative-algorithm", required_argument, 0, O_ALGO},
         {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
+        {"speculative-draft-type", required_argument, 0, O_DRAFT_TYPE},
         {"speculative-num-steps", required_argument, 0, O_STEPS},
         {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
         {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
@@ -438,6 +465,10 @@ static int cmd_generate(int argc, char **argv) {
         case O_DRAFT:
             o.draft_path = optarg;
             break;
+        case O_DRAFT_TYPE:
+            o.spec_flags = 1;
+            o.draft_type = cli_parse_draft_type("generate", optarg);
+            break;
         case O_STEPS:
             o.spec_flags = 1;
             o.spec.num_steps =
@@ -519,6 +550,9 @@ static int cmd_generate(int argc, char **argv) {
     if (o.spec.algo == ST_SPEC_NONE && o.spec_flags)
         fprintf(stderr, "spectree: warning: speculative flags have no effect with "
                         "--speculative-algorithm NONE\n");
+    if (o.draft_type != -1 && o.spec.algo != ST_SPEC_NONE && !eagle)
+        fprintf(stderr, "spectree: warning: --speculative-draft-type has no effect without an "
+                        "EAGLE or EAGLE3 head\n");
     if (o.spec.topk == 1 && o.spec.num_draft_tokens > 0 && o.spec.num_steps > 0 &&
         o.spec.num_draft_tokens != o.spec.num_steps + 1)
         fprintf(stderr,
@@ -556,7 +590,9 @@ static int cmd_generate(int argc, char **argv) {
     if (st_model_load_ex(o.model, &lp, &m) != ST_OK ||
         (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
          st_model_load_ex(o.draft_path, &lp, &dm) != ST_OK) ||
-        (o.draft_path && eagle && st_eagle_head_load(o.draft_path, m, &dm) != ST_OK)) {
+        (o.draft_path && eagle &&
+         (st_eagle_head_load(o.draft_path, m, &dm) != ST_OK ||
+          st_eagle_head_set_type(dm, o.draft_type) != ST_OK))) {
         fprintf(stderr, "spectree: %s\n", st_last_error());
         goto done;
     }

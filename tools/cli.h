@@ -18,6 +18,8 @@ float cli_parse_float(const char *cmd, const char *flag, const char *v, double l
 uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v);
 /* "auto" (0) or an integer in [lo, hi]. */
 int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo, long hi);
+/* --speculative-draft-type: "auto" (-1), "f32", "f16", "bf16" or "q8_0" (st_dtype). */
+int cli_parse_draft_type(const char *cmd, const char *v);
 /* A model path worth opening (dir_ok: an EAGLE head directory); prints why not and returns 0. */
 int cli_model_path_ok(const char *path, int dir_ok);
 /* Tokenizes text into *out (malloc'd; free it even on failure); 0 on success. */

@@ -251,6 +251,7 @@ static const char *serve_help =
     "speculative decoding (as `spectree generate`; output is identical to plain decoding):\n"
     "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3},\n"
     "      --speculative-draft-model-path PATH, --speculative-num-steps S|auto,\n"
+    "      --speculative-draft-type {auto,f32,f16,bf16,q8_0},\n"
     "      --speculative-eagle-topk K|auto,\n"
     "      --speculative-num-draft-tokens N|auto, --attention-backend {cascade,dense},\n"
     "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N\n"
@@ -282,6 +283,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_NOBOS,
         O_ALGO,
         O_DRAFT,
+        O_DRAFT_TYPE,
         O_STEPS,
         O_EAGLE_TOPK,
         O_NDRAFT,
@@ -319,6 +321,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         {"no-bos", no_argument, 0, O_NOBOS},
         {"speculative-algorithm", required_argument, 0, O_ALGO},
         {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
+        {"speculative-draft-type", required_argument, 0, O_DRAFT_TYPE},
         {"speculative-num-steps", required_argument, 0, O_STEPS},
         {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
         {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
@@ -434,6 +437,9 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         case O_DRAFT:
             o->draft_path = optarg;
             break;
+        case O_DRAFT_TYPE:
+            o->draft_type = cli_parse_draft_type(cmd, optarg);
+            break;
         case O_STEPS:
             o->ep.gen.spec.num_steps =
                 cli_parse_auto(cmd, "--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
@@ -536,6 +542,7 @@ int cli_cmd_serve(int argc, char **argv) {
     o->port = 8080;
     o->ep = st_engine_default_params();
     o->ep.gen.spec = st_spec_default_params();
+    o->draft_type = -1;
     o->max_conns = 256;
     o->max_body = 1 << 20;
     o->timeout_s = 10;
@@ -558,7 +565,9 @@ int cli_cmd_serve(int argc, char **argv) {
         goto done;
     if ((o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
          st_model_load(o->draft_path, &dm) != ST_OK) ||
-        (o->draft_path && eagle && st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK)) {
+        (o->draft_path && eagle &&
+         (st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK ||
+          st_eagle_head_set_type(dm, o->draft_type) != ST_OK))) {
         fprintf(stderr, "spectree serve: %s\n", st_last_error());
         goto done;
     }

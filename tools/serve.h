@@ -26,6 +26,7 @@ typedef struct srv_opts {
     unsigned sp_given;
     srv_tmpl tmpl;
     int no_bos;
+    int draft_type; /* --speculative-draft-type (-1: auto) */
 } srv_opts;
 
 /* A Prometheus histogram with fixed upper bounds. */

@@ -24,6 +24,7 @@ enum {
     CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
     CTL_QK = ST_SPEC_MAX_K,
     CTL_PROP_SKIP_MAX = 16, /* proposals that do not pay: at least one step in this many */
+    CTL_FLOOR_N = 3,        /* measurements of a verify size that bound the larger ones */
 };
 
 /* Proposals that keep not paying may cost this share of the steps' time. */
@@ -40,7 +41,8 @@ enum {
 #define CTL_Q_PRIOR_WEIGHT 2.0
 #define CTL_LEVEL_SLOPE 0.1
 #define CTL_PLAN_MIN_GAIN 1.02
-#define CTL_PROBE_BUDGET 0.02
+#define CTL_PLAN_MARGIN 0.02 /* what a dearer pool must promise more than a cheaper one */
+#define CTL_PROBE_BUDGET 0.01
 #define CTL_PROBE_MIN_GAIN 0.8 /* probes are for drafters predicted near paying */
 /* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
  * that pool), the prediction worth CTL_RZ_PRIOR steps. */
@@ -49,6 +51,10 @@ enum {
 /* ... and its weight fades by this per step since its last update (old measurements, made
  * when the machine was busier or the text different, give way to the prediction) */
 #define CTL_RZ_FADE 0.97
+/* The realized-over-predicted ratio of all planned pools: its sums decay by this per step, and
+ * a prior of 1 is worth this many tokens. */
+#define CTL_RHO_DECAY 0.97
+#define CTL_RHO_PRIOR 4.0
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
@@ -95,6 +101,12 @@ struct st_ctl {
     double rz_cost[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
     double rz_w[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
     int64_t rz_step[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1]; /* the step of its last update */
+    /* the model's prediction for each pool at the last plan, and how the planned pools'
+     * realized tokens compare with it: decayed sums of tokens emitted and of tokens predicted
+     * for the same time (costs the model does not see make every prediction optimistic alike,
+     * which must not favour the pools never drafted over those measured) */
+    double pred[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
+    double rho_tok, rho_pred;
     /* draft costs in plain-token times (ratios to t1 when measured, like the verify costs:
      * a machine that slows down slows both) */
     double probe_spent; /* what the probes have cost so far */
@@ -254,9 +266,11 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     if (!c->model_drafter)
         return 1;
     /* a model drafter only drafts once t1 is known (its drafts cost time before they can be
-     * judged); its first CTL_FIRST proposals (chains of at most 4, in a row) measure what
-     * drafting costs and start the calibration */
-    if (c->t1_n == 0)
+     * judged), from two plain steps: the first after the prompt runs cold (fresh KV rows and
+     * buffers: on a 768-wide target it measured 1.3x the later ones) and every cost is a ratio
+     * to t1 (the smallest of the first measurements). Its first CTL_FIRST proposals (chains of
+     * at most 4, in a row) measure what drafting costs and start the calibration. */
+    if (c->t1_n < 2)
         return 0;
     c->probing = 0;
     if (c->c_catch_n < CTL_FIRST - 1) { /* (the first, cold proposal is not measured) */
@@ -387,6 +401,12 @@ static double level_cost(const st_ctl *c, int64_t K) {
  * Every CTL_EXPLORE_EVERY-th planned draft, a shape one step deeper or wider than the best is
  * drafted instead when its prediction comes within 15% (its costs and deeper or wider cells
  * are measured only by drafting it). */
+/* Realized over predicted tokens of the planned pools (1 before any), in [0.5, 1.5]. */
+static double rho(const st_ctl *c) {
+    const double r = (c->rho_tok + CTL_RHO_PRIOR) / (c->rho_pred + CTL_RHO_PRIOR);
+    return r < 0.5 ? 0.5 : r > 1.5 ? 1.5 : r;
+}
+
 static void plan(st_ctl *c, int32_t na) {
     double q[CTL_QD * CTL_QK], E[ST_SPEC_MAX_S * (ST_SPEC_MAX_N + 1)], ratio[ST_SPEC_MAX_N + 1];
     q_table(c, c->K, c->S, q);
@@ -398,7 +418,7 @@ static void plan(st_ctl *c, int32_t na) {
         ratio[n] = verify_cost(c, na, n, &meas) * (double)na * f;
     const int64_t k_lo = c->k_auto ? 1 : c->K, s_lo = c->s_auto ? 1 : c->S;
     const int32_t nmax = c->N;
-    double best = -1.0, alt = -1.0;
+    double best = -1.0, alt = -1.0, bdraft = 0.0;
     int64_t bk = c->K, bs = c->S, ak = 0, as = 0;
     int32_t bn = 2, an = 2;
     const int try_alt = ++c->planned % CTL_EXPLORE_EVERY == 0;
@@ -418,6 +438,8 @@ static void plan(st_ctl *c, int32_t na) {
                 if (g > gm)
                     gm = g, nb = n;
             }
+            c->pred[K][S] = gm;
+            gm *= rho(c);
             /* the pool's realized speed-up, where it was drafted, corrects the prediction */
             const double w =
                 c->rz_w[K][S] > 0.0
@@ -426,8 +448,10 @@ static void plan(st_ctl *c, int32_t na) {
             if (w > 0.0 && c->rz_cost[K][S] > 0.0)
                 gm = (c->rz_tok[K][S] / c->rz_cost[K][S] * w + gm * CTL_RZ_PRIOR) /
                      (w + CTL_RZ_PRIOR);
-            if (gm > best)
-                best = gm, bk = K, bs = S, bn = nb;
+            /* a dearer pool must be clearly better: near-ties (a wider pool whose siblings are
+             * seldom right) are decided by noise, and a dearer pool's noise costs more */
+            if (gm > (draft > bdraft ? 1.0 + CTL_PLAN_MARGIN : 1.0) * best)
+                best = gm, bk = K, bs = S, bn = nb, bdraft = draft;
         }
     }
     c->pgain = best; /* whether to draft follows the best shape */
@@ -445,8 +469,10 @@ static void plan(st_ctl *c, int32_t na) {
         const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
         for (int32_t n = 2; n <= nm; n++) {
             const double g = (double)na * f * (1.0 + e[n]) / (draft + ratio[n]);
-            if (g > alt)
-                alt = g, ak = K, as = S, an = n;
+            if (g > c->pred[K][S] || n == 2)
+                c->pred[K][S] = g;
+            if (g * rho(c) > alt)
+                alt = g * rho(c), ak = K, as = S, an = n;
         }
     }
     if (alt > 0.85 * best) {
@@ -570,28 +596,53 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n) {
     return d;
 }
 
+/* A measured size's estimate: its measurements' average. (It was blended with the prior of
+ * 0.6 per token, worth one measurement; on a target whose verify costs 0.05 per token that kept
+ * the sizes measured once or twice, the first proposals' among them, far dearer than they are,
+ * and a size the planner thinks dear is not drafted, so not measured again: the plan stuck on
+ * the smallest trees. Overestimates correct themselves: a size drafted is measured.) */
+static double meas_ratio(const st_ctl *c, int64_t T) { return c->tv[T]; }
+
 /* Estimated cost of a verify step over T tree tokens, in plain-token times (a ratio to t1: both
- * grow with the context, their ratio much less), interpolated between measured sizes and
- * extrapolated with the measured slope (0.6 per token before any measurement). */
+ * grow with the context, their ratio much less). Measured sizes give meas_ratio; others are
+ * interpolated between the measured sizes around them (1.0 at T = 1) and extrapolated past the
+ * largest with the slope up to it (0.6 per token before any measurement). Every estimate is
+ * at least that of every smaller size measured CTL_FLOOR_N times: a verify of more tokens costs
+ * no less, and an unmeasured size must not look cheaper than a measured smaller one (an
+ * interpolation of raw measurements beside blended ones did that, and the planner chased the
+ * unmeasured sizes); a size measured once or twice (a slow step, seldom repeated) does not
+ * raise the larger ones. */
 static double est_ratio(const st_ctl *c, int64_t T) {
-    if (T <= c->Tmax && c->tv_n[T] > 0) /* a few measurements are blended with the prior */
-        return ((double)c->tv_n[T] * c->tv[T] + CTL_PRIOR_RATIO(T)) / (double)(c->tv_n[T] + 1);
     int64_t lo = 1, hi = 0;
-    for (int64_t t = T - 1; t >= 2 && lo == 1; t--)
-        if (t <= c->Tmax && c->tv_n[t] > 0)
+    double vlo = 1.0, floor = 1.0; /* the nearest measured size below T; the most a size below
+                                    * measured CTL_FLOOR_N times costs */
+    for (int64_t t = 2; t < T && t <= c->Tmax; t++)
+        if (c->tv_n[t] > 0) {
+            const double v = meas_ratio(c, t);
             lo = t;
-    for (int64_t t = T + 1; t <= c->Tmax && hi == 0; t++)
-        if (c->tv_n[t] > 0)
-            hi = t;
-    const double vlo = lo == 1 ? 1.0 : c->tv[lo];
-    if (hi)
-        return vlo + (c->tv[hi] - vlo) * (double)(T - lo) / (double)(hi - lo);
-    double slope = CTL_PRIOR_SLOPE;
-    if (lo > 1) {
-        slope = (vlo - 1.0) / (double)(lo - 1);
-        slope = slope < 0.25 ? 0.25 : slope > 1.5 ? 1.5 : slope;
+            vlo = v;
+            floor = c->tv_n[t] >= CTL_FLOOR_N && v > floor ? v : floor;
+        }
+    vlo = vlo > floor ? vlo : floor;
+    double e;
+    if (T <= c->Tmax && c->tv_n[T] > 0) {
+        e = meas_ratio(c, T);
+    } else {
+        for (int64_t t = T + 1; t <= c->Tmax && hi == 0; t++)
+            if (c->tv_n[t] > 0)
+                hi = t;
+        if (hi) {
+            e = vlo + (meas_ratio(c, hi) - vlo) * (double)(T - lo) / (double)(hi - lo);
+        } else {
+            double slope = CTL_PRIOR_SLOPE;
+            if (lo > 1) {
+                slope = (vlo - 1.0) / (double)(lo - 1);
+                slope = slope < 0.25 ? 0.25 : slope > 1.5 ? 1.5 : slope;
+            }
+            e = vlo + slope * (double)(T - lo);
+        }
     }
-    return vlo + slope * (double)(T - lo);
+    return e > floor ? e : floor;
 }
 
 /* Plain decoding's time per token at batch size na over t1 (1 where not measured). */
@@ -600,10 +651,16 @@ static double batch_f(const st_ctl *c, int32_t na) {
 }
 
 /* The time of a verify step of na sequences with m nodes each over that of a plain step of na
- * sequences: measured at that batch size (*measured = 1), else estimated from the verify-cost
+ * sequences: for one sequence, the verify-cost curve by tokens (est_ratio: a measured size its
+ * measurements, others interpolated, none below a smaller size measured often enough); for a
+ * batch, measured at that batch size (*measured = 1), else estimated from the verify-cost
  * curve over all steps (by total tokens, in t1 times), which does not see what a batch does to
  * it. */
 static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured) {
+    if (na == 1) { /* one sequence: the curve by tokens is its own, with its estimates' rules */
+        *measured = m >= 2 && m <= c->Tmax && c->tv_n[m] > 0;
+        return est_ratio(c, m) / batch_f(c, 1);
+    }
     const size_t i = (size_t)na * (size_t)(c->N + 1) + (size_t)m;
     *measured = na >= 1 && na <= c->bs && m >= 2 && m <= c->N && c->cvb_n[i] > 0;
     if (*measured)
@@ -623,9 +680,12 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         mmax = c->avail[a] + 1 > mmax ? c->avail[a] + 1 : mmax;
     if (mmax > c->N)
         mmax = c->N;
-    /* a model drafter's first proposals are verified whole: they measure the verify cost the
-     * plan needs (its prior is pessimistic, and a size never verified is never measured) */
-    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1) {
+    /* a model drafter's first proposals are verified whole until that size is measured (its
+     * first verify runs cold and is not): they measure the verify cost the plan needs (its prior
+     * is pessimistic, and a size never verified is never measured). Once measured, they are
+     * verified as their drafts look: an always-wrong head must not pay for more whole trees. */
+    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1 &&
+        c->tv_n[(int64_t)na * mmax] == 0) {
         c->vprobe = 1;
         return mmax;
     }
@@ -758,7 +818,7 @@ void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
     track_cost(&c->t1, c->t1_n, seconds / (double)na);
     c->t1_n++;
     if (na <= ST_GEN_MAX_BATCH) {
-        track(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
+        track_cost(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
         c->t1b_n[na]++;
     }
 }
@@ -866,6 +926,10 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         c->rz_cost[K][S] = CTL_RZ_DECAY * c->rz_cost[K][S] + x;
         c->rz_w[K][S] = CTL_RZ_DECAY * c->rz_w[K][S] + 1.0;
         c->rz_step[K][S] = c->step;
+        if (c->pred[K][S] > 0.0) {
+            c->rho_tok = CTL_RHO_DECAY * c->rho_tok + (double)emitted;
+            c->rho_pred = CTL_RHO_DECAY * c->rho_pred + c->pred[K][S] * x;
+        }
     }
     if (n == 1) {
         if (emitted > 0)

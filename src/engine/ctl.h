@@ -18,6 +18,8 @@
  *   free verification is: this is where speculation must back off.)
  * - cp: proposing and ranking (drafting included), per sequence, in plain-token times of that
  *   batch: a tree must pay for its proposals too.
+ * - The curve of verify cost by total tokens (in t1 times) is interpolated where not yet
+ *   measured, and a size is never estimated below a smaller size measured often enough.
  * - The expected tokens of a sequence are 1 (the bonus) plus the sum, over the selected nodes,
  *   of the probability that the node's whole path is accepted. That probability is calibrated
  *   online per bucket of (drafter confidence class, depth, drafter score): each proposal is
@@ -48,7 +50,7 @@
  * see, acceptance that depends on more than depth and rank) is learned per pool.
  * When no shape pays, it decodes plainly and, if the best comes within 0.8x of plain, drafts a
  * probe now and then (at most every 32 steps) so that the calibration follows the text, all
- * probes together costing at most 2% of the plain decoding time (a probe first catches up on
+ * probes together costing at most 1% of the plain decoding time (a probe first catches up on
  * every token since the last draft; it is verified only if its drafts look worth it); now and
  * then it drafts a shape next to the best to measure it.
  */

@@ -231,6 +231,8 @@ void st_model_free(st_model *m) {
     st_free(m->out_norm);
     st_free(m->rope_factors);
     st_free_aligned(m->owned);
+    st_free_aligned(m->owned_conv);
+    st_free_aligned(m->fc.packed);
     st_tokenizer_free(m->tok);
     st_gguf_free(m->gguf);
     free(m->gguf_mem);

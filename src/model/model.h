@@ -66,6 +66,7 @@ struct st_model {
     st_wt fc;               /* (n_embd, 2*n_embd) */
     float *fc_bias;         /* (n_embd) or NULL */
     void *owned;            /* an EAGLE head's weights: one 64-byte-aligned block, or NULL */
+    void *owned_conv;       /* ... its matrices converted by st_eagle_head_set_type, or NULL */
     const st_model *target; /* an EAGLE head: the model it was loaded for (its embedding and
                              * output layer are borrowed from it), else NULL */
     st_load_info load;      /* what the load did (load.c) */
