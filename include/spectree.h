@@ -474,6 +474,16 @@ typedef struct st_session_params {
      * values are exact in float, and the sums keep the canonical order, so speculative and plain
      * decoding stay bitwise equal in either type. Other values: ST_ERR_INVALID. */
     uint32_t type_k, type_v;
+    /* Nonzero: compute as llama.cpp's CPU backend does (ggml at c392e509, an AVX-512 build
+     * without flash attention), to reproduce its greedy texts: RMSNorm's sum of squares in
+     * double; the K-quant dot products in the float order of ggml's AVX2 kernels; attention
+     * scores as double sums times 1/sqrt(head_dim); softmax with ggml's exp, summed in double
+     * per 16 keys of the key list padded to 32, times the sum's inverse; value sums in the order
+     * of ggml_vec_dot_f16 (a double sum below 64 keys, else four 16-lane chains per 64 keys);
+     * SiLU with ggml's exp. Every piece is per token, so speculative and plain decoding stay
+     * bitwise equal; slower (scalar K-quant kernels). RoPE's angles are ggml's in every session.
+     * Default 0. */
+    int32_t match_ggml;
 } st_session_params;
 
 st_session_params st_session_default_params(void);
@@ -687,6 +697,7 @@ typedef struct st_gen_params {
     int32_t n_threads;         /* 0: all cores (1 below 16 MB of weights), as st_session_params */
     int32_t n_ctx;             /* positions per sequence; 0 = as st_session_params */
     uint32_t type_k, type_v;   /* the target's KV cache types, as st_session_params (F32) */
+    int32_t match_ggml;        /* the target computes as ggml does, as st_session_params (0) */
 } st_gen_params;
 
 st_gen_params st_gen_default_params(void);
