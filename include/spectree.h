@@ -480,7 +480,8 @@ typedef struct st_session_params {
      * scores as double sums times 1/sqrt(head_dim); softmax with ggml's exp, summed in double
      * per 16 keys of the key list padded to 32, times the sum's inverse; value sums in the order
      * of ggml_vec_dot_f16 (a double sum below 64 keys, else four 16-lane chains per 64 keys);
-     * SiLU with ggml's exp. Every piece is per token, so speculative and plain decoding stay
+     * SiLU with ggml's exp; RoPE's rotation with the fused multiply-adds GCC forms in ggml's
+     * C code. Every piece is per token, so speculative and plain decoding stay
      * bitwise equal; slower (scalar K-quant kernels). RoPE's angles are ggml's in every session.
      * Default 0. */
     int32_t match_ggml;

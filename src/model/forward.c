@@ -59,15 +59,22 @@ static void embed_row(const st_model *m, int32_t t, float *out) {
                    m->hp.n_embd);
 }
 
-/* Rotates adjacent pairs (2j, 2j+1) of each head (GGUF/llama.cpp NORMAL mode). */
+/* Rotates adjacent pairs (2j, 2j+1) of each head (GGUF/llama.cpp NORMAL mode). ggml: the same
+ * expressions in C, which GCC 12 at -O3 -march=native contracts to fma(a, cos, -(b sin)) and
+ * fma(a, sin, b cos) (checked in its assembly). */
 static void rope(float *v, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs,
-                 const float *sn) {
+                 const float *sn, int ggml) {
     for (int32_t h = 0; h < n_heads; h++) {
         float *vh = v + (int64_t)h * head_dim;
         for (int32_t j = 0; j < n_rot / 2; j++) {
             float a = vh[2 * j], b = vh[2 * j + 1];
-            vh[2 * j] = a * cs[j] - b * sn[j];
-            vh[2 * j + 1] = a * sn[j] + b * cs[j];
+            if (ggml) {
+                vh[2 * j] = fmaf(a, cs[j], -(b * sn[j]));
+                vh[2 * j + 1] = fmaf(a, sn[j], b * cs[j]);
+            } else {
+                vh[2 * j] = a * cs[j] - b * sn[j];
+                vh[2 * j + 1] = a * sn[j] + b * cs[j];
+            }
         }
     }
 }
@@ -325,8 +332,8 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         for (int64_t i = 0; i < T; i++) {
             const float *cs = s->rope_cos + i * nrot2;
             const float *sn = s->rope_sin + i * nrot2;
-            rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn);
-            rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn);
+            rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn, s->p.match_ggml);
+            rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn, s->p.match_ggml);
             kv_store(st_kv_k(s, f->seq[i], l) + (size_t)f->kv_row[i] * KV * s->k_elem, s->k_elem,
                      s->kt + i * KV, KV);
             kv_store(st_kv_v(s, f->seq[i], l) + (size_t)f->kv_row[i] * KV * s->v_elem, s->v_elem,
