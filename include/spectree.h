@@ -244,11 +244,28 @@ typedef struct st_model_hparams {
  * memory as st_convert_hf would write it (the weights are copied, keeping their types) and
  * loaded from there. */
 st_status st_model_load(const char *path, st_model **out);
+/* st_convert_hf's types for llama-quantize's K-quant file types: each tensor gets the type
+ * llama-quantize gives it in such a file (Q4_K_M: output, and attn_v and ffn_down of the first
+ * and last eighth of the layers and every third between, in Q6_K, the rest Q4_K; ...). */
+enum {
+    ST_CONVERT_Q2_K = 0x100 + 10,
+    ST_CONVERT_Q3_K_S,
+    ST_CONVERT_Q3_K_M,
+    ST_CONVERT_Q3_K_L,
+    ST_CONVERT_Q4_K_S,
+    ST_CONVERT_Q4_K_M,
+    ST_CONVERT_Q5_K_S,
+    ST_CONVERT_Q5_K_M,
+    ST_CONVERT_Q6_K
+};
 /* Writes the GGUF of the Hugging Face checkpoint `dir` to out_path: llama.cpp's llama
  * architecture keys and tensor names, q/k in GGUF's rotary layout, the tokenizer.ggml.* keys.
- * type: the matrices' type, ST_DTYPE_F32, F16, BF16, Q8_0 or Q4_0, or -1 to keep each as
- * stored (a quantized type leaves matrices whose rows are not a multiple of 32 in F16); norms
- * are F32. Errors name the file and the field or tensor at fault. */
+ * type: the matrices' type, ST_DTYPE_F32, F16, BF16, Q8_0 or Q4_0, a K-quant type
+ * ST_DTYPE_Q2_K .. Q6_K for every matrix, one of the ST_CONVERT_Q*_K* mixes above, or -1 to keep
+ * each as stored. Q8_0/Q4_0 leave matrices whose rows are not a multiple of 32 in F16; the
+ * K-quants give rows that are not whole 256-element super-blocks Q4_0 (for Q2_K, Q3_K) or Q8_0
+ * (Q4_K .. Q6_K), F16 when not even 32 divides them. Norms are F32. Errors name the file and
+ * the field or tensor at fault. */
 st_status st_convert_hf(const char *dir, const char *out_path, int type);
 /* Loads a GGUF Llama model from a caller-owned buffer of `size` bytes holding the whole file, with
  * the same checks as st_model_load (for tests, fuzzers and embedded models). The weights are not
@@ -460,6 +477,17 @@ typedef struct st_session_params {
      * values are exact in float, and the sums keep the canonical order, so speculative and plain
      * decoding stay bitwise equal in either type. Other values: ST_ERR_INVALID. */
     uint32_t type_k, type_v;
+    /* Nonzero: compute as llama.cpp's CPU backend does (ggml at c392e509, an AVX-512 build
+     * without flash attention), to reproduce its greedy texts: RMSNorm's sum of squares in
+     * double; the K-quant dot products in the float order of ggml's AVX2 kernels; attention
+     * scores as double sums times 1/sqrt(head_dim); softmax with ggml's exp, summed in double
+     * per 16 keys of the key list padded to 32, times the sum's inverse; value sums in the order
+     * of ggml_vec_dot_f16 (a double sum below 64 keys, else four 16-lane chains per 64 keys);
+     * SiLU with ggml's exp; RoPE's rotation with the fused multiply-adds GCC forms in ggml's
+     * C code. Every piece is per token, so speculative and plain decoding stay
+     * bitwise equal; slower (scalar K-quant kernels). RoPE's angles are ggml's in every session.
+     * Default 0. */
+    int32_t match_ggml;
 } st_session_params;
 
 st_session_params st_session_default_params(void);
@@ -686,6 +714,7 @@ typedef struct st_gen_params {
     int32_t n_threads;         /* 0: all cores (1 below 16 MB of weights), as st_session_params */
     int32_t n_ctx;             /* positions per sequence; 0 = as st_session_params */
     uint32_t type_k, type_v;   /* the target's KV cache types, as st_session_params (F32) */
+    int32_t match_ggml;        /* the target computes as ggml does, as st_session_params (0) */
 } st_gen_params;
 
 st_gen_params st_gen_default_params(void);

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "io/gguf_internal.h"
+#include "io/gguf_write.h"
 #include "io/hf.h"
 #include "spectree.h"
 #include "testutil.h"
@@ -455,12 +456,145 @@ static void test_errors(void **state) {
 #undef PY
 }
 
+/* Every tensor of the GGUF at path has the type the K-quant rule gives it: for a mix (ftype),
+ * st_kquant_tensor_type; for a single K-quant type kq, kq or its fallback; norms and other
+ * vectors F32. Returns the number of K-quant tensors. */
+static int check_kquant_types(const char *path, uint32_t ftype, uint32_t kq, int64_t n_layer,
+                              int64_t n_gqa, int tied) {
+    st_gguf *g = NULL;
+    assert_int_equal(st_gguf_open(path, &g), ST_OK);
+    int n_kq = 0;
+    for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        uint32_t want = ST_DTYPE_F32;
+        if (t->n_dims == 2)
+            want = ftype ? st_kquant_tensor_type(ftype, t->name, t->ne[0], n_layer, n_gqa, tied)
+                         : st_kquant_fit_type(kq, t->ne[0]);
+        if (t->type != want)
+            fail_msg("%s: %s is %s, the mix rule says %s", path, t->name, st_dtype_name(t->type),
+                     st_dtype_name(want));
+        n_kq += t->type >= ST_DTYPE_Q2_K && t->type <= ST_DTYPE_Q6_K;
+    }
+    st_gguf_free(g);
+    return n_kq;
+}
+
+static uint32_t tensor_type(const char *path, const char *name) {
+    st_gguf *g = NULL;
+    assert_int_equal(st_gguf_open(path, &g), ST_OK);
+    const st_gguf_tensor *t = st_gguf_tensor_find(g, name);
+    assert_non_null(t);
+    const uint32_t type = t->type;
+    st_gguf_free(g);
+    return type;
+}
+
+/* spectree convert --type q4_k_m etc.: the per-tensor types of llama-quantize's mixes, files that
+ * load and run. TinyStories-656K's rows (128 and 384 elements) are not whole super-blocks, so
+ * every matrix takes the fallback (Q8_0 for Q4_K .. Q6_K) and its text is the q8_0 file's; a
+ * synthetic checkpoint of width 256 (ffn 512) gets real K-quant tensors, whose logits stay near
+ * the F32 file's. */
+static void test_convert_kquant(void **state) {
+    (void)state;
+    static const char want[] = ", a little girl named Lily lived in a small house";
+    static const struct {
+        const char *name;
+        int type;
+        uint32_t ftype, kq;
+    } ts[] = {{"q4_k_m", ST_CONVERT_Q4_K_M, ST_FTYPE_Q4_K_M, 0},
+              {"q6_k", ST_DTYPE_Q6_K, 0, ST_DTYPE_Q6_K}};
+    text_buf *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    assert_true(a && b);
+    for (size_t c = 0; c < sizeof ts / sizeof ts[0]; c++) {
+        char path[640], q8[640];
+        snprintf(path, sizeof path, "%s/ts_%s.gguf", tmp, ts[c].name);
+        snprintf(q8, sizeof q8, "%s/ts_q8.gguf", tmp);
+        assert_int_equal(st_convert_hf(tokdir(), path, ts[c].type), ST_OK);
+        assert_int_equal(st_convert_hf(tokdir(), q8, ST_DTYPE_Q8_0), ST_OK);
+        assert_int_equal(check_kquant_types(path, ts[c].ftype, ts[c].kq, 2, 2, 1), 0);
+        assert_int_equal(tensor_type(path, "blk.1.ffn_down.weight"), ST_DTYPE_Q8_0);
+        assert_int_equal(tensor_type(path, "token_embd.weight"), ST_DTYPE_Q8_0);
+        st_model *g = NULL, *g8 = NULL;
+        assert_int_equal(st_model_load(path, &g), ST_OK);
+        assert_int_equal(st_model_load(q8, &g8), ST_OK);
+        gen(g, 100, 0, a);
+        gen(g8, 100, 0, b);
+        printf("  TinyStories-656K as %s: %.60s...\n", ts[c].name, a->s);
+        assert_int_equal(strncmp(a->s, want, strlen(want)), 0);
+        assert_string_equal(a->s, b->s);
+        st_model_free(g);
+        st_model_free(g8);
+    }
+    /* width 256: real K-quant tensors */
+    char dir[640], ref[700];
+    snprintf(dir, sizeof dir, "%s/wide", tmp);
+    snprintf(ref, sizeof ref, "%s/wide_f32.gguf", tmp);
+    sh("HF_REF_TOKDIR='%s' %s %s/tests/oracle/hf_ref.py mk '%s' wide 7 F32 1", tokdir(), ST_PYTHON3,
+       ST_SOURCE_DIR, dir);
+    assert_int_equal(st_convert_hf(dir, ref, -1), ST_OK);
+    st_model *m0 = NULL;
+    assert_int_equal(st_model_load(ref, &m0), ST_OK);
+    const int32_t toks[12] = {1, 404, 374, 279, 1101, 15, 70, 300, 1300, 2000, 5, 7};
+    float *l0 = all_logits(m0, toks, 12);
+    static const struct {
+        const char *name;
+        int type;
+        uint32_t ftype, kq;
+        double tol;
+    } ws[] = {/* bounds: 1.4x what was measured (2026-11-30; uniform random weights are
+               * the K-quants' worst case); the error must also fall with every added bit */
+              {"q2_k", ST_DTYPE_Q2_K, 0, ST_DTYPE_Q2_K, 0.9},
+              {"q3_k_m", ST_CONVERT_Q3_K_M, ST_FTYPE_Q3_K_M, 0, 0.33},
+              {"q4_k_m", ST_CONVERT_Q4_K_M, ST_FTYPE_Q4_K_M, 0, 0.2},
+              {"q5_k_s", ST_CONVERT_Q5_K_S, ST_FTYPE_Q5_K_S, 0, 0.12},
+              {"q6_k", ST_DTYPE_Q6_K, 0, ST_DTYPE_Q6_K, 0.054}};
+    double prev = INFINITY;
+    for (size_t c = 0; c < sizeof ws / sizeof ws[0]; c++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/wide_%s.gguf", tmp, ws[c].name);
+        assert_int_equal(st_convert_hf(dir, path, ws[c].type), ST_OK);
+        /* 2 layers, 4 query heads on 2 KV heads, an output matrix of its own */
+        const int n_kq = check_kquant_types(path, ws[c].ftype, ws[c].kq, 2, 2, 0);
+        assert_int_equal(n_kq, 2 + 2 * 7); /* token_embd, output and 7 matrices a layer */
+        st_model *m = NULL;
+        assert_int_equal(st_model_load(path, &m), ST_OK);
+        float *l = all_logits(m, toks, 12);
+        double err = 0.0, mx = 0.0;
+        for (size_t i = 0; i < 12 * 2048; i++) {
+            assert_true(isfinite(l[i]));
+            err = fmax(err, fabs((double)l[i] - l0[i]));
+            mx = fmax(mx, fabs((double)l0[i]));
+        }
+        printf("  width-256 checkpoint as %s: %d K-quant tensors, logits within %.3f of the F32 "
+               "file's (largest |logit| %.2f)\n",
+               ws[c].name, n_kq, err, mx);
+        assert_true(err <= ws[c].tol * mx);
+        assert_true(err < prev);
+        prev = err;
+        gen(m, 32, 1, b); /* speculation runs on it */
+        free(l);
+        st_model_free(m);
+    }
+    /* llama-quantize's Q4_K_M on 2 layers: layer 1 (the last eighth) gets Q6_K attn_v/ffn_down */
+    char q4km[700];
+    snprintf(q4km, sizeof q4km, "%s/wide_q4_k_m.gguf", tmp);
+    assert_int_equal(tensor_type(q4km, "output.weight"), ST_DTYPE_Q6_K);
+    assert_int_equal(tensor_type(q4km, "token_embd.weight"), ST_DTYPE_Q4_K);
+    assert_int_equal(tensor_type(q4km, "blk.0.attn_v.weight"), ST_DTYPE_Q4_K);
+    assert_int_equal(tensor_type(q4km, "blk.1.attn_v.weight"), ST_DTYPE_Q6_K);
+    assert_int_equal(tensor_type(q4km, "blk.1.ffn_down.weight"), ST_DTYPE_Q6_K);
+    assert_int_equal(tensor_type(q4km, "blk.1.attn_q.weight"), ST_DTYPE_Q4_K);
+    free(l0);
+    free(a);
+    free(b);
+    st_model_free(m0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tinystories),
-        cmocka_unit_test(test_architectures),
-        cmocka_unit_test(test_tokenizers),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tinystories),    cmocka_unit_test(test_architectures),
+        cmocka_unit_test(test_tokenizers),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_convert_kquant),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

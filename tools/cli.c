@@ -165,6 +165,9 @@ static const char *generate_help =
     "                       its memory and rounds the queries to f16 for the scores, as\n"
     "                       llama.cpp's default f16 cache does\n"
     "  -ctv, --cache-type-v {f32,f16}   same for the values (the probabilities are rounded)\n"
+    "      --match-ggml     compute as llama.cpp's CPU backend does (its sums' order, exp,\n"
+    "                       K-quant dot products; with -ctk f16 -ctv f16 its greedy texts);\n"
+    "                       slower\n"
     "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "\n"
@@ -199,7 +202,7 @@ typedef struct gen_opts {
     uint32_t type_k, type_v;
     st_sampler_params sp;
     st_spec_params spec;
-    int seed_set, json, no_bos;
+    int seed_set, json, no_bos, match_ggml;
     st_load_mode load; /* --mmap, --no-mmap */
     int mlock;
     int spec_flags; /* a speculative flag other than the algorithm was given */
@@ -352,6 +355,7 @@ static int cmd_generate(int argc, char **argv) {
         O_NO_MMAP,
         O_MLOCK,
         O_CTK,
+        O_GGML,
         O_CTV
     };
     static const struct option lo[] = {
@@ -369,6 +373,7 @@ static int cmd_generate(int argc, char **argv) {
         {"cache-type-k", required_argument, 0, O_CTK},
         {"cache-type-v", required_argument, 0, O_CTV},
         {"no-bos", no_argument, 0, O_NOBOS},
+        {"match-ggml", no_argument, 0, O_GGML},
         {"json", no_argument, 0, O_JSON},
         {"stop", required_argument, 0, O_STOP},
         {"speculative-algorithm", required_argument, 0, O_ALGO},
@@ -448,6 +453,9 @@ static int cmd_generate(int argc, char **argv) {
         }
         case O_NOBOS:
             o.no_bos = 1;
+            break;
+        case O_GGML:
+            o.match_ggml = 1;
             break;
         case O_STOP:
             if (o.n_stops == MAX_STOPS)
@@ -641,6 +649,7 @@ static int cmd_generate(int argc, char **argv) {
     gp.n_ctx = (int32_t)o.ctx;
     gp.type_k = o.type_k;
     gp.type_v = o.type_v;
+    gp.match_ggml = o.match_ggml;
     st_status gst = st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs);
     if (gst != ST_OK) {
         if (pr.any)

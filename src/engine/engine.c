@@ -160,6 +160,7 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     ps.n_ctx = g->p.n_ctx;
     ps.n_threads = g->p.n_threads;
     ps.type_k = g->p.type_k;
+    ps.match_ggml = g->p.match_ggml;
     ps.type_v = g->p.type_v;
     ps.n_seq = g->bs;
     if (g->bs * N > ps.n_batch) /* every tree of a step in one forward pass */

@@ -149,5 +149,8 @@ const char *st_kquant_ftype_name(uint32_t ftype);
  * writes. */
 uint32_t st_kquant_tensor_type(uint32_t ftype, const char *name, int64_t ncols, int64_t n_layer,
                                int64_t n_gqa, int tied);
+/* The type rows of ncols elements get when every matrix is to be `type` (a K-quant type): that
+ * type when 256 divides ncols, else the fallback st_kquant_tensor_type uses. */
+uint32_t st_kquant_fit_type(uint32_t type, int64_t ncols);
 
 #endif /* ST_GGUF_WRITE_H */

@@ -14,13 +14,18 @@
 #include "core/core.h"
 #include "io/gguf_write.h"
 
-/* The matrices' type for st_hf_to_gguf: as stored (F32, F16 or BF16, each matrix its own). */
-enum { ST_HF_KEEP = -1 };
+/* The matrices' type for st_hf_to_gguf: as stored (F32, F16 or BF16, each matrix its own); a
+ * K-quant file type of llama-quantize's is ST_HF_MIX + its llama_ftype (ST_FTYPE_Q4_K_M ...,
+ * the public ST_CONVERT_Q4_K_M ...). */
+enum { ST_HF_KEEP = -1, ST_HF_MIX = 0x100 };
 
 /* Builds the GGUF of checkpoint `dir` in a new writer (*out, freed with st_gguf_writer_free),
  * holding copies of every tensor (the safetensors files are closed on return). wtype: the type
  * of the 2-D weights (ST_HF_KEEP, or ST_DTYPE_F32, F16, BF16, Q8_0, Q4_0; a quantized type
- * falls back to F16 for a matrix whose rows are not a multiple of 32). Norms stay F32. Errors
+ * falls back to F16 for a matrix whose rows are not a multiple of 32; a K-quant type Q2_K ..
+ * Q6_K for every matrix, or ST_HF_MIX + a K-quant llama_ftype for llama-quantize's per-tensor
+ * choice, st_kquant_tensor_type; rows that are not whole 256-element super-blocks take
+ * st_kquant_fit_type's fallback). Norms stay F32. Errors
  * name the file and the field or tensor: a config.json field missing or out of range, an
  * unsupported model_type, hidden_act or rope_scaling, a missing shard or tensor, a tensor
  * whose shape disagrees with config.json, an unknown dtype, an unexpected tensor, a

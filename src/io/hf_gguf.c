@@ -227,20 +227,35 @@ static st_status get_tensor(const st_safetensors *sf, const char *name, int64_t 
     return ST_OK;
 }
 
+static int is_kquant(int type) { return type >= ST_DTYPE_Q2_K && type <= ST_DTYPE_Q6_K; }
+
+/* The type GGUF matrix `gg` (rows of n_in elements, stored as src) gets for wtype. */
+static uint32_t matrix_type(int wtype, const hf_hp *hp, const char *gg, int64_t n_in,
+                            st_dtype src) {
+    if (wtype == ST_HF_KEEP)
+        return (uint32_t)src;
+    if (wtype > ST_HF_MIX) /* llama-quantize's choice for this tensor */
+        return st_kquant_tensor_type((uint32_t)(wtype - ST_HF_MIX), gg, n_in, hp->n_layer,
+                                     hp->n_head / hp->n_head_kv, hp->tied);
+    if (is_kquant(wtype))
+        return st_kquant_fit_type((uint32_t)wtype, n_in);
+    if ((wtype == ST_DTYPE_Q8_0 || wtype == ST_DTYPE_Q4_0) && n_in % 32 != 0)
+        return ST_DTYPE_F16; /* rows the 32-element blocks do not tile */
+    return (uint32_t)wtype;
+}
+
 /* Adds HF tensor `hf` as GGUF tensor `gg`: rows x cols (cols 0: a vector, written F32), type
- * wtype (ST_HF_KEEP: as stored), q/k rows permuted when rope_heads > 0. */
-static st_status add_tensor(st_gguf_writer *w, const st_safetensors *sf, const char *hf,
-                            const char *gg, int64_t rows, int64_t cols, int32_t rope_heads,
-                            int wtype) {
+ * matrix_type(wtype) (ST_HF_KEEP: as stored), q/k rows permuted when rope_heads > 0. */
+static st_status add_tensor(st_gguf_writer *w, const st_safetensors *sf, const hf_hp *hp,
+                            const char *hf, const char *gg, int64_t rows, int64_t cols,
+                            int32_t rope_heads, int wtype) {
     const st_sf_tensor *t;
     st_dtype src;
     st_status s = get_tensor(sf, hf, rows, cols, &t, &src);
     if (s)
         return s;
     const int64_t n_in = cols ? cols : rows, n_rows = cols ? rows : 1;
-    uint32_t dst = cols ? (wtype == ST_HF_KEEP ? (uint32_t)src : (uint32_t)wtype) : ST_DTYPE_F32;
-    if ((dst == ST_DTYPE_Q8_0 || dst == ST_DTYPE_Q4_0) && n_in % 32 != 0)
-        dst = ST_DTYPE_F16; /* rows the 32-element blocks do not tile */
+    const uint32_t dst = cols ? matrix_type(wtype, hp, gg, n_in, src) : ST_DTYPE_F32;
     int64_t ne[2] = {n_in, n_rows};
     size_t dst_row;
     if ((s = st_gguf_tensor_bytes(dst, 1, ne, &dst_row)))
@@ -332,9 +347,16 @@ static st_status add_hparams(st_gguf_writer *w, const char *dir, const hf_hp *hp
     const char *base = strrchr(dir, '/');
     base = base && base[1] ? base + 1 : dir;
     /* general.file_type: llama_ftype of the matrices (ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7,
-     * BF16 32) */
+     * BF16 32, the K-quant mixes 10 .. 18; a single K-quant type as the mix closest to it, as
+     * spectree-mkmodel labels it) */
+    static const uint32_t kq_ftype[] = {ST_FTYPE_Q2_K, ST_FTYPE_Q3_K_S, ST_FTYPE_Q4_K_S,
+                                        ST_FTYPE_Q5_K_S, ST_FTYPE_Q6_K};
     uint32_t ft = 0;
-    if (wtype == ST_DTYPE_F16)
+    if (wtype > ST_HF_MIX)
+        ft = (uint32_t)(wtype - ST_HF_MIX);
+    else if (is_kquant(wtype))
+        ft = kq_ftype[wtype - ST_DTYPE_Q2_K];
+    else if (wtype == ST_DTYPE_F16)
         ft = 1;
     else if (wtype == ST_DTYPE_Q4_0)
         ft = 2;
@@ -385,7 +407,9 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out) {
         return st_fail(ST_ERR_INVALID, "st_hf_to_gguf: NULL argument");
     *out = NULL;
     if (wtype != ST_HF_KEEP && wtype != ST_DTYPE_F32 && wtype != ST_DTYPE_F16 &&
-        wtype != ST_DTYPE_BF16 && wtype != ST_DTYPE_Q8_0 && wtype != ST_DTYPE_Q4_0)
+        wtype != ST_DTYPE_BF16 && wtype != ST_DTYPE_Q8_0 && wtype != ST_DTYPE_Q4_0 &&
+        !is_kquant(wtype) &&
+        !(wtype > ST_HF_MIX && st_kquant_ftype_name((uint32_t)(wtype - ST_HF_MIX))))
         return st_fail(ST_ERR_INVALID, "st_hf_to_gguf: unsupported output type %d", wtype);
     hf_hp hp = {0};
     st_safetensors *sf = NULL;
@@ -403,10 +427,10 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out) {
                                st_safetensors_find(sf, "lm_head.weight")
                            ? "lm_head.weight"
                            : "model.embed_tokens.weight";
-    if ((s = add_tensor(w, sf, embd, "token_embd.weight", V, E, 0, wtype)) ||
-        (s = add_tensor(w, sf, "model.norm.weight", "output_norm.weight", E, 0, 0, wtype)))
+    if ((s = add_tensor(w, sf, &hp, embd, "token_embd.weight", V, E, 0, wtype)) ||
+        (s = add_tensor(w, sf, &hp, "model.norm.weight", "output_norm.weight", E, 0, 0, wtype)))
         goto fail;
-    if (!hp.tied && (s = add_tensor(w, sf, "lm_head.weight", "output.weight", V, E, 0, wtype)))
+    if (!hp.tied && (s = add_tensor(w, sf, &hp, "lm_head.weight", "output.weight", V, E, 0, wtype)))
         goto fail;
     for (int32_t l = 0; l < hp.n_layer; l++) {
         static const struct {
@@ -433,7 +457,7 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out) {
             snprintf(hn, sizeof hn, "model.layers.%d.%s", (int)l, lt[k].hf);
             snprintf(gn, sizeof gn, "blk.%d.%s", (int)l, lt[k].gg);
             const int32_t heads = lt[k].rope == 1 ? hp.n_head : lt[k].rope == 2 ? hp.n_head_kv : 0;
-            if ((s = add_tensor(w, sf, hn, gn, dims[lt[k].rows],
+            if ((s = add_tensor(w, sf, &hp, hn, gn, dims[lt[k].rows],
                                 lt[k].cols < 0 ? 0 : dims[lt[k].cols], heads, wtype)))
                 goto fail;
         }

@@ -59,6 +59,8 @@ static uint32_t fallback(uint32_t type, int64_t ncols) {
     return type == ST_DTYPE_Q2_K || type == ST_DTYPE_Q3_K ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0;
 }
 
+uint32_t st_kquant_fit_type(uint32_t type, int64_t ncols) { return fallback(type, ncols); }
+
 static uint32_t mix_type(uint32_t ftype, const char *name, int64_t n_layer, int64_t n_gqa,
                          int tied);
 

@@ -126,6 +126,12 @@ const st_kernels *st_kernels_avx512(void);
  * with explicit fma, so scalar and vector versions agree bit for bit (relative error < 3e-7). */
 float st_expf_ref(float x);
 
+/* exp(x) as ggml's AVX-512 build computes it for softmax and SiLU (ggml_v_expf, after ARM's
+ * optimized-routines expf: n = round(x / ln 2) by the 1.5 * 2^23 shift, a two-constant
+ * reduction and a degree-5 polynomial, scaled by 2^n; 0 below about -104, inf above 88.4).
+ * Used by the sessions that match ggml's arithmetic (st_session_params.match_ggml). */
+float st_expf_ggml(float x);
+
 /* Conversions shared by kernels and loaders. */
 float st_fp16_to_f32(uint16_t h);
 uint16_t st_f32_to_fp16(float f);

@@ -47,6 +47,22 @@ float st_expf_ref(float x) {
     return p * s.f;
 }
 
+float st_expf_ggml(float x) {
+    const float shift = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shift);
+    const float n = z - shift; /* x / ln 2 rounded to an integer */
+    if (isnan(x))
+        return x;
+    if (fabsf(n) > 192.0f)
+        return n > 0.0f ? INFINITY : 0.0f;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x)); /* x - n ln 2 */
+    const float u = b * b;
+    const float j = fmaf(
+        fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+        u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    return ldexpf(j, (int)n);
+}
+
 static float exp_sum_ref(float *x, int64_t n, float mx) {
     float acc[8] = {0};
     int64_t i = 0;

@@ -93,6 +93,18 @@ static inline float st_kq_step(float acc, float d, float dmin, float xd, int32_t
     return fmaf(-(dmin * xd), (float)t, acc);
 }
 
+/* The K-quant dot products in the float order of ggml's AVX2 kernels (ggml_vec_dot_q*_K_q8_K at
+ * llama.cpp c392e509, which its AVX-512 builds use too), for the sessions that match ggml's
+ * arithmetic (st_session_params.match_ggml): per super-block, eight integer lanes, lane k the
+ * scaled products of the elements e with e mod 32 in [4k, 4k + 4), each accumulated with
+ * acc_k = fma(d * xd, lane_k, acc_k); the mins (Q2_K: eight lanes of 32 elements, added to the
+ * same accumulators before the scales; Q4_K: four lanes of 64 elements in accumulators of their
+ * own; Q5_K: one scalar sum) with fma(-xd * dmin, ., .); the result
+ * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) plus the Q4_K mins
+ * (m0 + m2) + (m1 + m3) or the Q5_K sum. Scalar; the same st_matmul_fn contract. */
+void st_matmul_kq_ggml(uint32_t type, float *y, int64_t ldy, const void *w, size_t row_bytes,
+                       const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
+
 /* Quantizes K floats (K a multiple of 256) into K/256 blocks: the element of largest magnitude
  * maps to -127 (llama.cpp's Q8_K rule: iscale = -127 / max, q = round(x * iscale) capped at
  * 127, d = 1 / iscale). Every kernel table uses this one function. */

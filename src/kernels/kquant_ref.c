@@ -204,6 +204,75 @@ void st_kq_unpack(uint32_t type, const void *blk, st_kq_unpacked *u) {
     }
 }
 
+/* ggml's accumulators of one row and one activation row (kquant.h). */
+typedef struct kq_ggml_acc {
+    float acc[8], accm[4], summs;
+} kq_ggml_acc;
+
+/* Adds super-block u (unpacked) times activation block xb to a, in ggml's order. */
+static void kq_ggml_step(uint32_t type, const st_kq_unpacked *u, const st_block_q8k *xb,
+                         kq_ggml_acc *a) {
+    const int off = type == ST_DTYPE_Q3_K ? 4 : type == ST_DTYPE_Q6_K ? 32 : 0;
+    const float d = xb->d * u->d, dmin = -xb->d * u->dmin;
+    int32_t lane[8] = {0};
+    for (int e = 0; e < ST_QK_K; e++)
+        lane[e % 32 / 4] += u->sc[e / 16] * ((int32_t)u->q[e] - off) * xb->q[e];
+    if (type == ST_DTYPE_Q2_K) /* mins first, in the same accumulators */
+        for (int k = 0; k < 8; k++)
+            a->acc[k] = fmaf(
+                dmin,
+                (float)(u->bz[2 * k] * xb->bsums[2 * k] + u->bz[2 * k + 1] * xb->bsums[2 * k + 1]),
+                a->acc[k]);
+    if (type == ST_DTYPE_Q4_K)
+        for (int i = 0; i < 4; i++) {
+            int32_t m = 0;
+            for (int j = 4 * i; j < 4 * i + 4; j++)
+                m += u->bz[j] * xb->bsums[j];
+            a->accm[i] = fmaf(dmin, (float)m, a->accm[i]);
+        }
+    if (type == ST_DTYPE_Q5_K) {
+        int32_t m = 0;
+        for (int j = 0; j < 16; j++)
+            m += u->bz[j] * xb->bsums[j];
+        a->summs = fmaf(dmin, (float)m, a->summs); /* summs += dmin * m, contracted */
+    }
+    for (int k = 0; k < 8; k++)
+        a->acc[k] = fmaf(d, (float)lane[k], a->acc[k]);
+}
+
+static float kq_ggml_result(uint32_t type, const kq_ggml_acc *a) {
+    const float *c = a->acc;
+    float r = ((c[0] + c[4]) + (c[2] + c[6])) + ((c[1] + c[5]) + (c[3] + c[7]));
+    if (type == ST_DTYPE_Q4_K)
+        r = r + ((a->accm[0] + a->accm[2]) + (a->accm[1] + a->accm[3]));
+    else if (type == ST_DTYPE_Q5_K)
+        r = r + a->summs;
+    return r;
+}
+
+void st_matmul_kq_ggml(uint32_t type, float *y, int64_t ldy, const void *w, size_t row_bytes,
+                       const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    enum { MT = 16 }; /* tokens per pass: each super-block is unpacked once for them */
+    const st_block_q8k *xq = x;
+    const size_t bb = st_kquant_block_bytes(type);
+    st_kq_unpacked u;
+    kq_ggml_acc a[MT];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (int64_t m0 = 0; m0 < M; m0 += MT) {
+            const int64_t mt = M - m0 < MT ? M - m0 : MT;
+            memset(a, 0, sizeof a);
+            for (int64_t b = 0; b < K / ST_QK_K; b++) {
+                st_kq_unpack(type, wr + (size_t)b * bb, &u);
+                for (int64_t t = 0; t < mt; t++)
+                    kq_ggml_step(type, &u, xq + (m0 + t) * ldx + b, &a[t]);
+            }
+            for (int64_t t = 0; t < mt; t++)
+                y[(m0 + t) * ldy + r] = kq_ggml_result(type, &a[t]);
+        }
+    }
+}
+
 static void matmul_kq_ref(uint32_t type, int has_min, float *y, int64_t ldy, const void *w,
                           size_t row_bytes, const void *x, int64_t ldx, int64_t K, int64_t M,
                           int64_t r0, int64_t r1) {

@@ -15,6 +15,85 @@ typedef struct attn_job {
     int32_t layer;
 } attn_job;
 
+/* match_ggml (st_session_params): the attention arithmetic of ggml's CPU backend without flash
+ * attention. GCC's _mm512_reduce_add_ps of 16 floats. */
+static float ggml_reduce16(const float *v) {
+    float t8[8], t4[4];
+    for (int i = 0; i < 8; i++)
+        t8[i] = v[i + 8] + v[i];
+    for (int i = 0; i < 4; i++)
+        t4[i] = t8[i + 4] + t8[i];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/* ggml_soft_max over a key list of n (padded with masked keys to a multiple of 32, ggml's KV
+ * window): exp with ggml's function, each 16 keys reduced in float and summed in double, then
+ * every probability times (float)(1 / sum). Scores already carry the 1/sqrt(head_dim) factor. */
+static void softmax_ggml(float *x, int32_t n) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    const int32_t nkv = (n + 31) & ~31;
+    double sum = 0.0;
+    for (int32_t c = 0; c < nkv; c += 16) {
+        float v[16];
+        for (int l = 0; l < 16; l++) {
+            v[l] = c + l < n ? st_expf_ggml(x[c + l] - mx) : 0.0f;
+            if (c + l < n)
+                x[c + l] = v[l];
+        }
+        sum += (double)ggml_reduce16(v);
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+/* Element d of key-list entry c (of token i) of the K or V cache at KV (already offset to the KV
+ * head; rows kvd elements apart, elem bytes each), as float. */
+static float kv_at(const st_fwd *f, int32_t i, const uint8_t *KV, size_t elem, int64_t kvd,
+                   int32_t c, int32_t d) {
+    const int32_t np = f->n_prefix[i];
+    const int64_t r = c < np ? c : f->extra_rows[f->extra_off[i] + c - np];
+    const uint8_t *p = KV + ((size_t)r * (size_t)kvd + (size_t)d) * elem;
+    if (elem == 2) {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return st_fp16_to_f32(h);
+    }
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ggml_vec_dot_f16 of each value dimension over token i's n probabilities p (key list padded to
+ * a multiple of 32 with zeros): below 64 keys a double sum of the products; else four 16-lane
+ * fma chains over each 64 keys, added pairwise, reduced, then the remaining keys in double. */
+static void vsum_ggml(const st_session *s, const st_fwd *f, int32_t i, const float *p, int32_t n,
+                      const uint8_t *V, int32_t hd, float *out) {
+    const int64_t kvd = (int64_t)s->m->hp.n_head_kv * hd;
+    const int32_t nkv = (n + 31) & ~31, n64 = nkv & ~63;
+    for (int32_t d = 0; d < hd; d++) {
+        double sum = 0.0;
+        if (n64) {
+            float acc[4][16] = {{0}};
+            for (int32_t c0 = 0; c0 < n64; c0 += 64)
+                for (int k = 0; k < 4; k++)
+                    for (int l = 0; l < 16; l++) {
+                        const int32_t c = c0 + 16 * k + l;
+                        if (c < n)
+                            acc[k][l] = fmaf(kv_at(f, i, V, s->v_elem, kvd, c, d), p[c], acc[k][l]);
+                    }
+            for (int l = 0; l < 16; l++)
+                acc[0][l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+            sum = (double)ggml_reduce16(acc[0]);
+        }
+        for (int32_t c = n64; c < n; c++)
+            sum += (double)(kv_at(f, i, V, s->v_elem, kvd, c, d) * p[c]);
+        out[d] = (float)sum;
+    }
+}
+
 /* Queries per attention kernel call (pointer arrays on the stack). */
 enum { ST_ATTN_Q = 128 };
 
@@ -72,6 +151,14 @@ static void attn_run(const st_session *s, const st_fwd *f, int wsum, int32_t i0,
                 if (++nq == ST_ATTN_Q || (i == t1 - 1 && h == g - 1)) {
                     if (wsum)
                         s->kern->attn_wsum(wr, rd, nq, rows, ld, c1 - c0, hd);
+                    else if (s->p.match_ggml) /* ggml: the dot in double, times the scale */
+                        for (int j = 0; j < nq; j++)
+                            for (int32_t r = 0; r < c1 - c0; r++) {
+                                double dot = 0.0;
+                                for (int32_t d = 0; d < hd; d++)
+                                    dot += (double)(rd[j][d] * rows[(int64_t)r * ld + d]);
+                                wr[j][r] = (float)dot * (1.0f / sq);
+                            }
                     else
                         s->kern->attn_scores(wr, rd, nq, rows, ld, c1 - c0, hd, sq);
                     nq = 0;
@@ -141,7 +228,18 @@ static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t
         for (int32_t h0 = 0; h0 < g; h0 += 16) {
             const int32_t nh = g - h0 < 16 ? g - h0 : 16;
             float *sh = st + (int64_t)h0 * (n + 1), sums[16];
-            s->kern->softmax(sh, n, nh, n + 1, sums);
+            if (s->p.match_ggml)
+                for (int32_t h = 0; h < nh; h++) {
+                    float *x = sh + (int64_t)h * (n + 1);
+                    int any = 0;
+                    for (int32_t r = 0; r < n && !any; r++)
+                        any = x[r] > -INFINITY;
+                    if (any)
+                        softmax_ggml(x, n);
+                    sums[h] = any ? 1.0f : 0.0f;
+                }
+            else
+                s->kern->softmax(sh, n, nh, n + 1, sums);
             if (s->p.type_v == ST_DTYPE_F16) /* the value sums multiply f16 by f16 (ggml) */
                 for (int32_t h = 0; h < nh; h++)
                     for (int32_t r = 0; r < n; r++) {
@@ -164,6 +262,8 @@ static void attn_tokens(const st_session *s, const st_fwd *f, int32_t l, int32_t
         for (int32_t h = 0; h < g; h++)
             if (st[(int64_t)h * (n + 1) + n] != 0.0f)
                 memset(out + (int64_t)h * hd, 0, (size_t)hd * sizeof(float));
+            else if (s->p.match_ggml) /* the value sums again, in ggml's order */
+                vsum_ggml(s, f, i, st + (int64_t)h * (n + 1), n, V, hd, out + (int64_t)h * hd);
     }
 }
 

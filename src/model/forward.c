@@ -24,10 +24,19 @@ static void kv_store(uint8_t *dst, size_t elem, const float *x, int64_t n) {
     }
 }
 
-/* y = x / sqrt(mean(x^2) + eps) * w, with the canonical dot product for the sum of squares. */
-static void rmsnorm(const st_kernels *k, float *y, const float *x, const float *w, int64_t n,
+/* y = x / sqrt(mean(x^2) + eps) * w, with the canonical dot product for the sum of squares, or
+ * (match_ggml) ggml's: float squares summed in double, the mean rounded to float. */
+static void rmsnorm(const st_session *s, float *y, const float *x, const float *w, int64_t n,
                     float eps) {
-    float ss = k->dot(x, x, n) / (float)n;
+    float ss;
+    if (s->p.match_ggml) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            sum += (double)(x[i] * x[i]);
+        ss = (float)(sum / (double)n);
+    } else {
+        ss = s->kern->dot(x, x, n) / (float)n;
+    }
     float scale = 1.0f / sqrtf(ss + eps);
     for (int64_t i = 0; i < n; i++)
         y[i] = (x[i] * scale) * w[i];
@@ -35,10 +44,10 @@ static void rmsnorm(const st_kernels *k, float *y, const float *x, const float *
 
 /* RMSNorm with weight w, or a plain copy where the model has no norm there (an EAGLE-1 head has
  * none before its layer and none after it). */
-static void norm_or_copy(const st_kernels *k, float *y, const float *x, const float *w, int64_t n,
+static void norm_or_copy(const st_session *s, float *y, const float *x, const float *w, int64_t n,
                          float eps) {
     if (w)
-        rmsnorm(k, y, x, w, n, eps);
+        rmsnorm(s, y, x, w, n, eps);
     else
         memcpy(y, x, (size_t)n * sizeof(float));
 }
@@ -50,21 +59,29 @@ static void embed_row(const st_model *m, int32_t t, float *out) {
                    m->hp.n_embd);
 }
 
-/* Rotates adjacent pairs (2j, 2j+1) of each head (GGUF/llama.cpp NORMAL mode). */
+/* Rotates adjacent pairs (2j, 2j+1) of each head (GGUF/llama.cpp NORMAL mode). ggml: the same
+ * expressions in C, which GCC 12 at -O3 -march=native contracts to fma(a, cos, -(b sin)) and
+ * fma(a, sin, b cos) (checked in its assembly). */
 static void rope(float *v, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs,
-                 const float *sn) {
+                 const float *sn, int ggml) {
     for (int32_t h = 0; h < n_heads; h++) {
         float *vh = v + (int64_t)h * head_dim;
         for (int32_t j = 0; j < n_rot / 2; j++) {
             float a = vh[2 * j], b = vh[2 * j + 1];
-            vh[2 * j] = a * cs[j] - b * sn[j];
-            vh[2 * j + 1] = a * sn[j] + b * cs[j];
+            if (ggml) {
+                vh[2 * j] = fmaf(a, cs[j], -(b * sn[j]));
+                vh[2 * j + 1] = fmaf(a, sn[j], b * cs[j]);
+            } else {
+                vh[2 * j] = a * cs[j] - b * sn[j];
+                vh[2 * j + 1] = a * sn[j] + b * cs[j];
+            }
         }
     }
 }
 
 typedef struct mm_job {
     const st_kernels *k;
+    int ggml; /* K-quant matrices in ggml's float order (st_matmul_kq_ggml) */
     int n_mat;
     const st_wt *w[3];
     float *y[3];
@@ -132,15 +149,19 @@ static void mm_task(void *ctx, int ith, int nth) {
                                     r0, r1);
             continue;
         }
-        matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
-                                  w->n_in, j->M, r0, r1);
+        if (j->ggml && st_kquant_block_bytes(w->type))
+            st_matmul_kq_ggml(w->type, j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
+                              w->n_in, j->M, r0, r1);
+        else
+            matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
+                                      w->n_in, j->M, r0, r1);
     }
 }
 
 /* y_i = W_i x for up to three matrices with the same input (M tokens of n_in floats). */
 static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *const *y,
                     const float *x, int64_t M) {
-    mm_job j = {.k = s->kern, .n_mat = n_mat, .M = M};
+    mm_job j = {.k = s->kern, .ggml = s->p.match_ggml != 0, .n_mat = n_mat, .M = M};
     int64_t rows = 0;
     for (int i = 0; i < n_mat; i++) {
         j.w[i] = w[i];
@@ -210,8 +231,8 @@ static void eagle3_layer_input(st_session *s, const st_fwd *f) {
     for (int64_t i = 0; i < f->n; i++) {
         float *c = s->cat + i * 2 * E;
         embed_row(m, f->tokens[i], c);
-        rmsnorm(s->kern, c, c, m->layers[0].attn_norm, E, m->hp.rms_eps);
-        rmsnorm(s->kern, c + E, s->x + i * E, m->hidden_norm, E, m->hp.rms_eps);
+        rmsnorm(s, c, c, m->layers[0].attn_norm, E, m->hp.rms_eps);
+        rmsnorm(s, c + E, s->x + i * E, m->hidden_norm, E, m->hp.rms_eps);
     }
 }
 
@@ -277,12 +298,19 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         for (int64_t i = 0; i < T; i++)
             embed_row(m, f->tokens[i], s->x + i * E);
     }
-    for (int64_t i = 0; i < T; i++) /* RoPE angles of the batch's positions, in double */
+    /* RoPE angles of the batch's positions as ggml computes them (its rope cache): theta =
+     * pos in float, multiplied by base^(-2/n_rot) (float powf) once per pair, divided by the
+     * pair's Llama 3 factor; cosf and sinf. */
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    for (int64_t i = 0; i < T; i++) {
+        float theta = (float)f->pos[i];
         for (int32_t j = 0; j < nrot2; j++) {
-            const double a = (double)f->pos[i] * s->rope_freq[j];
-            s->rope_cos[i * nrot2 + j] = (float)cos(a);
-            s->rope_sin[i * nrot2 + j] = (float)sin(a);
+            const float t = m->rope_factors ? theta / m->rope_factors[j] : theta;
+            s->rope_cos[i * nrot2 + j] = cosf(t);
+            s->rope_sin[i * nrot2 + j] = sinf(t);
+            theta *= theta_scale;
         }
+    }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const st_layer *L = &m->layers[l];
         capture(s, l, T);
@@ -290,7 +318,7 @@ st_status st_forward(st_session *s, const st_fwd *f) {
             eagle3_layer_input(s, f);
         else
             for (int64_t i = 0; i < T; i++)
-                norm_or_copy(k, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
+                norm_or_copy(s, s->xb + i * E, s->x + i * E, L->attn_norm, E, hp->rms_eps);
         const st_wt *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->kt, s->vt};
         matmuls(s, 3, wqkv, yqkv, m->eagle3 ? s->cat : s->xb, T);
@@ -304,8 +332,8 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         for (int64_t i = 0; i < T; i++) {
             const float *cs = s->rope_cos + i * nrot2;
             const float *sn = s->rope_sin + i * nrot2;
-            rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn);
-            rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn);
+            rope(s->q + i * Q, hp->n_head, (int32_t)hd, hp->n_rot, cs, sn, s->p.match_ggml);
+            rope(s->kt + i * KV, hp->n_head_kv, (int32_t)hd, hp->n_rot, cs, sn, s->p.match_ggml);
             kv_store(st_kv_k(s, f->seq[i], l) + (size_t)f->kv_row[i] * KV * s->k_elem, s->k_elem,
                      s->kt + i * KV, KV);
             kv_store(st_kv_v(s, f->seq[i], l) + (size_t)f->kv_row[i] * KV * s->v_elem, s->v_elem,
@@ -319,11 +347,15 @@ st_status st_forward(st_session *s, const st_fwd *f) {
         for (int64_t i = 0; i < T * E; i++)
             s->x[i] += s->tmp[i];
         for (int64_t i = 0; i < T; i++)
-            rmsnorm(k, s->xb + i * E, s->x + i * E, L->ffn_norm, E, hp->rms_eps);
+            rmsnorm(s, s->xb + i * E, s->x + i * E, L->ffn_norm, E, hp->rms_eps);
         const st_wt *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {s->hb, s->hb2};
         matmuls(s, 2, wgu, ygu, s->xb, T);
-        k->silu_mul(s->hb, s->hb2, T * F);
+        if (s->p.match_ggml) /* ggml: silu(g) = g / (1 + exp(-g)) with its exp, then * u */
+            for (int64_t e = 0; e < T * F; e++)
+                s->hb[e] = (s->hb[e] / (1.0f + st_expf_ggml(-s->hb[e]))) * s->hb2[e];
+        else
+            k->silu_mul(s->hb, s->hb2, T * F);
         matmul1(s, &L->w_down, s->tmp, s->hb, T);
         for (int64_t i = 0; i < T * E; i++)
             s->x[i] += s->tmp[i];
@@ -334,7 +366,7 @@ st_status st_forward(st_session *s, const st_fwd *f) {
     s->n_states = 0;
     if ((f->logits && n_out > 0) || f->defer_logits || f->hidden) {
         for (int64_t i = 0; i < T; i++)
-            norm_or_copy(k, s->xb + i * E, s->x + i * E, m->out_norm, E, hp->rms_eps);
+            norm_or_copy(s, s->xb + i * E, s->x + i * E, m->out_norm, E, hp->rms_eps);
         s->n_states = (int32_t)T;
         if (f->hidden)
             memcpy(f->hidden, s->xb, (size_t)(T * E) * sizeof(float));

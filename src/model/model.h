@@ -135,7 +135,6 @@ struct st_session {
     void *v_cache;    /* same, of p.type_v */
     size_t k_elem, v_elem; /* bytes per element of k_cache, v_cache (4 or 2) */
     float *kv_conv;        /* (n_threads, max(ST_KV_CONV_FLOATS, head_dim)) f16 rows converted */
-    double *rope_freq;     /* (n_rot/2) base^(-2j/n_rot) */
     float *rope_cos;       /* (n_batch, n_rot/2) of the tokens of the current forward pass */
     float *rope_sin;       /* (n_batch, n_rot/2) */
     void *lazy;            /* the region of k_cache, v_cache and scores (st_lazy_alloc) */

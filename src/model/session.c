@@ -62,7 +62,6 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
     qmax = C > qmax ? C : qmax;
     st_plan_take(pl, 1, sizeof *s);
     s->seq_len = st_plan_take(pl, (size_t)p->n_seq, sizeof(int32_t));
-    s->rope_freq = st_plan_take(pl, nrot2, sizeof(double));
     s->rope_cos = st_plan_take(pl, B * nrot2, sizeof(float));
     s->rope_sin = st_plan_take(pl, B * nrot2, sizeof(float));
     s->x = st_plan_take(pl, B * E, sizeof(float));
@@ -162,13 +161,6 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->v_elem = kv_elem(p.type_v);
     s->kv_layer_stride = (int64_t)p.n_ctx * (int64_t)KV;
     s->kv_seq_stride = s->kv_layer_stride * hp->n_layer;
-    /* RoPE frequencies in double precision: theta = pos * base^(-2j/n_rot); the forward pass
-     * computes cos and sin of each token's angles (forward.c) */
-    for (int32_t j = 0; j < hp->n_rot / 2; j++) {
-        s->rope_freq[j] = pow((double)hp->rope_base, -2.0 * (double)j / (double)hp->n_rot);
-        if (m->rope_factors) /* Llama 3 scaling: the frequency divided by its factor */
-            s->rope_freq[j] /= (double)m->rope_factors[j];
-    }
     *out = s;
     return ST_OK;
 }

@@ -84,6 +84,8 @@ def read_st(d):
 def make(d, arch, seed, dtype="F32", shards=1):
     rng = np.random.default_rng(seed)
     V, E, L, H, KVH, F = 2048, 64, 2, 4, 2, 96
+    if arch == "wide":  # rows of whole 256-element super-blocks, for the K-quant conversions
+        E, F = 256, 512
     hd = E // H
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "hidden_size": E, "intermediate_size": F, "num_hidden_layers": L,
@@ -105,7 +107,7 @@ def make(d, arch, seed, dtype="F32", shards=1):
                    sliding_window=128, rope_theta=1e6)
     elif arch == "smollm":
         cfg.update(tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-5)
-    elif arch != "llama":
+    elif arch not in ("llama", "wide"):
         raise ValueError(arch)
 
     def w(*shape):
