@@ -344,16 +344,30 @@ static void test_engine_checks(void **state) {
  * mean tau of the 25 held-out prompts measured 3.02 through this engine, and 2.97 on these three;
  * the bound here is below that, so that kernel rounding cannot fail it), and the text is exactly
  * plain decoding's. */
-typedef struct toks {
-    int32_t t[256];
-    int n;
-} toks;
-
-static int keep(void *user, int32_t t) {
-    toks *k = user;
-    if (k->n < 256)
-        k->t[k->n++] = t;
-    return 0;
+/* Greedy K=1 S=4 generation of `prompt` with head, checked against plain decoding; its tau (and
+ * the speculative steps in *steps, if not NULL). */
+static double chain_tau(st_model *head, const char *prompt, int64_t *steps) {
+    int32_t ids[64];
+    int64_t n = 0;
+    assert_int_equal(
+        st_tokenize(st_model_tokenizer(target), prompt, strlen(prompt), 1, ids, 64, &n), ST_OK);
+    st_gen_params p = st_gen_default_params();
+    p.n_predict = 128;
+    p.sampler.temp = 0.0f;
+    p.n_threads = 1;
+    tu_toks plain = {0}, spec = {0};
+    assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &plain, NULL), ST_OK);
+    p.spec.algo = ST_SPEC_EAGLE;
+    p.spec.draft_model = head;
+    p.spec.topk = 1;
+    p.spec.num_steps = 4;
+    st_gen_stats gs;
+    assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &spec, &gs), ST_OK);
+    assert_int_equal(spec.n, plain.n);
+    assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
+    if (steps)
+        *steps = gs.spec_steps;
+    return gs.tau;
 }
 
 static void test_trained_head(void **state) {
@@ -366,53 +380,12 @@ static void test_trained_head(void **state) {
                              "Molly the cow lived on a green hill"};
     double tau_sum = 0.0;
     for (int i = 0; i < 3; i++) {
-        int32_t ids[64];
-        int64_t n = 0;
-        assert_int_equal(
-            st_tokenize(st_model_tokenizer(target), prompts[i], strlen(prompts[i]), 1, ids, 64, &n),
-            ST_OK);
-        st_gen_params p = st_gen_default_params();
-        p.n_predict = 128;
-        p.sampler.temp = 0.0f;
-        p.n_threads = 1;
-        toks plain = {0}, spec = {0};
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
-        p.spec.algo = ST_SPEC_EAGLE;
-        p.spec.draft_model = head;
-        p.spec.topk = 1;
-        p.spec.num_steps = 4;
-        st_gen_stats gs;
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
-        assert_int_equal(spec.n, plain.n);
-        assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
-        assert_true(gs.spec_steps > 10);
-        tau_sum += gs.tau;
+        int64_t steps;
+        tau_sum += chain_tau(head, prompts[i], &steps);
+        assert_true(steps > 10);
     }
     assert_true(tau_sum / 3 > 2.6);
     st_model_free(head);
-}
-
-/* Greedy K=1 S=4 generation of `prompt` with head, checked against plain decoding; its tau. */
-static double chain_tau(st_model *head, const char *prompt) {
-    int32_t ids[64];
-    int64_t n = 0;
-    assert_int_equal(
-        st_tokenize(st_model_tokenizer(target), prompt, strlen(prompt), 1, ids, 64, &n), ST_OK);
-    st_gen_params p = st_gen_default_params();
-    p.n_predict = 128;
-    p.sampler.temp = 0.0f;
-    p.n_threads = 1;
-    toks plain = {0}, spec = {0};
-    assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
-    p.spec.algo = ST_SPEC_EAGLE;
-    p.spec.draft_model = head;
-    p.spec.topk = 1;
-    p.spec.num_steps = 4;
-    st_gen_stats gs;
-    assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
-    assert_int_equal(spec.n, plain.n);
-    assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
-    return gs.tau;
 }
 
 /* st_eagle_head_set_type: the head's own matrices in Q8_0 (F16 where a row is not whole blocks
@@ -459,10 +432,10 @@ static void test_head_type(void **state) {
                              "Molly the cow lived on a green hill"};
     double t32 = 0.0, t8 = 0.0, t16 = 0.0, ta = 0.0;
     for (int i = 0; i < 2; i++) {
-        t32 += chain_tau(h32, prompts[i]) / 2;
-        t8 += chain_tau(h8, prompts[i]) / 2;
-        t16 += chain_tau(h16, prompts[i]) / 2;
-        ta += chain_tau(ha, prompts[i]) / 2;
+        t32 += chain_tau(h32, prompts[i], NULL) / 2;
+        t8 += chain_tau(h8, prompts[i], NULL) / 2;
+        t16 += chain_tau(h16, prompts[i], NULL) / 2;
+        ta += chain_tau(ha, prompts[i], NULL) / 2;
     }
     print_message("mean tau at K=1 S=4: f32 %.3f, q8_0 %.3f, f16 %.3f, auto %.3f\n", t32, t8, t16,
                   ta);
@@ -527,12 +500,12 @@ static void test_inflated_head(void **state) {
     p.spec.algo = ST_SPEC_EAGLE;
     p.spec.topk = 1;
     p.spec.num_steps = 4;
-    toks a = {0}, b = {0};
+    tu_toks a = {0}, b = {0};
     st_gen_stats ga, gb;
     p.spec.draft_model = head;
-    assert_int_equal(st_generate(target, ids, n, &p, keep, &a, &ga), ST_OK);
+    assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &a, &ga), ST_OK);
     p.spec.draft_model = wide_head;
-    assert_int_equal(st_generate(wide, ids, n, &p, keep, &b, &gb), ST_OK);
+    assert_int_equal(st_generate(wide, ids, n, &p, tu_keep, &b, &gb), ST_OK);
     assert_int_equal(a.n, b.n);
     assert_memory_equal(a.t, b.t, (size_t)a.n * sizeof(int32_t));
     assert_true(ga.spec_steps > 10);
@@ -567,12 +540,12 @@ static void test_random_head_auto(void **state) {
         p.n_predict = 200;
         p.sampler.temp = 0.0f;
         p.n_threads = 1;
-        toks plain = {0}, spec = {0};
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
+        tu_toks plain = {0}, spec = {0};
+        assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &plain, NULL), ST_OK);
         p.spec.algo = ST_SPEC_EAGLE;
         p.spec.draft_model = head;
         st_gen_stats gs;
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
+        assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &spec, &gs), ST_OK);
         assert_int_equal(spec.n, plain.n);
         assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
         assert_true(gs.auto_shape);

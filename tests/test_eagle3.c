@@ -430,18 +430,6 @@ static void test_engine_checks(void **state) {
 /* The committed stories260K head (models/eagle3-stories260K, trained by tools/eagle/train3.py):
  * on held-out prompts, chain drafting at K=1 S=4 and a K=2 tree emit exactly plain decoding's
  * text, and the chain accepts drafts (TAU3_BOUND: below the measured mean, README). */
-typedef struct toks {
-    int32_t t[256];
-    int n;
-} toks;
-
-static int keep(void *user, int32_t t) {
-    toks *k = user;
-    if (k->n < 256)
-        k->t[k->n++] = t;
-    return 0;
-}
-
 static void test_trained_head(void **state) {
     (void)state;
     st_model *head = NULL;
@@ -462,21 +450,21 @@ static void test_trained_head(void **state) {
         p.n_predict = 128;
         p.sampler.temp = 0.0f;
         p.n_threads = 1;
-        toks plain = {0}, spec = {0}, tree = {0};
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &plain, NULL), ST_OK);
+        tu_toks plain = {0}, spec = {0}, tree = {0};
+        assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &plain, NULL), ST_OK);
         p.spec.algo = ST_SPEC_EAGLE3;
         p.spec.draft_model = head;
         p.spec.topk = 1;
         p.spec.num_steps = 4;
         st_gen_stats gs;
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &spec, &gs), ST_OK);
+        assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &spec, &gs), ST_OK);
         assert_int_equal(spec.n, plain.n);
         assert_memory_equal(spec.t, plain.t, (size_t)plain.n * sizeof(int32_t));
         assert_true(gs.spec_steps > 10);
         tau_sum += gs.tau;
         p.spec.topk = 2;
         p.spec.num_draft_tokens = 8;
-        assert_int_equal(st_generate(target, ids, n, &p, keep, &tree, NULL), ST_OK);
+        assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &tree, NULL), ST_OK);
         assert_memory_equal(tree.t, plain.t, (size_t)plain.n * sizeof(int32_t));
     }
     print_message("committed EAGLE-3 head: mean tau %.3f at K=1 S=4 on 3 prompts\n", tau_sum / 3);

@@ -282,3 +282,10 @@ void tu_result_free(tu_result *r) {
     free(r->err);
     r->out = r->err = NULL;
 }
+
+int tu_keep(void *user, int32_t t) {
+    tu_toks *k = user;
+    if (k->n < 256)
+        k->t[k->n++] = t;
+    return 0;
+}

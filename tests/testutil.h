@@ -56,6 +56,13 @@ typedef struct tu_head3 {
 int tu_write_eagle3_head(const char *dir, const tu_head3 *h);
 
 /* The result of running one of the project's programs. */
+/* Generated tokens kept by tu_keep, an st_generate callback (the first 256). */
+typedef struct tu_toks {
+    int32_t t[256];
+    int n;
+} tu_toks;
+int tu_keep(void *user, int32_t t);
+
 typedef struct tu_result {
     int code;        /* exit status; 128 + signal when killed */
     char *out, *err; /* what it printed (malloc'd; NULL if the capture could not be read) */
