@@ -4,8 +4,8 @@ send 384 requests (half streamed, half not; greedy and seeded sampling; 8 distin
 parameter sets) to a server with 16 slots and NGRAM speculation, so requests queue, join and
 leave between steps all the time. Every response must be complete and equal to what
 `spectree generate` prints for its parameters alone; no request may be lost; the server must
-still answer and its RSS after a second identical round must stay within 8 MiB of the first
-(nothing leaks per request). Stops by itself: every client call has a timeout.
+still answer and its RSS after a second identical round must stay within 2 MiB of the first
+(16 MiB under ASan, whose allocator grows in steps; nothing leaks per request). Stops by itself: every client call has a timeout.
 Usage: test_serve_load.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
 import http.client
 import json
@@ -116,8 +116,12 @@ def main():
             check(fin == total, "finished %d of %d" % (fin, total))
             check(m["spectree_running_sequences"] == 0 and m["spectree_queue_depth"] == 0,
                   "requests left running or queued")
-            check(rss2 - rss1 <= 8 * 1024, "RSS grew by %d KiB in the second round" %
-                  (rss2 - rss1))
+            # release builds grow by 50-90 KiB a round here; under ASan its allocator's regions
+            # and shadow come in steps of megabytes in whichever round first needs them (+0.4 to
+            # +8.3 MiB a round measured), and LeakSanitizer checks for leaks at the exit
+            limit = 16 * 1024 if env_asan else 2 * 1024
+            check(rss2 - rss1 <= limit, "RSS grew by %d KiB in the second round (limit %d)" %
+                  (rss2 - rss1, limit))
             check(srv.stop() == 0, "exit status after SIGTERM")
 
         try:
