@@ -4,24 +4,26 @@
  * (a chain at positions L .. L+N-1 with the logits of all N, st_session_verify with causal
  * attention) after a committed context of L = 512 tokens, for N = 1, 2, 4, ..., 64, and
  * ratio = ms(N) / ms(1). The sizes are interleaved in rounds so that a burst of other work on
- * the machine slows all of them alike, each timed pass after an untimed one of the same size;
+ * the machine slows all of them alike, each timed pass after untimed ones of the same size;
  * each size reports its median.
  */
 #include "bench.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { VERIFY_MAX_N = ST_SPEC_MAX_N, VERIFY_NS = 7 };
+#define VERIFY_WARM_S 0.03
 
 static const char *usage =
     "usage: spectree-bench verify -m MODEL [--json] [--threads N] [--reps R] [--ctx L]\n"
     "                             [--mmap | --no-mmap] [--mlock]\n"
     "  one forward pass over N = 1, 2, 4, 8, 16, 32, 64 tokens (logits for all) after a\n"
     "  committed context of L tokens (default 512): ms per pass, median of R rounds (default\n"
-    "  5), each timed pass after an untimed one of the same size, and ratio = ms(N) / "
-    "ms(1)\n" ST_BENCH_LOAD_USAGE;
+    "  5), each timed pass after untimed ones of the same size (at least two and 30 ms), and\n"
+    "  ratio = ms(N) / ms(1)\n" ST_BENCH_LOAD_USAGE;
 
 static int ctx_opt(void *ctx, int argc, char **argv) {
     if (strcmp(argv[0], "--ctx") || argc < 2)
@@ -74,20 +76,27 @@ int st_bench_verify_main(int argc, char **argv) {
     st_tree_mask mask;
     if (st_verify_mask_create(ST_ATTN_CASCADE, 1, VERIFY_MAX_N, ctx, &vm))
         goto fail;
-    /* Each timed pass follows an untimed pass of the same size: on the 1.1B models a pass right
-     * after one of another size measured up to 2-3x slower (caches and prefetchers still tuned to
-     * the other size), which is not what a steady verify loop sees. */
+    /* Each timed pass follows untimed passes of the same size, at least two and at least
+     * VERIFY_WARM_S of them: on the 1.1B models a pass right after one of another size measured
+     * up to 2-3x slower (caches and prefetchers still tuned to the other size), and on the 84 MB
+     * widened model the first 5-8 single-token passes after a 64-token one took 1.5-2.5x the
+     * steady time (one untimed pass was not enough); a steady verify loop sees neither. */
     for (int r = 0; r < o.reps; r++)
-        for (int k = 0; k < VERIFY_NS; k++)
-            for (int timed = 0; timed < 2; timed++) {
+        for (int k = 0; k < VERIFY_NS; k++) {
+            const double warm0 = st_time_seconds();
+            for (int pass = 0;; pass++) {
+                const bool timed = pass >= 2 && st_time_seconds() - warm0 >= VERIFY_WARM_S;
                 double t0 = st_time_seconds();
                 /* a chain (topk 1): cascade attention is causal and reads no mask */
                 if (st_verify_mask_prepare(vm, 1, 1, ns[k], ctx, &mask) ||
                     st_session_verify(s, vm, 1, ns[k], &seq, &tree, logits))
                     goto fail;
-                if (timed)
+                if (timed) {
                     t[k * o.reps + r] = st_time_seconds() - t0;
+                    break;
+                }
             }
+        }
     double ms[VERIFY_NS];
     for (int k = 0; k < VERIFY_NS; k++)
         ms[k] = 1e3 * st_bench_median(t + k * o.reps, o.reps);
