@@ -109,8 +109,8 @@ def setup_device(name):
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if not torch.cuda.is_available():
         raise InputError("--device cuda: torch %s finds no CUDA device" % torch.__version__)
-    torch.backends.cuda.matmul.allow_tf32 = False  # full float32 products, as on the CPU
-    torch.backends.cudnn.allow_tf32 = False
+    if torch.backends.cuda.matmul.allow_tf32:  # full float32 products (torch's default)
+        torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
     return dev, {"device": "cuda", "gpu": torch.cuda.get_device_name(dev),
                  "cuda": torch.version.cuda}

@@ -396,10 +396,10 @@ def train(args):
                 lj = -(pm * (tp * torch.log_softmax(logits, -1)).sum(-1)).sum() / \
                     (mj.float().sum() + 1e-5)
                 loss = loss + (0.8 ** j) * lj
-                with torch.no_grad():
+                with torch.no_grad():  # whole numbers: tensor sums are exact (no sync here)
                     hit = (logits.argmax(-1) == tp.argmax(-1)).float() * pm
-                    acc[j][0] += float(hit.sum())
-                    acc[j][1] += float(mj.float().sum())
+                    acc[j][0] += hit.sum()
+                    acc[j][1] += mj.float().sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
@@ -412,7 +412,7 @@ def train(args):
                 last_loss = loss_sum / ((step - 1) % args.log_every + 1)
                 el.log("step %d/%d epoch %d loss %.5f acc per step %s lr %.2e %.1f s" %
                     (step, n_steps, (step - 1) // steps_per_epoch + 1, last_loss,
-                     " ".join("%.3f" % (a / max(c, 1)) for a, c in acc),
+                     " ".join("%.3f" % (float(a) / max(float(c), 1)) for a, c in acc),
                      lr_at(step - 1, n_steps, args), time.time() - t1))
                 loss_sum, acc = 0.0, [[0.0, 0.0] for _ in range(J)]
             if args.save_every and step % args.save_every == 0 and step < stop:
