@@ -138,7 +138,8 @@ def main():
             last = r.stderr.strip().splitlines()[-1:] if r.stderr else [""]
             check(r.returncode != 0 and want in last[0], "%s: one-line error %r" % (bad, last))
         # --device cuda: trains where torch sees a GPU, else a one-line error
-        r = run([PY, TRAIN] + common + ["--device", "cuda", "--out", "cuda"], os.path.join(tmp, "a"))
+        r = run([PY, TRAIN] + common + ["--device", "cuda", "--out", "cuda"],
+                os.path.join(tmp, "a"))
         last = r.stderr.strip().splitlines()[-1:] if r.stderr else [""]
         if "finds no CUDA device" in last[0]:
             check(r.returncode != 0 and last[0].startswith("train3.py: error: --device cuda"),
