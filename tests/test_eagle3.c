@@ -30,8 +30,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* the committed head's chain tau on three prompts stays above this */
-#define TAU3_BOUND 1.2
+/* the committed head's chain tau on three prompts stays above this (measured 3.32; the
+ * committed EAGLE-1 head's mean over the 25 held-out prompts is 3.02) */
+#define TAU3_BOUND 3.0
 
 static st_model *target;
 static char tmp_dir[256];

@@ -78,16 +78,20 @@ def main():
             os.makedirs(d)
             with open(os.path.join(d, "prompts.txt"), "w", encoding="utf-8") as f:
                 f.write("\n".join(prompts) + "\n")
-            r = run([PY, TRAIN] + common, d)
+            # run a generates the data and writes --data-cache, run b reads it
+            r = run([PY, TRAIN] + common + ["--data-cache", os.path.join(tmp, "data.pt")], d)
             check(r.returncode == 0, "train3.py run %s exits 0 (stderr tail: %s)" %
                   (name, r.stderr.strip().splitlines()[-1:] if r.stderr else ""))
             if r.returncode:
                 print(r.stderr)
                 sys.exit(1)
+            check(("from %s" % os.path.join(tmp, "data.pt") in r.stderr) == (name == "b"),
+                  "run %s %s the data cache" % (name, "reads" if name == "b" else "writes"))
         a, b = os.path.join(tmp, "a", "head"), os.path.join(tmp, "b", "head")
         for fn in ("model.safetensors", "config.json"):
             with open(os.path.join(a, fn), "rb") as fa, open(os.path.join(b, fn), "rb") as fb:
-                check(fa.read() == fb.read(), "%s identical across two runs with one seed" % fn)
+                check(fa.read() == fb.read(), "%s identical across two runs with one seed (the "
+                      "second reading the first's --data-cache)" % fn)
         header, data = parse_safetensors(os.path.join(a, "model.safetensors"))
         check(set(header) == set(WANT), "tensor names are the published EAGLE-3 layout: %s" %
               sorted(set(header) ^ set(WANT)))
@@ -133,6 +137,17 @@ def main():
                     os.path.join(tmp, "a"))
             last = r.stderr.strip().splitlines()[-1:] if r.stderr else [""]
             check(r.returncode != 0 and want in last[0], "%s: one-line error %r" % (bad, last))
+        # --device cuda: trains where torch sees a GPU, else a one-line error
+        r = run([PY, TRAIN] + common + ["--device", "cuda", "--out", "cuda"],
+                os.path.join(tmp, "a"))
+        last = r.stderr.strip().splitlines()[-1:] if r.stderr else [""]
+        if "finds no CUDA device" in last[0]:
+            check(r.returncode != 0 and last[0].startswith("train3.py: error: --device cuda"),
+                  "--device cuda without a GPU: one-line error %r" % last)
+        else:
+            cfg = json.load(open(os.path.join(tmp, "a", "cuda", "config.json")))
+            check(r.returncode == 0 and cfg["spectree"]["device"] == "cuda",
+                  "--device cuda trains on the GPU and records it: %r" % last)
     if failures:
         print("%d checks failed" % len(failures))
         sys.exit(1)

@@ -85,6 +85,35 @@ def add_train_args(ap, epochs, warmup):
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="storage type of the weights in model.safetensors")
     ap.add_argument("--log-every", type=positive(int), default=50, help="steps between progress lines")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the head trains (the data is always generated on the CPU; on "
+                    "cuda deterministic, with other bytes than on the CPU)")
+
+
+def add_gen_prompt_args(ap):
+    """--gen-prompts and --gen-prompt-len (sampled_prompts)."""
+    ap.add_argument("--gen-prompts", type=int, default=0,
+                    help="also this many prompts the target writes itself: openings of "
+                    "--gen-prompt-len tokens at most (4 at least) sampled at temperature 1 from "
+                    "the start of text, then continued like the listed prompts")
+    ap.add_argument("--gen-prompt-len", type=positive(int), default=16,
+                    help="the longest --gen-prompts opening, in tokens")
+
+
+def setup_device(name):
+    """--device: returns the torch.device and what the head's config records of it. For cuda,
+    the cuBLAS workspace setting that deterministic matrix products need is made before CUDA
+    starts (with torch.use_deterministic_algorithms(True), which the trainers set)."""
+    if name == "cpu":
+        return torch.device("cpu"), {"device": "cpu"}
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if not torch.cuda.is_available():
+        raise InputError("--device cuda: torch %s finds no CUDA device" % torch.__version__)
+    if torch.backends.cuda.matmul.allow_tf32:  # full float32 products (torch's default)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    return dev, {"device": "cuda", "gpu": torch.cuda.get_device_name(dev),
+                 "cuda": torch.version.cuda}
 
 
 def die(msg):
@@ -322,7 +351,7 @@ def rms_norm(x, w, eps):
 
 def rope_tables(pos, hd, theta):
     """cos, sin of shape (len(pos), hd) for half-split RoPE at the positions pos (a 1-D tensor)."""
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64, device=pos.device) / hd))
     ang = pos.to(torch.float64)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().float(), ang.sin().float()
@@ -339,7 +368,8 @@ def attention(q, k, v, q_pos, k_pos):
     """q (B, nh, Tq, hd), k/v (B, nkv, Tk, hd); causal by position: query i sees keys with
     k_pos <= q_pos[i]; query head h reads kv head h // (nh / nkv). Returns (B, Tq, nh*hd)."""
     Tq, Tk = q.shape[2], k.shape[2]
-    bias = torch.zeros(Tq, Tk).masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    bias = torch.zeros(Tq, Tk, device=q.device).masked_fill(k_pos[None, :] > q_pos[:, None],
+                                                            float("-inf"))
     return attention_bias(q, k, v, bias)
 
 
@@ -514,8 +544,9 @@ def _unrolled_attention(q, ks, vs):
     score is a row-wise dot product: O(T^2 + j T) rather than a (T, (j+1) T) masked matrix."""
     B, nh, T, hd = q.shape
     j, g, scale = len(ks) - 1, nh // ks[0].shape[1], 1.0 / math.sqrt(hd)
-    pos = torch.arange(T)
-    bias = torch.zeros(T, T).masked_fill(pos[None, :] > pos[:, None] - j, float("-inf"))
+    pos = torch.arange(T, device=q.device)
+    bias = torch.zeros(T, T, device=q.device).masked_fill(pos[None, :] > pos[:, None] - j,
+                                                          float("-inf"))
     s = [torch.matmul(q, ks[0].repeat_interleave(g, 1).transpose(-1, -2)) * scale + bias]
     v_diag = []
     for i in range(1, j + 1):
@@ -579,12 +610,12 @@ class Head(torch.nn.Module):
         meaningful for t >= j. Returns the list of the depth steps' outputs, each (B, T, H); every
         one predicts f_{t+1}."""
         B, T, H = feat.shape
-        pos = torch.arange(T)
+        pos = torch.arange(T, device=feat.device)
         cos, sin = rope_tables(pos, self.hd, self.theta)
         ks, vs, outs, f = [], [], [], feat
         for j in range(depth):
             if j > 0:
-                f = torch.cat([torch.zeros(B, 1, H), outs[-1][:, :-1]], dim=1)
+                f = torch.cat([feat.new_zeros(B, 1, H), outs[-1][:, :-1]], dim=1)
             h = self.fc(torch.cat([self.embed[tok], f], dim=-1))
             q = self.q_proj(h).view(B, T, self.nh, self.hd).transpose(1, 2)
             k = self.k_proj(h).view(B, T, self.nkv, self.hd).transpose(1, 2)
@@ -643,7 +674,7 @@ def write_safetensors(path, tensors, dtype):
     tdt, size = ST_DTYPES[dtype]
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
     for name, t in tensors.items():
-        a = t.detach().to(tdt).contiguous()
+        a = t.detach().cpu().to(tdt).contiguous()
         raw = a.view(torch.int16).numpy().tobytes() if size == 2 else a.numpy().tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
@@ -761,6 +792,19 @@ def end_of_text(toks, start, tok):
 
 
 @torch.no_grad()
+def sampled_prompts(target, n, top_len, gen):
+    """n openings written by the target (--gen-prompts): sampled at temperature 1 from BOS, each
+    cut at a random length in [4, top_len] tokens (or at its end of text)."""
+    top = max(4, top_len)
+    toks, _ = target.generate([[target.tok.bos]] * n, top, 1.0, gen)
+    lens = torch.randint(4, top + 1, (n,), generator=gen)
+    out = []
+    for b in range(n):
+        t = toks[b, :int(lens[b])].tolist()
+        out.append(t[:max(2, end_of_text(t, 1, target.tok))])
+    return out
+
+
 def chain_tau(head, target, prompts, gen_tokens, depth):
     """For each prompt: the target's greedy text (its output under lossless speculation), then
     cycles as EAGLE runs them: the head's cache holds (f_t, x_{t+1}) for the committed prefix,

@@ -33,12 +33,7 @@ def parse_args(argv):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     el.add_data_args(ap, HERE)
     el.add_train_args(ap, epochs=40, warmup=200)
-    ap.add_argument("--gen-prompts", type=int, default=0,
-                    help="also this many prompts the target writes itself: openings of "
-                    "--gen-prompt-len tokens at most (4 at least) sampled at temperature 1 from "
-                    "the start of text, then continued like the listed prompts")
-    ap.add_argument("--gen-prompt-len", type=el.positive(int), default=16,
-                    help="the longest --gen-prompts opening, in tokens")
+    el.add_gen_prompt_args(ap)
     ap.add_argument("--noise", type=el.non_negative_float, default=0.0,
                     help="uniform noise of this width added to the input features (EAGLE: 0.2)")
     ap.add_argument("--w-cls", type=el.non_negative_float, default=0.1,
@@ -64,19 +59,6 @@ def parse_args(argv):
     ap.add_argument("--eval-depth", type=el.positive(int), default=4, help="chain length S for --eval")
     return ap.parse_args(argv)
 
-
-
-def sampled_prompts(target, args, gen):
-    """--gen-prompts openings written by the target: sampled at temperature 1 from BOS, each cut
-    at a random length in [4, --gen-prompt-len] tokens (or at its end of text)."""
-    n, top = args.gen_prompts, max(4, args.gen_prompt_len)
-    toks, _ = target.generate([[target.tok.bos]] * n, top, 1.0, gen)
-    lens = torch.randint(4, top + 1, (n,), generator=gen)
-    out = []
-    for b in range(n):
-        t = toks[b, :int(lens[b])].tolist()
-        out.append(t[:max(2, el.end_of_text(t, 1, target.tok))])
-    return out
 
 
 def build_data(target, prompts, args, gen):
@@ -111,7 +93,8 @@ def train(args):
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
-    gen = torch.Generator().manual_seed(args.seed)
+    dev, dev_info = el.setup_device(args.device)
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU on every device: same batches
 
     t0 = time.time()
     target = el.Target(args.target)
@@ -148,27 +131,29 @@ def train(args):
         gen.set_state(cached["gen_state"])
     else:
         if args.gen_prompts > 0:
-            prompts = prompts + sampled_prompts(target, args, gen)
+            prompts = prompts + el.sampled_prompts(target, args.gen_prompts, args.gen_prompt_len,
+                                                   gen)
         feats, toks, valid = build_data(target, prompts, args, gen)
         if args.data_cache:
             torch.save({"key": key, "feats": feats, "toks": toks, "valid": valid,
                         "gen_state": gen.get_state()}, args.data_cache)
     # element t: input (f_t, x_{t+1}) at position t; target f_{t+1} and softmax(lm_head(f_{t+1}))
-    x_in, f_in, f_next = toks[:, 1:], feats[:, :-1], feats[:, 1:]
-    mask = valid[:, 1:].float()
+    x_in, f_in, f_next = toks[:, 1:].to(dev), feats[:, :-1].to(dev), feats[:, 1:].to(dev)
+    mask = valid[:, 1:].float().to(dev)
     N, T = x_in.shape
     n_tok = int(mask.sum())
     el.log("data: %d prompts x %d samples = %d sequences of %d positions, %d training pairs "
         "(%.1f s%s)" % (N // args.samples, args.samples, N, T + 1, n_tok, time.time() - t0,
                         ", from %s" % args.data_cache if cached else ""))
     # step j of the unrolled head is meaningful at elements t >= j
-    step_mask = [(torch.arange(T) >= j).float()[None, :, None] for j in range(args.unroll)]
+    step_mask = [(torch.arange(T) >= j).float()[None, :, None].to(dev) for j in range(args.unroll)]
     step_w = [args.unroll_decay ** j for j in range(args.unroll)]
 
     head = el.Head(cfg, target.emb)
     if init is not None:
         head.load({k: v.detach().numpy() for k, v in init.state().items()})
-    lm = target.out  # (V, H), frozen
+    head.to(dev)
+    lm = target.out.to(dev)  # (V, H), frozen
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
     steps_per_epoch = (N + args.batch - 1) // args.batch
     total = args.epochs * steps_per_epoch
@@ -181,11 +166,11 @@ def train(args):
         for i in range(0, N, args.batch):
             if step >= total:
                 break
-            idx = order[i:i + args.batch]
+            idx = order[i:i + args.batch].to(dev)
             m = mask[idx][:, :, None]
             fi = f_in[idx]
             if args.noise > 0:
-                fi = fi + (torch.rand(fi.shape, generator=gen) - 0.5) * args.noise
+                fi = fi + ((torch.rand(fi.shape, generator=gen) - 0.5) * args.noise).to(dev)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total, args)
             preds = head.unrolled(fi, x_in[idx], args.unroll)
@@ -226,6 +211,7 @@ def train(args):
     train_s = time.time() - t1
     el.log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
         (step, train_s, first_loss, last_loss))
+    head.cpu()
 
     os.makedirs(args.out, exist_ok=True)
     dtype = {"f32": "F32", "f16": "F16", "bf16": "BF16"}[args.dtype]
@@ -242,6 +228,7 @@ def train(args):
             "dir": args.init,
             "model_sha256": el.sha256_file(os.path.join(args.init, "model.safetensors"))},
         "torch": torch.__version__,
+        **dev_info,
         "rope_layout": "q_proj/k_proj rows in Hugging Face half-split order",
         "training_pairs": n_tok,
         "steps": step,

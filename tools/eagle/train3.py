@@ -64,19 +64,27 @@ def parse_args(argv):
                          "short, reproducibly)")
     ap.add_argument("--save-every", type=el.positive(int), default=None,
                     help="also write the head every this many steps (overwritten)")
+    ap.add_argument("--intermediate-size", type=el.positive(int), default=None,
+                    help="the head's MLP width (default: the target's feed_forward_length)")
+    el.add_gen_prompt_args(ap)
+    ap.add_argument("--data-cache", default=None,
+                    help="a file to keep the generated training data in (every layer's input, so "
+                    "any --layers and --draft-vocab can use it): read if it exists (made by the "
+                    "same --target, --prompts, --gen-tokens, --samples, --temp, --seed and "
+                    "--gen-prompts options), else written")
     return ap.parse_args(argv)
 
 
 
 @torch.no_grad()
-def generate3(target, prompts, total, temp, gen, layers):
-    """Target.generate that also keeps the residual stream entering each of `layers` (n_layer:
-    the last layer's output before the final norm). Returns tokens (B, total), the final-normed
-    states (B, total, H) and the three layers (B, total, 3H), low to high as given."""
+def generate3(target, prompts, total, temp, gen):
+    """Target.generate that also keeps the residual stream entering every layer (and, as layer
+    n_layer, the last layer's output before the final norm). Returns tokens (B, total), the
+    final-normed states (B, total, H) and the layers' inputs (B, total, n_layer + 1, H)."""
     B, H = len(prompts), target.dim
     toks = torch.zeros(B, total, dtype=torch.int64)
     feats = torch.zeros(B, total, H)
-    aux = torch.zeros(B, total, 3 * H)
+    aux = torch.zeros(B, total, target.n_layer + 1, H)
     plen = torch.tensor([len(p) for p in prompts])
     for b, p in enumerate(prompts):
         toks[b, :len(p)] = torch.tensor(p)
@@ -102,7 +110,7 @@ def generate3(target, prompts, total, temp, gen, layers):
             xn = el.rms_norm(x, L["ffn_norm"], target.eps)
             x = x + (torch.nn.functional.silu(xn @ L["gate"].T) * (xn @ L["up"].T)) @ L["down"].T
         seen[target.n_layer] = x
-        aux[:, t] = torch.cat([seen[c] for c in layers], dim=-1)
+        aux[:, t] = torch.stack([seen[c] for c in range(target.n_layer + 1)], dim=1)
         f = el.rms_norm(x, target.out_norm, target.eps)
         feats[:, t] = f
         if t + 1 < total:
@@ -159,7 +167,7 @@ class Head3(torch.nn.Module):
         cache[0].append(k.repeat_interleave(rep, dim=1))
         cache[1].append(v.repeat_interleave(rep, dim=1))
         scale = 1.0 / math.sqrt(self.hd)
-        causal = torch.full((T, T), float("-inf")).triu(1)
+        causal = torch.full((T, T), float("-inf"), device=g.device).triu(1)
         s = [q @ cache[0][0].transpose(2, 3) * scale + causal]
         s += [((q * ki).sum(-1) * scale)[..., None] for ki in cache[0][1:]]
         p = torch.softmax(torch.cat(s, dim=-1), dim=-1)
@@ -196,11 +204,11 @@ def write_safetensors3(path, tensors, dtype):
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
     for name, (t, dt) in tensors.items():
         if dt == "I64":
-            raw = t.detach().to(torch.int64).contiguous().numpy().tobytes()
+            raw = t.detach().cpu().to(torch.int64).contiguous().numpy().tobytes()
         elif dt == "BOOL":
-            raw = t.detach().to(torch.uint8).contiguous().numpy().tobytes()
+            raw = t.detach().cpu().to(torch.uint8).contiguous().numpy().tobytes()
         else:
-            a = t.detach().to(el.ST_DTYPES[dt][0]).contiguous()
+            a = t.detach().cpu().to(el.ST_DTYPES[dt][0]).contiguous()
             raw = a.view(torch.int16).numpy().tobytes() if el.ST_DTYPES[dt][1] == 2 else \
                 a.numpy().tobytes()
         header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
@@ -235,7 +243,8 @@ def train(args):
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
-    gen = torch.Generator().manual_seed(args.seed)
+    dev, dev_info = el.setup_device(args.device)
+    gen = torch.Generator().manual_seed(args.seed)  # on the CPU on every device: same batches
 
     t0 = time.time()
     target = el.Target(args.target)
@@ -259,21 +268,47 @@ def train(args):
         raise el.InputError("--gen-tokens %d plus the longest prompt (%d tokens) exceed the "
                             "target's context of %d" % (args.gen_tokens, total - args.gen_tokens,
                                                         target.n_ctx))
-    ts, fs, xs, vs = [], [], [], []
-    freq = Counter()
-    for s in range(args.samples):
-        toks, feats, aux = generate3(target, prompts, total, 0.0 if s == 0 else args.temp, gen,
-                                     layers)
-        valid = torch.ones(len(prompts), total, dtype=torch.bool)
-        for b, p in enumerate(prompts):
-            end = el.end_of_text(toks[b].tolist(), len(p), target.tok)
-            valid[b, end:] = False
-            freq.update(toks[b, len(p):end].tolist())  # the generated text
-        ts.append(toks)
-        fs.append(feats)
-        xs.append(aux)
-        vs.append(valid)
-    toks, feats, aux, valid = torch.cat(ts), torch.cat(fs), torch.cat(xs), torch.cat(vs)
+    key = ["train3", el.sha256_file(args.target), prompts, args.gen_tokens, args.samples,
+           args.temp, args.seed, args.gen_prompts, args.gen_prompt_len]
+    cached = None
+    if args.data_cache and os.path.exists(args.data_cache):
+        cached = torch.load(args.data_cache)
+        if not isinstance(cached, dict) or cached.get("key") != key:
+            raise el.InputError("%s: the cached data was made with other data options; remove it "
+                                "or name another file" % args.data_cache)
+        toks, feats, states, valid = (cached[k] for k in ("toks", "feats", "states", "valid"))
+        freq = Counter(dict(cached["freq"]))
+        gen.set_state(cached["gen_state"])
+    else:
+        if args.gen_prompts > 0:
+            prompts = prompts + el.sampled_prompts(target, args.gen_prompts, args.gen_prompt_len,
+                                                   gen)
+            total = max(total, max(len(p) for p in prompts) + args.gen_tokens)
+            if total > target.n_ctx:
+                raise el.InputError("--gen-prompt-len %d plus --gen-tokens %d exceed the target's "
+                                    "context of %d" % (args.gen_prompt_len, args.gen_tokens,
+                                                       target.n_ctx))
+        ts, fs, xs, vs = [], [], [], []
+        freq = Counter()
+        for s in range(args.samples):
+            toks, feats, states = generate3(target, prompts, total,
+                                            0.0 if s == 0 else args.temp, gen)
+            valid = torch.ones(len(prompts), total, dtype=torch.bool)
+            for b, p in enumerate(prompts):
+                end = el.end_of_text(toks[b].tolist(), len(p), target.tok)
+                valid[b, end:] = False
+                freq.update(toks[b, len(p):end].tolist())  # the generated text
+            ts.append(toks)
+            fs.append(feats)
+            xs.append(states)
+            vs.append(valid)
+        toks, feats, states, valid = torch.cat(ts), torch.cat(fs), torch.cat(xs), torch.cat(vs)
+        if args.data_cache:
+            torch.save({"key": key, "toks": toks, "feats": feats, "states": states,
+                        "valid": valid, "freq": sorted(freq.items()),
+                        "gen_state": gen.get_state()}, args.data_cache)
+    # the three layers read, low to high as given: (N, total, 3H)
+    aux = states[:, :, layers].reshape(states.shape[0], states.shape[1], 3 * target.dim)
     # the draft vocabulary: the D most frequent generated tokens (ties: lower id), sorted
     ranked = sorted(range(target.vocab), key=lambda t: (-freq.get(t, 0), t))
     used = sorted(ranked[:D])
@@ -286,17 +321,19 @@ def train(args):
 
     # element t (t = 0..T-2): token x_{t+1}, the target's layers of position t; target: the
     # target's distribution at position t+1 (over x_{t+2})
-    x_in, a_in = toks[:, 1:], aux[:, :-1]
-    f_next, m_next = feats[:, 1:], valid[:, 1:]
+    x_in, a_in = toks[:, 1:].to(dev), aux[:, :-1].to(dev)
+    f_next, m_next = feats[:, 1:].to(dev), valid[:, 1:].to(dev)
     N, T = x_in.shape
     el.log("data: %d prompts x %d samples = %d sequences of %d positions, %d valid pairs; draft "
-        "vocabulary %d of %d covers %.2f%% of the %d generated tokens (%.1f s)" %
-        (len(prompts), args.samples, N, T + 1, int(m_next.sum()), D, target.vocab,
-         100 * coverage, n_gen, time.time() - t0))
+        "vocabulary %d of %d covers %.2f%% of the %d generated tokens (%.1f s%s)" %
+        (N // args.samples, args.samples, N, T + 1, int(m_next.sum()), D, target.vocab,
+         100 * coverage, n_gen, time.time() - t0,
+         ", from %s" % args.data_cache if cached else ""))
 
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": target.dim, "intermediate_size": target.n_ff,
+        "hidden_size": target.dim,
+        "intermediate_size": args.intermediate_size or target.n_ff,
         "num_attention_heads": target.n_head, "num_key_value_heads": target.n_kv,
         "num_hidden_layers": 1, "vocab_size": target.vocab, "draft_vocab_size": D,
         "target_hidden_size": target.dim, "rms_norm_eps": target.eps,
@@ -309,12 +346,14 @@ def train(args):
     head = Head3(cfg, target.emb)
     with torch.no_grad():  # start the draft lm_head from the target's rows of its tokens
         head.lm_head.weight.copy_(target.out[used_t])
+    head.to(dev)
+    out_w, t2d_d, used_d = target.out.to(dev), t2d.to(dev), used_t.to(dev)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
     steps_per_epoch = (N + args.batch - 1) // args.batch
     n_steps = args.epochs * steps_per_epoch
     if args.steps is not None:
         n_steps = min(n_steps, args.steps)
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=dev)
     J = args.ttt_steps
     info = {
         "target": os.path.basename(args.target),
@@ -323,6 +362,7 @@ def train(args):
         "seed": args.seed,
         "threads": args.threads,
         "torch": torch.__version__,
+        **dev_info,
         "rope_layout": "q_proj/k_proj rows in Hugging Face half-split order",
         "layers_read": layers,
         "draft_vocab_coverage": round(coverage, 6),
@@ -337,16 +377,16 @@ def train(args):
         for i in range(0, N, args.batch):
             if step >= stop:
                 break
-            idx = order[i:i + args.batch]
+            idx = order[i:i + args.batch].to(dev)
             for grp in opt.param_groups:
                 grp["lr"] = lr_at(step, n_steps, args)
             g = head.fc(a_in[idx])
             cache = [[], []]
             loss = 0.0
             with torch.no_grad():  # the target's distributions, restricted to the draft vocabulary
-                tl = f_next[idx] @ target.out.T
-                in_d = t2d[tl.argmax(-1)]
-                tp0 = torch.softmax(tl[..., used_t], -1)
+                tl = f_next[idx] @ out_w.T
+                in_d = t2d_d[tl.argmax(-1)]
+                tp0 = torch.softmax(tl[..., used_d], -1)
             for j in range(J):
                 xj = shift(x_in[idx], j, 0)
                 mj = shift(m_next[idx], j, False)
@@ -356,10 +396,10 @@ def train(args):
                 lj = -(pm * (tp * torch.log_softmax(logits, -1)).sum(-1)).sum() / \
                     (mj.float().sum() + 1e-5)
                 loss = loss + (0.8 ** j) * lj
-                with torch.no_grad():
+                with torch.no_grad():  # whole numbers: tensor sums are exact (no sync here)
                     hit = (logits.argmax(-1) == tp.argmax(-1)).float() * pm
-                    acc[j][0] += float(hit.sum())
-                    acc[j][1] += float(mj.float().sum())
+                    acc[j][0] += hit.sum()
+                    acc[j][1] += mj.float().sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
@@ -372,7 +412,7 @@ def train(args):
                 last_loss = loss_sum / ((step - 1) % args.log_every + 1)
                 el.log("step %d/%d epoch %d loss %.5f acc per step %s lr %.2e %.1f s" %
                     (step, n_steps, (step - 1) // steps_per_epoch + 1, last_loss,
-                     " ".join("%.3f" % (a / max(c, 1)) for a, c in acc),
+                     " ".join("%.3f" % (float(a) / max(float(c), 1)) for a, c in acc),
                      lr_at(step - 1, n_steps, args), time.time() - t1))
                 loss_sum, acc = 0.0, [[0.0, 0.0] for _ in range(J)]
             if args.save_every and step % args.save_every == 0 and step < stop:
