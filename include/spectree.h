@@ -89,7 +89,7 @@ int64_t st_alloc_count(void);
 /* Monotonic clock in seconds (for timing in tools and benchmarks). */
 double st_time_seconds(void);
 
-/* Environment. The library reads three variables; none changes a result (every kernel table is
+/* Environment. The library reads five variables; none changes a result (every kernel table is
  * bitwise equal to the scalar reference):
  *   ST_KERNELS=ref   the scalar reference kernels; ST_KERNELS=avx2: the AVX2 table even on an
  *                    AVX-512 machine; unset (or anything else): the best the CPU supports.
@@ -103,6 +103,8 @@ double st_time_seconds(void);
  *                    `auto` plans with) counts the process's CPU time instead of wall time:
  *                    with one thread, a measurement that other jobs on a shared machine do
  *                    not disturb. Read once, at the first reading of the clock.
+ *   ST_AMX=0         the AVX-512 table never uses the AMX matrix unit (Q8_0 batches of 4 or
+ *                    more tokens use it where the CPU and the OS allow). Read once.
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 

@@ -442,11 +442,24 @@ static void test_matmul_float(void **state) {
 static void test_matmul_quant(void **state) {
     (void)state;
     const int64_t ks[] = {32, 64, 96, 4096};
-    for (int t = 0; t < 2; t++)
-        for (size_t s = 0; s < 4; s++)
-            for (size_t im = 0; im < sizeof ms / sizeof ms[0]; im++)
-                check_matmul(t ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0, ks[s],
-                             ks[s] > 100 ? 13 : 1 + (int64_t)im * 3, ms[im]);
+    /* Q8_0 batches of 4 or more tokens take the AMX kernel where the CPU has it: full groups of
+     * 16 rows (rows past them take the AVX2 kernel), 16 tokens per tile, spans of 32 blocks, 8
+     * groups per pass. Both ways, against the reference. */
+    const int amx = st_amx_set(1);
+    print_message("AMX-INT8 %s\n", amx ? "in use" : "not available: AVX-512 and AVX2 only");
+    for (int on = amx; on >= 0; on--) {
+        st_amx_set(on);
+        for (int t = 0; t < 2; t++)
+            for (size_t s = 0; s < 4; s++)
+                for (size_t im = 0; im < sizeof ms / sizeof ms[0]; im++)
+                    check_matmul(t ? ST_DTYPE_Q4_0 : ST_DTYPE_Q8_0, ks[s],
+                                 ks[s] > 100 ? 13 : 1 + (int64_t)im * 3, ms[im]);
+        const int64_t big[][3] = {{4096, 40, 4}, {4096, 33, 17}, {1056, 144, 5},
+                                  {1056, 160, 16}, {2048, 16, 64}, {64, 130, 33}};
+        for (size_t i = 0; i < sizeof big / sizeof big[0]; i++)
+            check_matmul(ST_DTYPE_Q8_0, big[i][0], big[i][1], big[i][2]);
+    }
+    st_amx_set(1);
 }
 
 /* One packed matmul case: W rows x K (rows rb apart, NaN in the gaps), tokens ldx apart with

@@ -9,11 +9,15 @@
  * i = l (mod 8) in increasing i with a fused multiply-add (missing tail elements count as
  * 0*0), then reduce8 = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
  * Quantized weights (Q8_0, Q4_0; K-quants: kquant.h) multiply activations quantized per block of 32
- * to int8 with a float scale (st_block_q8x). Canonical quantized dot product: in block b, lane l in
- * [0, 8) holds the exact integer sum isum[b][l] of w_j * x_j over the block's elements j = 4l ..
- * 4l+3 (Q4_0 weights count as nibble - 8); eight float accumulators take, block by block in
- * increasing b, acc_l = fma((float)isum[b][l], d_b, acc_l) with d_b = fp16_to_f32(w scale) *
- * x scale rounded to float; the result is reduce8(acc).
+ * to int8 with a float scale (st_block_q8x); d_b = fp16_to_f32(w scale) * x scale rounded to
+ * float. Canonical Q8_0 dot product (per block): isum[b] is the exact integer sum of w_j * x_j
+ * over the 32 elements of block b (|isum| < 2^20, so (float)isum is exact); one float chain
+ * acc = fma((float)isum[b], d_b, acc) from acc = +0 takes the blocks in increasing b, and the
+ * result is acc. One float operation per block lets a matrix unit (AMX) compute the integer
+ * sums of a whole tile. Canonical Q4_0 dot product (per lane): in block b, lane l in [0, 8)
+ * holds the exact integer sum isum[b][l] over the elements j = 4l .. 4l+3 (weights count as
+ * nibble - 8); eight float accumulators take, block by block in increasing b,
+ * acc_l = fma((float)isum[b][l], d_b, acc_l); the result is reduce8(acc).
  * Attention (DESIGN.md invariant 1: the same arithmetic for a key whatever the batch): a score
  * is dot(q, k_row, head_dim) / div (canonical dot, one IEEE division); the probabilities of a
  * head are softmax(scores): exp_sum(x - max) with its eight lanes, then one IEEE division by
@@ -131,6 +135,17 @@ float st_expf_ref(float x);
  * reduction and a degree-5 polynomial, scaled by 2^n; 0 below about -104, inf above 88.4).
  * Used by the sessions that match ggml's arithmetic (st_session_params.match_ggml). */
 float st_expf_ggml(float x);
+
+/* The per-block Q8_0 matmul of the AVX2 table (also the AVX-512 table's for small batches and
+ * row tails), and the AMX-INT8 one (kernels_amx: groups of 16 rows; only where st_amx_ready()).
+ * st_amx_set(0) keeps the AVX-512 table off AMX, st_amx_set(1) allows it again where available
+ * (tests); both return whether it is now used. ST_AMX=0 in the environment is st_amx_set(0). */
+void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                         int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
+void st_matmul_q8_0_amx(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                        int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
+int st_amx_ready(void);
+int st_amx_set(int on);
 
 /* Conversions shared by kernels and loaders. */
 float st_fp16_to_f32(uint16_t h);
