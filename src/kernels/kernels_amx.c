@@ -1,15 +1,19 @@
 /*
- * kernels_amx.c: Q8_0 weights times batches of tokens on the AMX-INT8 matrix unit, bitwise the
- * per-block canonical dot product of kernels.h. A tile multiply (tdpbssd) gives the exact
- * integer sums isum[b] of 16 weight rows x 16 tokens for one block at once: the weight rows are
- * tile A, read in place (32 bytes per row at the row stride), and the activations are tile B,
- * repacked per span of blocks into AMX's layout (row k = dword k of each token's block). Then
- * per row one fma chain over the token lanes, acc = fma((float)isum[b], d_b, acc), as the
- * scalar reference runs it. Rows past the last full group of 16 go to the AVX2 kernel (same
- * arithmetic).
+ * kernels_amx.c: the AVX-512 table's Q8_0 matmul on packed weights (st_pack_q8_0, kernels.h),
+ * bitwise the per-block canonical dot product. A group of 16 rows per block is 16 scales and
+ * one 8 x 64-byte tile of quants, row k holding the 16 rows' bytes 4k .. 4k+3, so the 16 rows'
+ * exact block sums land in the 16 lanes of one vector and the float work per block is one
+ * conversion, one scale and one fma per token for 16 rows.
+ * - With AMX-INT8 (and 4 or more tokens): the tokens' blocks are tile A, read in place (up to 8
+ *   tokens, 32 bytes each at the activations' stride), a group's block tile B; one tdpbssd per
+ *   group, token tile and block gives all the sums; two groups share each A tile.
+ * - Else vpdpbusd: eight per token and group-block, each with one broadcast dword of the
+ *   activations (x + 128 unsigned; the lanes start at -128 * sum(w), eight more vpdpbusd per
+ *   group-block shared by the tokens).
+ * Rows past the last full group are row-major and go to the AVX2 kernel (same arithmetic).
  *
- * The file is compiled for AVX-512 and AMX (CMakeLists.txt: *_amx.c) and only called when
- * st_amx_ready() says the CPU has AMX-INT8 and the OS let this process use it.
+ * The file is compiled for AVX-512 and AMX (CMakeLists.txt: *_amx.c); AMX instructions run only
+ * when st_amx_ready() says the CPU has AMX-INT8 and the OS let this process use it.
  */
 #define _GNU_SOURCE
 #include "kernels/kernels.h"
@@ -26,18 +30,11 @@
 #endif
 #include <cpuid.h>
 
-/* Tokens and rows per tile; blocks per span of repacked activations; row groups per pass over
- * a span (the repacking is shared by them; their accumulators wait in memory between spans). */
-enum { AMX_T = 16, AMX_R = 16, SPAN = 32, GROUPS = 8 };
+/* Tokens per AMX tile (rows of A and C) and per vpdpbusd tile; batches from AMX_MIN tokens
+ * take AMX. */
+enum { AMX_TT = 8, VNNI_TT = 4, AMX_MIN = 4 };
 
-typedef struct tilecfg {
-    uint8_t palette, start;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tilecfg;
-
-static int amx_avail;   /* the CPU has AMX-INT8 and the OS lets this process use it */
+static int amx_avail;     /* the CPU has AMX-INT8 and the OS lets this process use it */
 static atomic_int amx_on; /* amx_avail, unless ST_AMX=0 or st_amx_set(0) */
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
@@ -49,9 +46,9 @@ static void amx_detect(void) {
         unsigned xlo, xhi;
         __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
         /* XTILECFG and XTILEDATA enabled by the OS, and this process allowed to use them */
-        amx_avail = (xlo & (3u << 17)) == (3u << 17) &&
-                    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                            18 /* XTILEDATA */) == 0;
+        amx_avail =
+            (xlo & (3u << 17)) == (3u << 17) &&
+            syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     }
 #endif
     atomic_store(&amx_on, amx_avail && st_env_get().amx);
@@ -68,126 +65,235 @@ int st_amx_set(int on) {
     return atomic_load(&amx_on);
 }
 
-static void tiles_config(void) {
+typedef struct tilecfg {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+/* Tiles for TT tokens: 0-1 A (TT tokens x 32 bytes: an even and an odd block), 2-3 B (the two
+ * groups' block, 8 x 64 bytes), 4-7 C (TT tokens x 16 int32 sums: groups 0 and 1 of the even
+ * block, then of the odd one). Two blocks in separate C tiles let one block's multiplies run
+ * while the other's sums go through the float chains (tiles are not renamed). */
+static void tiles_config(int TT) {
     tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int h = 0; h < 2; h++) {
-        c.rows[h] = AMX_R; /* C: 16 rows x 16 int32 sums */
-        c.colsb[h] = 4 * AMX_T;
-        c.rows[2 + h] = AMX_R; /* A: 16 weight rows x one block's 32 values */
-        c.colsb[2 + h] = ST_QK;
-        c.rows[4 + h] = ST_QK / 4; /* B: dword k of 16 tokens' blocks, k = 0 .. 7 */
-        c.colsb[4 + h] = 4 * AMX_T;
+        c.rows[h] = (uint8_t)TT;
+        c.colsb[h] = ST_QK;
+        c.rows[2 + h] = ST_QK / 4;
+        c.colsb[2 + h] = 64;
+    }
+    for (int h = 4; h < 8; h++) {
+        c.rows[h] = (uint8_t)TT;
+        c.colsb[h] = 64;
     }
     _tile_loadconfig(&c);
 }
 
-/* Activations of blocks [b0, b0 + n) of T tokens in B's layout (missing tokens are zeros) and
- * their scales. */
-static void pack_span(int32_t (*bp)[ST_QK / 4][AMX_T], float (*dx)[AMX_T], const st_block_q8x *x,
-                      int64_t ldx, int64_t b0, int64_t n, int T) {
-    for (int64_t j = 0; j < n; j++) {
-        for (int t = 0; t < AMX_T; t++) {
-            int32_t q[ST_QK / 4] = {0};
-            dx[j][t] = 0.0f;
-            if (t < T) {
-                const st_block_q8x *xb = x + t * ldx + b0 + j;
-                memcpy(q, xb->q, sizeof q);
-                dx[j][t] = xb->d;
-            }
+/* The float step of one block for ng groups: acc[h][t] = fma(isum, d_w * d_x, acc[h][t]). */
+ST_INLINE void amx_float(__m512 (*acc)[AMX_TT], int32_t (*c)[AMX_TT][ST_PACK_ROWS],
+                         const uint8_t *p0, size_t gstride, int ng, const st_block_q8x *x,
+                         int64_t ldx, int64_t b, const int TT) {
+    for (int h = 0; h < ng; h++) {
+        const __m512 dw =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p0 + (size_t)h * gstride)));
+        for (int t = 0; t < TT; t++)
+            acc[h][t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[h][t])),
+                                _mm512_mul_ps(dw, _mm512_set1_ps(x[t * ldx + b].d)), acc[h][t]);
+    }
+}
+
+/* ng (1 or 2) groups at gp, gp + gstride x TT tokens (tiles configured for TT). */
+static void amx_groups(float *y, int64_t ldy, const uint8_t *gp, size_t gstride, int ng, int64_t nb,
+                       const st_block_q8x *x, int64_t ldx, const int TT) {
+    _Alignas(64) int32_t c[4][AMX_TT][ST_PACK_ROWS];
+    __m512 acc[2][AMX_TT];
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < AMX_TT; t++)
+            acc[h][t] = _mm512_setzero_ps();
+    const long xs = (long)(ldx * (int64_t)sizeof(st_block_q8x));
+    const size_t Q = 2 * ST_PACK_ROWS; /* the quants after the 16 scales */
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *p0 = gp + (size_t)b * ST_Q8P_GROUP_BYTES, *q0 = p0 + ST_Q8P_GROUP_BYTES;
+        _tile_loadd(0, x[b].q, xs);
+        _tile_loadd(2, p0 + Q, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        if (ng == 2) {
+            _tile_loadd(3, p0 + gstride + Q, 64);
+            _tile_zero(5);
+            _tile_dpbssd(5, 0, 3);
+        }
+        _tile_loadd(1, x[b + 1].q, xs);
+        _tile_loadd(2, q0 + Q, 64);
+        _tile_zero(6);
+        _tile_dpbssd(6, 1, 2);
+        if (ng == 2) {
+            _tile_loadd(3, q0 + gstride + Q, 64);
+            _tile_zero(7);
+            _tile_dpbssd(7, 1, 3);
+        }
+        _tile_stored(4, c[0], 64);
+        if (ng == 2)
+            _tile_stored(5, c[1], 64);
+        _tile_stored(6, c[2], 64);
+        if (ng == 2)
+            _tile_stored(7, c[3], 64);
+        amx_float(acc, c, p0, gstride, ng, x, ldx, b, TT);
+        amx_float(acc, c + 2, q0, gstride, ng, x, ldx, b + 1, TT);
+    }
+    if (b < nb) {
+        const uint8_t *p0 = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
+        _tile_loadd(0, x[b].q, xs);
+        _tile_loadd(2, p0 + Q, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        _tile_stored(4, c[0], 64);
+        if (ng == 2) {
+            _tile_loadd(3, p0 + gstride + Q, 64);
+            _tile_zero(5);
+            _tile_dpbssd(5, 0, 3);
+            _tile_stored(5, c[1], 64);
+        }
+        amx_float(acc, c, p0, gstride, ng, x, ldx, b, TT);
+    }
+    for (int h = 0; h < ng; h++)
+        for (int t = 0; t < TT; t++)
+            _mm512_storeu_ps(y + t * ldy + h * ST_PACK_ROWS, acc[h][t]);
+}
+
+/* One group x T tokens (T <= VNNI_TT) with vpdpbusd; writes the first nr rows. */
+ST_INLINE void vnni_group(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,
+                          const st_block_q8x *x, int64_t ldx, const int T) {
+    __m512 acc[VNNI_TT];
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    const __m256i off256 = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
+        _mm_prefetch((const char *)p + 8 * ST_Q8P_GROUP_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + 8 * ST_Q8P_GROUP_BYTES + 256, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512i wq[ST_QK / 4];
+        __m512i ws = _mm512_setzero_si512();
+        ST_UNROLL
+        for (int k = 0; k < ST_QK / 4; k++) {
+            wq[k] = _mm512_loadu_si512(p + 2 * ST_PACK_ROWS + 64 * k);
+            ws = _mm512_dpbusd_epi32(ws, off, wq[k]); /* 128 * sum(w) per row */
+        }
+        const __m512i nws = _mm512_sub_epi32(_mm512_setzero_si512(), ws);
+        ST_UNROLL
+        for (int t = 0; t < T; t++) {
+            const st_block_q8x *xb = x + t * ldx + b;
+            _Alignas(32) int32_t xu[ST_QK / 4];
+            _mm256_store_si256(
+                (__m256i *)xu,
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb->q), off256));
+            __m512i s = nws;
+            ST_UNROLL
             for (int k = 0; k < ST_QK / 4; k++)
-                bp[j][k][t] = q[k];
+                s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(xu[k]), wq[k]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc[t]);
         }
+    }
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* Rows [16g + n0, 16g + n1) of group g for all M tokens, one token at a time through a
+ * scratch vector (ranges that do not start or end on a group boundary). */
+static void partial_group(float *y, int64_t ldy, const uint8_t *gp, int64_t row0, int64_t nb,
+                          const st_block_q8x *x, int64_t ldx, int64_t M, int n0, int n1) {
+    for (int64_t m = 0; m < M; m++) {
+        float tmp[ST_PACK_ROWS];
+        vnni_group(tmp, 0, gp, nb, x + m * ldx, ldx, 1);
+        for (int n = n0; n < n1; n++)
+            y[m * ldy + row0 + n] = tmp[n];
     }
 }
 
-/* Groups of 16 rows from `wr` (ng of them) x the span's tokens, continuing the chains in acc
- * (per group, row i's 16 token lanes at acc[g][i]). While a group computes, the next group's
- * part of the span is prefetched, a few cache lines per block: a tile load waits for all 16 of
- * its rows, so the hardware prefetchers' few streams are not enough. */
-static void groups_span(float (*acc)[AMX_R][AMX_T], const char *wr, size_t rb, int ng,
-                        int32_t (*bp)[ST_QK / 4][AMX_T], float (*dx)[AMX_T], int64_t b0,
-                        int64_t n) {
-    _Alignas(64) int32_t c[2][AMX_R][AMX_T];
-    const int64_t seg = n * (int64_t)sizeof(st_block_q8_0);         /* bytes of a row's span */
-    const int64_t lines = (seg + 63) / 64 + 1, per = (AMX_R * lines + n - 1) / n;
-    const __m512i roff = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)rb));
-    for (int g = 0; g < ng; g++) {
-        const char *w = wr + (size_t)g * AMX_R * rb;
-        const char *nx = g + 1 < ng ? w + AMX_R * rb + b0 * (int64_t)sizeof(st_block_q8_0) : NULL;
-        int64_t pf = 0; /* next line of the next group's span: row pf / lines, line pf % lines */
-        __m512 a[AMX_R];
-        ST_UNROLL
-        for (int i = 0; i < AMX_R; i++)
-            a[i] = _mm512_load_ps(acc[g][i]);
-        /* two blocks per step in their own tiles (C 0/1, A 2/3, B 4/5): one block's multiply
-         * overlaps the other's store and float chain */
-        for (int64_t j = 0; j < n; j += 2) {
-            const char *wb = w + (size_t)(b0 + j) * sizeof(st_block_q8_0);
-            const int two = j + 1 < n;
-            for (int64_t e = pf + 2 * per; nx && pf < e && pf < AMX_R * lines; pf++)
-                _mm_prefetch(nx + (pf / lines) * (int64_t)rb + (pf % lines) * 64, _MM_HINT_T0);
-            _tile_zero(0);
-            _tile_loadd(2, wb + offsetof(st_block_q8_0, q), (long)rb);
-            _tile_loadd(4, bp[j], 4 * AMX_T);
-            _tile_dpbssd(0, 2, 4);
-            if (two) {
-                _tile_zero(1);
-                _tile_loadd(3, wb + sizeof(st_block_q8_0) + offsetof(st_block_q8_0, q), (long)rb);
-                _tile_loadd(5, bp[j + 1], 4 * AMX_T);
-                _tile_dpbssd(1, 3, 5);
-            }
-            _tile_stored(0, c[0], 4 * AMX_T);
-            if (two)
-                _tile_stored(1, c[1], 4 * AMX_T);
-            for (int h = 0; h <= two; h++) {
-                /* the 16 rows' scales: the dword at each block's start holds d in its low half */
-                const __m512i gd = _mm512_i32gather_epi32(roff, wb + h * sizeof(st_block_q8_0), 1);
-                _Alignas(64) float dw[AMX_R];
-                _mm512_store_ps(dw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gd)));
-                const __m512 dxv = _mm512_load_ps(dx[j + h]);
-                ST_UNROLL
-                for (int i = 0; i < AMX_R; i++)
-                    a[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[h][i])),
-                                           _mm512_mul_ps(dxv, _mm512_set1_ps(dw[i])), a[i]);
-            }
-        }
-        ST_UNROLL
-        for (int i = 0; i < AMX_R; i++)
-            _mm512_store_ps(acc[g][i], a[i]);
-    }
-}
-
-void st_matmul_q8_0_amx(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
-                        int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    const int64_t nb = K / ST_QK, rfull = r0 + (r1 - r0) / AMX_R * AMX_R;
-    const st_block_q8x *xq = x;
-    if (M >= 1 && rfull > r0 && nb > 0) {
-        _Alignas(64) int32_t bp[SPAN][ST_QK / 4][AMX_T];
-        _Alignas(64) float dx[SPAN][AMX_T];
-        _Alignas(64) float acc[GROUPS][AMX_R][AMX_T];
-        tiles_config();
-        for (int64_t m0 = 0; m0 < M; m0 += AMX_T) {
-            const int T = M - m0 < AMX_T ? (int)(M - m0) : AMX_T;
-            for (int64_t g0 = r0; g0 < rfull; g0 += GROUPS * AMX_R) {
-                const int ng = (int)((rfull - g0) / AMX_R < GROUPS ? (rfull - g0) / AMX_R : GROUPS);
-                memset(acc, 0, sizeof acc);
-                for (int64_t b0 = 0; b0 < nb; b0 += SPAN) {
-                    const int64_t n = nb - b0 < SPAN ? nb - b0 : SPAN;
-                    pack_span(bp, dx, xq + m0 * ldx, ldx, b0, n, T);
-                    groups_span(acc, (const char *)w + (size_t)g0 * rb, rb, ng, bp, dx, b0, n);
-                }
-                for (int g = 0; g < ng; g++)
-                    for (int i = 0; i < AMX_R; i++)
-                        for (int t = 0; t < T; t++)
-                            y[(m0 + t) * ldy + g0 + g * AMX_R + i] = acc[g][i][t];
+/* Whole groups [r0, r1) (multiples of 16) x M tokens. */
+static void full_groups(float *y, int64_t ldy, const uint8_t *w, size_t gstride, int64_t nb,
+                        const st_block_q8x *xq, int64_t ldx, int64_t M, int64_t r0, int64_t r1) {
+    if (M >= AMX_MIN && st_amx_ready()) {
+        /* pairs of groups outside, token tiles inside: a pair's weights stay in L2 for its
+         * token tiles after the first (the tile shape changes only for a last, shorter tile) */
+        int cfg = 0;
+        for (int64_t r = r0; r < r1; r += 2 * ST_PACK_ROWS) {
+            const int ng = r1 - r >= 2 * ST_PACK_ROWS ? 2 : 1;
+            const uint8_t *gp = w + (size_t)(r / ST_PACK_ROWS) * gstride;
+            for (int64_t m0 = 0; m0 < M; m0 += AMX_TT) {
+                const int TT = M - m0 < AMX_TT ? (int)(M - m0) : AMX_TT;
+                if (TT != cfg)
+                    tiles_config(cfg = TT);
+                if (TT == AMX_TT)
+                    amx_groups(y + m0 * ldy + r, ldy, gp, gstride, ng, nb, xq + m0 * ldx, ldx,
+                               AMX_TT);
+                else
+                    amx_groups(y + m0 * ldy + r, ldy, gp, gstride, ng, nb, xq + m0 * ldx, ldx, TT);
             }
         }
         _tile_release();
+        return;
     }
-    if (rfull < r1)
-        st_matmul_q8_0_avx2(y, ldy, w, rb, x, ldx, K, M, rfull, r1);
+    for (int64_t r = r0; r < r1; r += ST_PACK_ROWS) {
+        const uint8_t *gp = w + (size_t)(r / ST_PACK_ROWS) * gstride;
+        for (int64_t m = 0; m < M; m += VNNI_TT) {
+            const st_block_q8x *xm = xq + m * ldx;
+            float *ym = y + m * ldy + r;
+            switch (M - m >= VNNI_TT ? VNNI_TT : M - m) {
+            case 1:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, 1);
+                break;
+            case 2:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, 2);
+                break;
+            case 3:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, 3);
+                break;
+            default:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, VNNI_TT);
+                break;
+            }
+        }
+    }
+}
+
+void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                  const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                  int64_t r1) {
+    if (M < 1 || r0 >= r1)
+        return;
+    const int64_t nb = K / ST_QK, G = ST_PACK_ROWS, rfull = rows / G * G;
+    const st_block_q8x *xq = x;
+    const uint8_t *w = wp;
+    const size_t gstride = (size_t)G * rb;
+    int64_t r = r0;
+    const int64_t re = r1 < rfull ? r1 : rfull;
+    if (r < re && r % G) { /* a leading part of a group */
+        const int64_t g = r / G, e = (g + 1) * G < re ? (g + 1) * G : re;
+        partial_group(y, ldy, w + (size_t)g * gstride, g * G, nb, xq, ldx, M, (int)(r - g * G),
+                      (int)(e - g * G));
+        r = e;
+    }
+    const int64_t rw = r + (re - r) / G * G;
+    if (r < rw)
+        full_groups(y, ldy, w, gstride, nb, xq, ldx, M, r, rw);
+    r = rw > r ? rw : r;
+    if (r < re) { /* a trailing part of a group */
+        const int64_t g = r / G;
+        partial_group(y, ldy, w + (size_t)g * gstride, g * G, nb, xq, ldx, M, 0, (int)(re - g * G));
+        r = re;
+    }
+    if (r < r1) /* rows past the last full group: row-major */
+        st_matmul_q8_0_avx2(y, ldy, wp, rb, x, ldx, K, M, r, r1);
 }

@@ -703,20 +703,21 @@ ST_INLINE __m256i q8_lanes(__m256i wabs, __m256i wv, __m256i xv) {
 
 /* Lane r of the result: the sum of the eight lanes of s[r] (exact integers, any order). */
 ST_INLINE __m256i hsum_epi32x8(const __m256i s[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    const __m256i a =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i b =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
                             _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 /* Eight Q8_0 rows x T tokens of the per-block canonical dot product (kernels.h): per block the
  * eight rows' exact sums land in the lanes of one vector, then one fma chain per output. */
-ST_INLINE void tile_q8_rows8(float *y, int64_t ldy, const char *w, size_t rb,
-                             const st_block_q8x *x, int64_t ldx, int64_t nb, const int T,
-                             st_pf pf) {
+ST_INLINE void tile_q8_rows8(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
+                             int64_t ldx, int64_t nb, const int T, st_pf pf) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32((int)rb));
+    const __m256i offs =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
     const __m256i lo16 = _mm256_set1_epi32(0xffff);
     for (int64_t b = 0; b < nb; b++) {
         pf_step(&pf);
@@ -733,8 +734,7 @@ ST_INLINE void tile_q8_rows8(float *y, int64_t ldy, const char *w, size_t rb,
             const __m256i wabs = _mm256_sign_epi8(wv, wv);
             ST_UNROLL
             for (int t = 0; t < T; t++)
-                s[t][r] = q8_lanes(wabs, wv,
-                                   _mm256_loadu_si256((const __m256i *)x[t * ldx + b].q));
+                s[t][r] = q8_lanes(wabs, wv, _mm256_loadu_si256((const __m256i *)x[t * ldx + b].q));
         }
         ST_UNROLL
         for (int t = 0; t < T; t++)
@@ -752,7 +752,8 @@ static float dot_q8_row(const char *w, const st_block_q8x *x, int64_t nb) {
     for (int64_t b = 0; b < nb; b++) {
         const st_block_q8_0 *blk = (const st_block_q8_0 *)w + b;
         const __m256i wv = _mm256_loadu_si256((const __m256i *)blk->q);
-        __m256i v = q8_lanes(_mm256_sign_epi8(wv, wv), wv, _mm256_loadu_si256((const __m256i *)x[b].q));
+        __m256i v =
+            q8_lanes(_mm256_sign_epi8(wv, wv), wv, _mm256_loadu_si256((const __m256i *)x[b].q));
         __m128i u = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
         u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4e));
         u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xb1));

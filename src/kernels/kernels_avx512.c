@@ -27,7 +27,7 @@ const st_kernels *st_kernels_avx512_table_get(void);
 
 /* Rows per tile (in pairs), tokens per tile; prefetch distance of single-token quantized
  * streams (float tiles prefetch the next block of rows). */
-enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4, ST_PF_BYTES = 8192, AMX_MIN_TOKENS = 4 };
+enum { PAIRS_F = 4, TOK_F = 4, PAIRS_Q = 2, TOK_Q = 4, ST_PF_BYTES = 8192 };
 
 /* acc[p*T + t] holds rows 2p (low half) and 2p+1 (high half) of token t; writes
  * y[t*ldy + r] for r < 2P, t < T. */
@@ -426,15 +426,12 @@ ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void
         avx2(y, ldy, w, rb, x, ldx, K, M, r, r1);
 }
 
-/* Q8_0: the AMX kernel for batches of AMX_MIN_TOKENS and more where the CPU has it, else the
- * AVX2 one (the per-block canonical order, kernels.h). */
+/* Q8_0 on row-major weights: the AVX2 kernel (the per-block canonical order, kernels.h); packed
+ * weights take st_matmul_q8_0_packed_avx512. */
 static void matmul_q8_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
                                const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                int64_t r1) {
-    if (M >= AMX_MIN_TOKENS && st_amx_ready())
-        st_matmul_q8_0_amx(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
-    else
-        st_matmul_q8_0_avx2(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
+    st_matmul_q8_0_avx2(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
 }
 
 static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
@@ -722,6 +719,7 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_q5_k = st_matmul_q5_k_avx512;
     st_kernels_avx512_table.matmul_q6_k = st_matmul_q6_k_avx512;
     st_kernels_avx512_table.matmul_f32_packed = matmul_f32_packed_avx512;
+    st_kernels_avx512_table.matmul_q8_0_packed = st_matmul_q8_0_packed_avx512;
     st_kernels_avx512_table.attn_scores = attn_scores_avx512;
     st_kernels_avx512_table.exp_sum = exp_sum_avx512;
     st_kernels_avx512_table.softmax = softmax_avx512;

@@ -233,6 +233,37 @@ static void matmul_q8_0_ref(float *y, int64_t ldy, const void *w, size_t row_byt
     }
 }
 
+/* The same on weights packed by st_pack_q8_0 (rows past the last full group are row-major). */
+static void matmul_q8_0_packed_ref(float *y, int64_t ldy, const void *wp, size_t row_bytes,
+                                   int64_t rows, const void *x, int64_t ldx, int64_t K, int64_t M,
+                                   int64_t r0, int64_t r1) {
+    const st_block_q8x *xq = x;
+    const int64_t nb = K / ST_QK, rfull = rows / ST_PACK_ROWS * ST_PACK_ROWS;
+    int64_t r = r0;
+    for (; r < r1 && r < rfull; r++) {
+        const uint8_t *gp =
+            (const uint8_t *)wp + (size_t)(r / ST_PACK_ROWS) * ST_PACK_ROWS * row_bytes;
+        const int n = (int)(r % ST_PACK_ROWS);
+        for (int64_t m = 0; m < M; m++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *p = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
+                const st_block_q8x *xb = xq + m * ldx + b;
+                uint16_t d;
+                memcpy(&d, p + 2 * n, 2);
+                int32_t s = 0;
+                for (int k = 0; k < ST_QK / 4; k++)
+                    for (int i = 0; i < 4; i++)
+                        s += (int32_t)(int8_t)p[2 * ST_PACK_ROWS + 64 * k + 4 * n + i] *
+                             (int32_t)xb->q[4 * k + i];
+                acc = fmaf((float)s, st_fp16_to_f32(d) * xb->d, acc);
+            }
+            y[m * ldy + r] = acc;
+        }
+    }
+    if (r < r1)
+        matmul_q8_0_ref(y, ldy, wp, row_bytes, x, ldx, K, M, r, r1);
+}
 
 static void quantize_q8x_ref(st_block_q8x *y, const float *x, int64_t K) {
     for (int64_t b = 0; b < K / ST_QK; b++) {
@@ -261,6 +292,7 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_q5_k = st_matmul_q5_k_ref,
     .matmul_q6_k = st_matmul_q6_k_ref,
     .matmul_f32_packed = matmul_f32_packed_ref,
+    .matmul_q8_0_packed = matmul_q8_0_packed_ref,
     .dot = dot_ref,
     .attn_scores = attn_scores_ref,
     .attn_wsum = attn_wsum_ref,
