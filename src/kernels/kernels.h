@@ -155,7 +155,7 @@ float st_expf_ref(float x);
 float st_expf_ggml(float x);
 
 /* The per-block Q8_0 matmul of the AVX2 table on row-major weights (also the AVX-512 table's),
- * and the AVX-512 table's on packed weights (kernels_amx.c: AMX-INT8 for batches of 4 or more
+ * and the AVX-512 table's on packed weights (kernels_amx.c: AMX-INT8 for batches of 3 or more
  * tokens where st_amx_ready(), else VNNI). st_amx_set(0) keeps the AVX-512 table off AMX,
  * st_amx_set(1) allows it again where available (tests); both return whether it is now used.
  * ST_AMX=0 in the environment is st_amx_set(0). */

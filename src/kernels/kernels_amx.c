@@ -4,7 +4,7 @@
  * one 8 x 64-byte tile of quants, row k holding the 16 rows' bytes 4k .. 4k+3, so the 16 rows'
  * exact block sums land in the 16 lanes of one vector and the float work per block is one
  * conversion, one scale and one fma per token for 16 rows.
- * - With AMX-INT8 (and 4 or more tokens): the tokens' blocks are tile A, read in place (up to 8
+ * - With AMX-INT8 (and 3 or more tokens): the tokens' blocks are tile A, read in place (up to 8
  *   tokens, 32 bytes each at the activations' stride), a group's block tile B; one tdpbssd per
  *   group, token tile and block gives all the sums; two groups share each A tile.
  * - Else vpdpbusd: eight per token and group-block, each with one broadcast dword of the
@@ -32,7 +32,7 @@
 
 /* Tokens per AMX tile (rows of A and C) and per vpdpbusd tile; batches from AMX_MIN tokens
  * take AMX. */
-enum { AMX_TT = 8, VNNI_TT = 4, AMX_MIN = 4 };
+enum { AMX_TT = 8, VNNI_TT = 4, AMX_MIN = 3 };
 
 static int amx_avail;     /* the CPU has AMX-INT8 and the OS lets this process use it */
 static atomic_int amx_on; /* amx_avail, unless ST_AMX=0 or st_amx_set(0) */
