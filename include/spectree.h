@@ -89,20 +89,23 @@ int64_t st_alloc_count(void);
 /* Monotonic clock in seconds (for timing in tools and benchmarks). */
 double st_time_seconds(void);
 
-/* Environment. The library reads three variables; none changes a result (every kernel table is
+/* Environment. The library reads five variables; none changes a result (every kernel table is
  * bitwise equal to the scalar reference):
  *   ST_KERNELS=ref   the scalar reference kernels; ST_KERNELS=avx2: the AVX2 table even on an
  *                    AVX-512 machine; unset (or anything else): the best the CPU supports.
  *                    Read once, when the first kernel is needed.
  *   ST_PACK=0        no packed copy of small F32 models' matrices (read by each st_model_load;
  *                    the copy, 1.3-1.9x faster on stories260K, is made for models with at most
- *                    16 MB of F32 matrices).
+ *                    16 MB of F32 matrices), and Q8_0 matrices stay row-major (else the AVX-512
+ *                    table gets them packed at load, in place when the weights are copied).
  *   ST_LOAD=mmap|copy  how ST_LOAD_AUTO loads (st_load_mode; read by each load; an explicit
  *                    mode in st_load_params wins).
  *   ST_CLOCK=cpu     the library's clock (st_time_seconds, the statistics' times, the timings
  *                    `auto` plans with) counts the process's CPU time instead of wall time:
  *                    with one thread, a measurement that other jobs on a shared machine do
  *                    not disturb. Read once, at the first reading of the clock.
+ *   ST_AMX=0         the AVX-512 table never uses the AMX matrix unit (Q8_0 batches of 3 or
+ *                    more tokens use it where the CPU and the OS allow). Read once.
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 

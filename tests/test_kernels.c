@@ -449,6 +449,74 @@ static void test_matmul_quant(void **state) {
                              ks[s] > 100 ? 13 : 1 + (int64_t)im * 3, ms[im]);
 }
 
+/* Packed Q8_0 (st_pack_q8_0): every table that has the packed kernel against the row-major
+ * reference, bitwise, on whole ranges, on ranges cut at and between groups, with guard values
+ * around the outputs; packing in place gives the same bytes as packing into a copy. */
+static void check_q8p(int64_t K, int64_t rows, int64_t M) {
+    const st_kernels *r = st_kernels_ref(), *fast[2];
+    const int nfast = fast_tables(fast);
+    size_t rb;
+    void *w = make_weights(ST_DTYPE_Q8_0, rows, K, &rb);
+    void *wp = malloc(rb * (size_t)rows + 1), *wi = malloc(rb * (size_t)rows + 1);
+    assert_int_equal(st_pack_q8_0(wp, w, rb, rows, K), 0);
+    memcpy(wi, w, rb * (size_t)rows);
+    assert_int_equal(st_pack_q8_0(wi, wi, rb, rows, K), 0);
+    assert_memory_equal(wp, wi, rb * (size_t)rows);
+    const int64_t nb = K / ST_QK, ldy = rows + 5;
+    float *x = malloc((size_t)(M * K) * 4);
+    fill(x, M * K, 2.0f);
+    st_block_q8x *xq = malloc(sizeof(st_block_q8x) * (size_t)(M * nb));
+    for (int64_t m = 0; m < M; m++)
+        r->quantize_q8x(xq + m * nb, x + m * K, K);
+    float *y1 = malloc((size_t)(M * ldy) * 4), *y2 = malloc((size_t)(M * ldy) * 4);
+    for (int64_t i = 0; i < M * ldy; i++)
+        y1[i] = -7.0f;
+    r->matmul_q8_0(y1, ldy, w, rb, xq, nb, K, M, 0, rows);
+    const st_kernels *tabs[3] = {r, fast[0], nfast > 1 ? fast[1] : NULL};
+    for (int it = 0; it < 3; it++) {
+        const st_kernels *k = tabs[it];
+        if (!k || !k->matmul_q8_0_packed)
+            continue;
+        const int64_t cuts[][2] = {{0, rows},  {0, rows / 2}, {rows / 2, rows},
+                                   {16, rows}, {3, rows - 1}, {17, 18}};
+        for (int amx = 1; amx >= 0; amx--) {
+            st_amx_set(amx);
+            for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+                const int64_t a = cuts[c][0] < rows ? cuts[c][0] : 0;
+                const int64_t cb = cuts[c][1] < rows ? cuts[c][1] : rows;
+                const int64_t b = cb > a ? cb : rows;
+                for (int64_t i = 0; i < M * ldy; i++)
+                    y2[i] = -7.0f;
+                k->matmul_q8_0_packed(y2, ldy, wp, rb, rows, xq, nb, K, M, a, b);
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t i = 0; i < ldy; i++) {
+                        const float want = i >= a && i < b ? y1[m * ldy + i] : -7.0f;
+                        if (memcmp(&want, &y2[m * ldy + i], 4))
+                            fail_msg("%s packed q8_0 K=%ld rows=%ld M=%ld [%ld,%ld) amx %d: "
+                                     "token %ld row %ld: %a, want %a",
+                                     k->name, (long)K, (long)rows, (long)M, (long)a, (long)b, amx,
+                                     (long)m, (long)i, (double)y2[m * ldy + i], (double)want);
+                    }
+            }
+        }
+        st_amx_set(1);
+    }
+    free(w), free(wp), free(wi), free(x), free(xq), free(y1), free(y2);
+}
+
+static void test_matmul_q8_packed(void **state) {
+    (void)state;
+    print_message("AMX-INT8 %s\n", st_amx_set(1) ? "in use" : "not available here");
+    const int64_t ks[] = {32, 96, 1056, 4096};
+    const int64_t rowss[] = {1, 15, 16, 17, 40, 64, 130};
+    const int64_t mss[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};
+    for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
+        for (size_t b = 0; b < sizeof rowss / sizeof rowss[0]; b++)
+            for (size_t c = 0; c < sizeof mss / sizeof mss[0]; c++)
+                if (ks[a] * rowss[b] * mss[c] <= 4096 * 64 * 17)
+                    check_q8p(ks[a], rowss[b], mss[c]);
+}
+
 /* One packed matmul case: W rows x K (rows rb apart, NaN in the gaps), tokens ldx apart with
  * NaN between them, outputs ldy apart with guards; the row-major reference against the packed
  * kernel of the reference and of every fast table, bitwise, whole buffers (rows outside
@@ -563,11 +631,12 @@ static void test_f16_to_f32(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f16_to_f32),    cmocka_unit_test(test_dot),
-        cmocka_unit_test(test_attn),          cmocka_unit_test(test_attn_small),
-        cmocka_unit_test(test_softmax),       cmocka_unit_test(test_exp_silu),
-        cmocka_unit_test(test_matmul_float),  cmocka_unit_test(test_matmul_quant),
-        cmocka_unit_test(test_matmul_packed), cmocka_unit_test(test_fp16_roundtrip),
+        cmocka_unit_test(test_f16_to_f32),     cmocka_unit_test(test_dot),
+        cmocka_unit_test(test_attn),           cmocka_unit_test(test_attn_small),
+        cmocka_unit_test(test_softmax),        cmocka_unit_test(test_exp_silu),
+        cmocka_unit_test(test_matmul_float),   cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_matmul_packed),  cmocka_unit_test(test_matmul_q8_packed),
+        cmocka_unit_test(test_fp16_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -267,7 +267,19 @@ static void test_load_modes(void **state) {
         const uint8_t *bm = st_gguf_bytes(mm->gguf, &nm), *bc = st_gguf_bytes(mc->gguf, &nc);
         assert_true(nm == nc && bm != bc);
         assert_int_equal((uintptr_t)bc % ST_HUGE_PAGE, 0);
-        assert_memory_equal(bm, bc, nm);
+        const st_wt *wm = &mm->layers[1].w_down, *wc = &mc->layers[1].w_down;
+        if (!wc->q8p) {
+            assert_memory_equal(bm, bc, nm);
+        } else {
+            /* Q8_0 matrices packed for the kernels (st_pack_q8_0): in place in the copy, into a
+             * copy of their own beside the mapping; the rest of the file as it was */
+            assert_memory_equal(bm, bc, st_gguf_data_offset(mm->gguf));
+            assert_ptr_equal(wc->q8p, wc->data);
+            assert_true(wm->q8p && wm->q8p != wm->data && wm->q8p == wm->q8p_own);
+            assert_memory_equal(wc->q8p, wm->q8p, (size_t)wm->n_out * wm->row_bytes);
+            assert_memory_equal(mc->tok_embd.data, mm->tok_embd.data,
+                                (size_t)mm->tok_embd.n_out * mm->tok_embd.row_bytes);
+        }
         const uint8_t *w = mc->layers[1].w_down.data;
         assert_true(w > bc && w < bc + nc);
         assert_ptr_equal(w - bc, (const uint8_t *)mm->layers[1].w_down.data - bm);
@@ -284,6 +296,24 @@ static void test_load_modes(void **state) {
             if (memcmp(a, b, (size_t)T * V * 4) != 0)
                 fail_msg("%s: copied weights give other logits than mapped ones (%d threads)",
                          paths[pi], threads);
+        }
+        if (wc->q8p) { /* and row-major weights (ST_PACK=0) the same logits as packed ones */
+            const char *pe = getenv("ST_PACK");
+            char *pk = pe ? strdup(pe) : NULL;
+            assert_int_equal(setenv("ST_PACK", "0", 1), 0);
+            progress_log lr = {.monotonic = 1};
+            st_model *mr = load_mode(paths[pi], ST_LOAD_MMAP, &lr);
+            pk ? setenv("ST_PACK", pk, 1) : unsetenv("ST_PACK");
+            free(pk);
+            assert_null(mr->layers[1].w_down.q8p);
+            for (int threads = 1; threads <= 2; threads++) {
+                logits_in_chunks(mr, threads, toks, T, b);
+                if (memcmp(a, b, (size_t)T * V * 4) != 0)
+                    fail_msg("%s: packed Q8_0 weights give other logits than row-major ones (%d "
+                             "threads)",
+                             paths[pi], threads);
+            }
+            st_model_free(mr);
         }
         free(a);
         free(b);

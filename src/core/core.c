@@ -263,6 +263,16 @@ st_status st_mmap_open(const char *path, st_mmap *out) {
     return ST_OK;
 }
 
+void st_mmap_drop(const void *p, size_t n) {
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || !p)
+        return;
+    const uintptr_t a = ((uintptr_t)p + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    const uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)(page - 1);
+    if (e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
 void st_mmap_close(st_mmap *m) {
     if (m && m->data)
         munmap((void *)m->data, m->size);

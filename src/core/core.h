@@ -96,6 +96,9 @@ typedef struct st_mmap {
 } st_mmap;
 st_status st_mmap_open(const char *path, st_mmap *out);
 void st_mmap_close(st_mmap *m);
+/* Drops this process's pages of the whole pages inside [p, p + n) of a read-only file mapping
+ * (MADV_DONTNEED): they leave the resident set and are read again from the file if touched. */
+void st_mmap_drop(const void *p, size_t n);
 
 /* Monotonic time in seconds. */
 double st_time_now(void);
@@ -154,6 +157,7 @@ typedef struct st_env {
     int pack;          /* 0 when ST_PACK=0 */
     st_load_mode load; /* ST_LOAD=mmap|copy: MMAP or COPY, else AUTO */
     int cpu_clock;     /* 1 when ST_CLOCK=cpu */
+    int amx;           /* 0 when ST_AMX=0 */
 } st_env;
 st_env st_env_get(void);
 

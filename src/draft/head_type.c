@@ -138,9 +138,11 @@ st_status st_eagle_head_set_type(st_model *head, int type) {
                        st_dtype_name((uint32_t)type), why);
     }
     off = 0;
+    int conv[2 + 7 * 4] = {0};
     for (int i = 0; i < n; i++) {
         if (to[i] == w[i]->type)
             continue;
+        conv[i] = 1;
         st_free_aligned(w[i]->packed);
         w[i]->packed = NULL;
         w[i]->data = blk + off;
@@ -152,5 +154,14 @@ st_status st_eagle_head_set_type(st_model *head, int type) {
     head->owned_conv = blk;
     head->hp.wtype = head->layers[0].wq.type;
     pack_small(w, n);
+    /* converted Q8_0 matrices (ours) packed in place for the kernel table (kernels.h; bitwise
+     * the same results), except one whose rows are also read as an embedding */
+    for (int i = 0; i < n && st_env_get().pack && st_kernels_get()->matmul_q8_0_packed; i++) {
+        st_wt *x = w[i];
+        if (conv[i] && x->type == ST_DTYPE_Q8_0 && !x->q8p && x->n_out >= ST_PACK_ROWS &&
+            x->data != head->tok_embd.data &&
+            !st_pack_q8_0((void *)x->data, x->data, x->row_bytes, x->n_out, x->n_in))
+            x->q8p = x->data;
+    }
     return ST_OK;
 }

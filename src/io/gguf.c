@@ -514,6 +514,8 @@ void st_gguf_adopt_copy(st_gguf *g, void *copy) {
     g->copy = copy;
 }
 
+int st_gguf_data_kind(const st_gguf *g) { return g->copy ? 2 : g->map.data ? 1 : 0; }
+
 const void *st_gguf_bytes(const st_gguf *g, size_t *size) {
     *size = g->size;
     return g->data;

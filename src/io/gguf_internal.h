@@ -12,6 +12,9 @@ const void *st_gguf_bytes(const st_gguf *g, size_t *size);
  * any) is closed and the reader owns copy from now on (st_gguf_free releases it). Metadata is
  * kept as offsets, so nothing else changes. */
 void st_gguf_adopt_copy(st_gguf *g, void *copy);
+/* Where the tensor data lives: 2 for the reader's own copy (st_gguf_adopt_copy: writable),
+ * 1 for a file mapping (read-only; pages can be dropped and re-read), 0 for a caller's buffer. */
+int st_gguf_data_kind(const st_gguf *g);
 /* Byte offset of the tensor data blob from the start of the file. */
 size_t st_gguf_data_offset(const st_gguf *g);
 /* Bytes of one value of a fixed-size metadata type; 0 for STRING and ARRAY. */

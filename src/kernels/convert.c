@@ -6,6 +6,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 float st_fp16_to_f32(uint16_t h) {
@@ -147,4 +148,35 @@ void st_pack_f32(float *wp, const float *w, size_t row_bytes, int64_t rows, int6
             for (int64_t i = 0; i < K8; i++)
                 dst[(size_t)(i / 4) * 64 + i % 4] = wr && i < K ? wr[i] : 0.0f;
         }
+}
+
+int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K) {
+    const int64_t nb = K / ST_QK, groups = rows / ST_PACK_ROWS;
+    const size_t gbytes = (size_t)ST_PACK_ROWS * row_bytes;
+    uint8_t *tmp = NULL;
+    if (dst == src && groups > 0 && !(tmp = malloc(gbytes)))
+        return -1;
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *in = (const uint8_t *)src + (size_t)g * gbytes;
+        uint8_t *out = (uint8_t *)dst + (size_t)g * gbytes;
+        if (tmp) {
+            memcpy(tmp, in, gbytes);
+            in = tmp;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (size_t)b * ST_Q8P_GROUP_BYTES;
+            for (int n = 0; n < ST_PACK_ROWS; n++) {
+                const st_block_q8_0 *blk = (const st_block_q8_0 *)(in + (size_t)n * row_bytes) + b;
+                memcpy(o + 2 * n, &blk->d, 2);
+                for (int k = 0; k < ST_QK / 4; k++)
+                    memcpy(o + 2 * ST_PACK_ROWS + 64 * k + 4 * n, blk->q + 4 * k, 4);
+            }
+        }
+    }
+    free(tmp);
+    if (dst != src && rows > groups * ST_PACK_ROWS)
+        memcpy((uint8_t *)dst + (size_t)groups * gbytes,
+               (const uint8_t *)src + (size_t)groups * gbytes,
+               (size_t)(rows - groups * ST_PACK_ROWS) * row_bytes);
+    return 0;
 }

@@ -9,11 +9,15 @@
  * i = l (mod 8) in increasing i with a fused multiply-add (missing tail elements count as
  * 0*0), then reduce8 = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
  * Quantized weights (Q8_0, Q4_0; K-quants: kquant.h) multiply activations quantized per block of 32
- * to int8 with a float scale (st_block_q8x). Canonical quantized dot product: in block b, lane l in
- * [0, 8) holds the exact integer sum isum[b][l] of w_j * x_j over the block's elements j = 4l ..
- * 4l+3 (Q4_0 weights count as nibble - 8); eight float accumulators take, block by block in
- * increasing b, acc_l = fma((float)isum[b][l], d_b, acc_l) with d_b = fp16_to_f32(w scale) *
- * x scale rounded to float; the result is reduce8(acc).
+ * to int8 with a float scale (st_block_q8x); d_b = fp16_to_f32(w scale) * x scale rounded to
+ * float. Canonical Q8_0 dot product (per block): isum[b] is the exact integer sum of w_j * x_j
+ * over the 32 elements of block b (|isum| < 2^20, so (float)isum is exact); one float chain
+ * acc = fma((float)isum[b], d_b, acc) from acc = +0 takes the blocks in increasing b, and the
+ * result is acc. One float operation per block lets a matrix unit (AMX) compute the integer
+ * sums of a whole tile. Canonical Q4_0 dot product (per lane): in block b, lane l in [0, 8)
+ * holds the exact integer sum isum[b][l] over the elements j = 4l .. 4l+3 (weights count as
+ * nibble - 8); eight float accumulators take, block by block in increasing b,
+ * acc_l = fma((float)isum[b][l], d_b, acc_l); the result is reduce8(acc).
  * Attention (DESIGN.md invariant 1: the same arithmetic for a key whatever the batch): a score
  * is dot(q, k_row, head_dim) / div (canonical dot, one IEEE division); the probabilities of a
  * head are softmax(scores): exp_sum(x - max) with its eight lanes, then one IEEE division by
@@ -70,6 +74,22 @@ enum { ST_PACK_ROWS = 16 };
 typedef void (*st_matmul_packed_fn)(float *y, int64_t ldy, const float *wp, const float *x,
                                     int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
 
+/* Q8_0 weights packed for matrix units (st_pack_q8_0), in place and the same size: each full
+ * group of ST_PACK_ROWS = 16 rows (rows 16g .. 16g+15) becomes, block by block, the 16 rows'
+ * fp16 scales (32 bytes) then eight 64-byte rows k = 0 .. 7 of quants, row k holding bytes
+ * 4k .. 4k+3 of rows 16g .. 16g+15 in turn (AMX's B-tile layout):
+ * P[g][b] = {d[n] = W[16g+n].d_b; q[k][4n+i] = W[16g+n].q_b[4k+i]}, 544 bytes per group and
+ * block; rows past the last full group stay row-major after the groups. The packed matmul takes
+ * the matrix's row count and computes rows [r0, r1) (r0 a multiple of 16), bitwise the per-block
+ * canonical Q8_0 dot product of the row-major kernel. */
+enum { ST_Q8P_GROUP_BYTES = ST_PACK_ROWS * (int)sizeof(st_block_q8_0) };
+typedef void (*st_matmul_q8p_fn)(float *y, int64_t ldy, const void *wp, size_t row_bytes,
+                                 int64_t rows, const void *x, int64_t ldx, int64_t K, int64_t M,
+                                 int64_t r0, int64_t r1);
+/* Packs rows x K Q8_0 weights (rows row_bytes apart) as above; dst may be src (in place, with
+ * a scratch of 16 rows: -1, nothing changed, if it cannot be allocated), else 0. */
+int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K);
+
 typedef struct st_kernels {
     const char *name;
     st_matmul_fn matmul_f32;
@@ -82,6 +102,8 @@ typedef struct st_kernels {
     /* NULL where packing does not pay (the AVX2 table: measured slower than its row-major
      * kernel with 16 registers); then weights stay unpacked. */
     st_matmul_packed_fn matmul_f32_packed;
+    /* Q8_0 weights packed by st_pack_q8_0; NULL where the table has no use for them (AVX2). */
+    st_matmul_q8p_fn matmul_q8_0_packed;
     /* Canonical dot product (see above). */
     float (*dot)(const float *a, const float *b, int64_t n);
     /* Attention scores of nq queries against n key rows:
@@ -131,6 +153,19 @@ float st_expf_ref(float x);
  * reduction and a degree-5 polynomial, scaled by 2^n; 0 below about -104, inf above 88.4).
  * Used by the sessions that match ggml's arithmetic (st_session_params.match_ggml). */
 float st_expf_ggml(float x);
+
+/* The per-block Q8_0 matmul of the AVX2 table on row-major weights (also the AVX-512 table's),
+ * and the AVX-512 table's on packed weights (kernels_amx.c: AMX-INT8 for batches of 3 or more
+ * tokens where st_amx_ready(), else VNNI). st_amx_set(0) keeps the AVX-512 table off AMX,
+ * st_amx_set(1) allows it again where available (tests); both return whether it is now used.
+ * ST_AMX=0 in the environment is st_amx_set(0). */
+void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                         int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1);
+void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                  const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                  int64_t r1);
+int st_amx_ready(void);
+int st_amx_set(int on);
 
 /* Conversions shared by kernels and loaders. */
 float st_fp16_to_f32(uint16_t h);

@@ -3,7 +3,9 @@
  * (the canonical orders are in kernels.h). Matmuls work on tiles of R weight rows x T tokens,
  * one 8-lane accumulator per output element, so each weight load serves T tokens and R*T
  * independent fma chains are in flight; a tile ends with one transposed reduction that gives
- * eight outputs the canonical ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) at once.
+ * eight outputs the canonical ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) at once. Q8_0 (per-block
+ * canonical) sums each block's lanes across eight rows into one vector and keeps one fma chain
+ * per output.
  * Built with -mavx2 -mfma -mf16c; only called when the CPU reports those features.
  */
 #include "kernels/kernels.h"
@@ -603,13 +605,11 @@ static void matmul_bf16_avx2(float *y, int64_t ldy, const void *w, size_t row_by
 /* ------------------------------------------------------------------------------------------ */
 /* Quantized matmuls                                                                          */
 
-/* R rows x T tokens of the canonical quantized dot product. Per block, the madd lanes of the
- * 32 byte products are the canonical integer lanes (lane l = bytes 4l .. 4l+3), exact:
- * Q8_0 uses maddubs(|w|, sign(x, w)) (at most 2*128*127 per 16-bit pair, no saturation); Q4_0
- * uses maddubs(nibble, x) - maddubs(8, x), both exact in 16 bits. */
-ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
-                          int64_t ldx, int64_t nb, const int R, const int T, const int q4,
-                          st_pf pf) {
+/* R Q4_0 rows x T tokens of the per-lane canonical dot product (kernels.h). Per block, the madd
+ * lanes of the 32 byte products are the canonical integer lanes (lane l = bytes 4l .. 4l+3),
+ * exact: maddubs(nibble, x) - maddubs(8, x), both exact in 16 bits. */
+ST_INLINE void tile_q4(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
+                       int64_t ldx, int64_t nb, const int R, const int T, st_pf pf) {
     __m256 acc[ST_TILE_MAX];
     ST_UNROLL
     for (int i = 0; i < R * T; i++)
@@ -625,30 +625,20 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
             const st_block_q8x *xb = x + t * ldx + b;
             xv[t] = _mm256_loadu_si256((const __m256i *)xb->q);
             dx[t] = _mm256_broadcast_ss(&xb->d);
-            if (q4)
-                xoff[t] = _mm256_maddubs_epi16(eight, xv[t]);
+            xoff[t] = _mm256_maddubs_epi16(eight, xv[t]);
         }
         ST_UNROLL
         for (int r = 0; r < R; r++) {
-            const char *wr = w + (size_t)r * rb;
-            __m256i wv;
+            const st_block_q4_0 *blk = (const st_block_q4_0 *)(w + (size_t)r * rb) + b;
+            __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
+            const __m256i wv =
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lowmask);
             uint16_t wd;
-            if (q4) {
-                const st_block_q4_0 *blk = (const st_block_q4_0 *)wr + b;
-                __m128i raw = _mm_loadu_si128((const __m128i *)blk->qs);
-                wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lowmask);
-                memcpy(&wd, &blk->d, 2);
-            } else {
-                const st_block_q8_0 *blk = (const st_block_q8_0 *)wr + b;
-                wv = _mm256_loadu_si256((const __m256i *)blk->q);
-                memcpy(&wd, &blk->d, 2);
-            }
+            memcpy(&wd, &blk->d, 2);
             const __m256 dw = _mm256_set1_ps(_cvtsh_ss(wd));
-            const __m256i wabs = q4 ? wv : _mm256_sign_epi8(wv, wv);
             ST_UNROLL
             for (int t = 0; t < T; t++) {
-                __m256i p16 = q4 ? _mm256_sub_epi16(_mm256_maddubs_epi16(wv, xv[t]), xoff[t])
-                                 : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv[t], wv));
+                __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(wv, xv[t]), xoff[t]);
                 __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones16));
                 acc[t * R + r] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, dx[t]), acc[t * R + r]);
             }
@@ -663,11 +653,10 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
         y[t * ldy + r] = out[t * R + r];
 }
 
-/* Quantized rows in blocks of 4 with the tokens in pairs; a single token prefetches
- * ST_PF_BYTES ahead, a batch's token pairs share the prefetch of the next block of rows. */
-ST_INLINE void matmul_quant(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
-                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1,
-                            const int q4) {
+/* Q4_0 rows in blocks of 4 with the tokens in pairs; a single token prefetches ST_PF_BYTES
+ * ahead, a batch's token pairs share the prefetch of the next block of rows. */
+static void matmul_q4_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
     if (M < 1)
         return;
     const st_block_q8x *xq = x;
@@ -681,27 +670,119 @@ ST_INLINE void matmul_quant(float *y, int64_t ldy, const void *w, size_t rb, con
             const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, nb)
                                     : pf_region(wr + blk + c * seg, seg, nb);
             if (M - m >= 2)
-                tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 2, q4, pf);
+                tile_q4(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 2, pf);
             else
-                tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 1, q4, pf);
+                tile_q4(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 4, 1, pf);
         }
     }
     for (; r < r1; r++) {
         const char *wr = wc + (size_t)r * rb;
         for (int64_t m = 0; m < M; m++)
-            tile_quant(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 1, 1, q4,
-                       pf_region(NULL, 0, 1));
+            tile_q4(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 1, 1,
+                    pf_region(NULL, 0, 1));
     }
+}
+
+/* The eight madd lanes of a Q8_0 block times an activation block: maddubs(|w|, sign(x, w)) is
+ * exact (at most 2*128*127 per 16-bit pair), so lane l holds the exact sum over bytes 4l..4l+3. */
+ST_INLINE __m256i q8_lanes(__m256i wabs, __m256i wv, __m256i xv) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv)),
+                             _mm256_set1_epi16(1));
+}
+
+/* Lane r of the result: the sum of the eight lanes of s[r] (exact integers, any order). */
+ST_INLINE __m256i hsum_epi32x8(const __m256i s[8]) {
+    const __m256i a =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i b =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* Eight Q8_0 rows x T tokens of the per-block canonical dot product (kernels.h): per block the
+ * eight rows' exact sums land in the lanes of one vector, then one fma chain per output. */
+ST_INLINE void tile_q8_rows8(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
+                             int64_t ldx, int64_t nb, const int T, st_pf pf) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i offs =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
+    const __m256i lo16 = _mm256_set1_epi32(0xffff);
+    for (int64_t b = 0; b < nb; b++) {
+        pf_step(&pf);
+        const char *wb = w + (size_t)b * sizeof(st_block_q8_0);
+        /* the rows' fp16 scales: the dword at each block's start holds d in its low half */
+        const __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)wb, offs, 1), lo16);
+        const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(g, g), 0x08);
+        const __m256 dw = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256i s[2][8];
+        ST_UNROLL
+        for (int r = 0; r < 8; r++) {
+            const __m256i wv =
+                _mm256_loadu_si256((const __m256i *)((const st_block_q8_0 *)(wb + r * rb))->q);
+            const __m256i wabs = _mm256_sign_epi8(wv, wv);
+            ST_UNROLL
+            for (int t = 0; t < T; t++)
+                s[t][r] = q8_lanes(wabs, wv, _mm256_loadu_si256((const __m256i *)x[t * ldx + b].q));
+        }
+        ST_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_epi32x8(s[t])),
+                                     _mm256_mul_ps(dw, _mm256_set1_ps(x[t * ldx + b].d)), acc[t]);
+    }
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* One Q8_0 row x one token, per block. */
+static float dot_q8_row(const char *w, const st_block_q8x *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const st_block_q8_0 *blk = (const st_block_q8_0 *)w + b;
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)blk->q);
+        __m256i v =
+            q8_lanes(_mm256_sign_epi8(wv, wv), wv, _mm256_loadu_si256((const __m256i *)x[b].q));
+        __m128i u = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4e));
+        u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xb1));
+        uint16_t wd;
+        memcpy(&wd, &blk->d, 2);
+        acc = fmaf((float)_mm_cvtsi128_si32(u), _cvtsh_ss(wd) * x[b].d, acc);
+    }
+    return acc;
+}
+
+/* Q8_0 rows in blocks of 8 with the tokens in pairs (prefetch as matmul_quant). Exported for the
+ * AVX-512 table's small batches and row tails. */
+void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                         int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
+    if (M < 1)
+        return;
+    const st_block_q8x *xq = x;
+    const char *wc = w;
+    const int64_t nb = K / ST_QK;
+    const int64_t nc = (M + 1) / 2, blk = 8 * (int64_t)rb, seg = (blk + nc - 1) / nc;
+    int64_t r = r0;
+    for (; r + 8 <= r1; r += 8) {
+        const char *wr = wc + (size_t)r * rb;
+        for (int64_t m = 0, c = 0; m < M; m += 2, c++) {
+            const st_pf pf = M == 1 ? pf_region(wr + ST_PF_BYTES, blk, nb)
+                                    : pf_region(wr + blk + c * seg, seg, nb);
+            if (M - m >= 2)
+                tile_q8_rows8(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 2, pf);
+            else
+                tile_q8_rows8(y + m * ldy + r, ldy, wr, rb, xq + m * ldx, ldx, nb, 1, pf);
+        }
+    }
+    for (; r < r1; r++)
+        for (int64_t m = 0; m < M; m++)
+            y[m * ldy + r] = dot_q8_row(wc + (size_t)r * rb, xq + m * ldx, nb);
 }
 
 static void matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                              int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_quant(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 0);
-}
-
-static void matmul_q4_0_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
-                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_quant(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 1);
+    st_matmul_q8_0_avx2(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
 }
 
 static void quantize_q8x_avx2(st_block_q8x *y, const float *x, int64_t K) {

@@ -2,10 +2,10 @@
  * kernels_avx512.c: AVX-512 (F, BW, VL, DQ, VNNI) matmuls for token batches, bitwise equal to
  * the `_ref` twins: a 512-bit register holds the 8-lane accumulators of two weight rows side by
  * side, so every output keeps exactly the canonical lanes and order of kernels.h while one
- * instruction serves two rows. Quantized blocks use vpdpbusd, whose 32-bit lanes are the
- * canonical integer lanes (lane l = bytes 4l .. 4l+3 of a block), with the signed side made
- * unsigned by an offset that is subtracted exactly: Q8_0 takes x + 128 and starts the lanes at
- * -128 * sum(w); Q4_0 takes the nibbles as they are and starts at -8 * sum(x).
+ * instruction serves two rows. Q4_0 blocks use vpdpbusd, whose 32-bit lanes are the canonical
+ * integer lanes (lane l = bytes 4l .. 4l+3 of a block), the nibbles unsigned and the lanes
+ * starting at -8 * sum(x). Q8_0 (per-block canonical) runs on packed weights (kernels_amx.c),
+ * else the AVX2 kernel.
  * Packed float weights (kernels.h) take one 128-bit broadcast of four inputs per vector of four
  * rows x four columns, and reduce 16 rows with one vertical add and a few in-lane shuffles.
  * exp_sum and softmax run 16 lanes per step, each element still added to its canonical lane
@@ -306,46 +306,33 @@ static void matmul_f32_packed_avx512(float *y, int64_t ldy, const float *wp, con
 /* ------------------------------------------------------------------------------------------ */
 /* Quantized matmuls                                                                          */
 
-/* Block b of rows a and b as 64 bytes, and their fp16 scales as 8 + 8 floats. Q8_0: the
- * signed weights; Q4_0: the nibbles 0..15 in element order (j < 16 low, j >= 16 high). */
-ST_INLINE __m512i load_qpair(const char *ra, const char *rbp, int64_t b, const int q4, __m512 *dw) {
+/* Block b of Q4_0 rows a and b as 64 bytes (the nibbles 0..15 in element order: j < 16 low,
+ * j >= 16 high), and their fp16 scales as 8 + 8 floats. */
+ST_INLINE __m512i load_q4pair(const char *ra, const char *rbp, int64_t b, __m512 *dw) {
     uint16_t da, db;
-    __m512i v;
-    if (q4) {
-        const st_block_q4_0 *pa = (const st_block_q4_0 *)ra + b,
-                            *pb = (const st_block_q4_0 *)rbp + b;
-        const __m256i raw = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa->qs)),
-            _mm_loadu_si128((const __m128i *)pb->qs), 1);
-        const __m256i lowmask = _mm256_set1_epi8(0xf);
-        const __m256i lo = _mm256_and_si256(raw, lowmask);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lowmask);
-        /* [a lo, b lo, a hi, b hi] -> [a lo, a hi, b lo, b hi] */
-        v = _mm512_shuffle_i64x2(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                                 _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                                 _MM_SHUFFLE(3, 1, 2, 0));
-        memcpy(&da, &pa->d, 2);
-        memcpy(&db, &pb->d, 2);
-    } else {
-        const st_block_q8_0 *pa = (const st_block_q8_0 *)ra + b,
-                            *pb = (const st_block_q8_0 *)rbp + b;
-        /* two 32-byte loads: a masked 64-byte load from pb->q - 32 reads the same bytes but
-         * forms a pointer before the array (undefined behaviour; UBSan's bounds check says so) */
-        v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)pa->q)),
-                               _mm256_loadu_si256((const __m256i *)pb->q), 1);
-        memcpy(&da, &pa->d, 2);
-        memcpy(&db, &pb->d, 2);
-    }
+    const st_block_q4_0 *pa = (const st_block_q4_0 *)ra + b, *pb = (const st_block_q4_0 *)rbp + b;
+    const __m256i raw =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa->qs)),
+                                _mm_loadu_si128((const __m128i *)pb->qs), 1);
+    const __m256i lowmask = _mm256_set1_epi8(0xf);
+    const __m256i lo = _mm256_and_si256(raw, lowmask);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lowmask);
+    /* [a lo, b lo, a hi, b hi] -> [a lo, a hi, b lo, b hi] */
+    const __m512i v = _mm512_shuffle_i64x2(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                           _MM_SHUFFLE(3, 1, 2, 0));
+    memcpy(&da, &pa->d, 2);
+    memcpy(&db, &pb->d, 2);
     const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)da)),
                                               _mm_set1_epi16((short)db), 1);
     *dw = _mm512_cvtph_ps(h);
     return v;
 }
 
-/* 2P rows x T tokens of the canonical quantized dot product. */
-ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
-                          int64_t ldx, int64_t nb, const int P, const int T, const int q4,
-                          st_pf pf) {
+/* 2P Q4_0 rows x T tokens of the per-lane canonical dot product: nibble * x with the lanes
+ * starting at -8 * sum(x). */
+ST_INLINE void tile_q4(float *y, int64_t ldy, const char *w, size_t rb, const st_block_q8x *x,
+                       int64_t ldx, int64_t nb, const int P, const int T, st_pf pf) {
     __m512 acc[PAIRS_Q * TOK_Q];
     ST_UNROLL
     for (int i = 0; i < P * T; i++)
@@ -358,29 +345,19 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
         ST_UNROLL
         for (int t = 0; t < T; t++) {
             const st_block_q8x *xb = x + t * ldx + b;
-            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
+            xv[t] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
             dx[t] = _mm512_set1_ps(xb->d);
-            if (q4) { /* nibble * x, lanes starting at -8 * sum(x) */
-                xv[t] = v;
-                xinit[t] =
-                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), v));
-            } else { /* (x + 128) * w, lanes starting at -128 * sum(w) */
-                xv[t] = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-            }
+            xinit[t] =
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), xv[t]));
         }
         ST_UNROLL
         for (int p = 0; p < P; p++) {
             __m512 dw;
             const __m512i wv =
-                load_qpair(w + (size_t)(2 * p) * rb, w + (size_t)(2 * p + 1) * rb, b, q4, &dw);
-            const __m512i winit =
-                q4 ? zero
-                   : _mm512_sub_epi32(zero,
-                                      _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)0x80), wv));
+                load_q4pair(w + (size_t)(2 * p) * rb, w + (size_t)(2 * p + 1) * rb, b, &dw);
             ST_UNROLL
             for (int t = 0; t < T; t++) {
-                const __m512i s = q4 ? _mm512_dpbusd_epi32(xinit[t], wv, xv[t])
-                                     : _mm512_dpbusd_epi32(winit, xv[t], wv);
+                const __m512i s = _mm512_dpbusd_epi32(xinit[t], wv, xv[t]);
                 acc[p * T + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx[t]),
                                                  acc[p * T + t]);
             }
@@ -389,9 +366,8 @@ ST_INLINE void tile_quant(float *y, int64_t ldy, const char *w, size_t rb, const
     store_tile(y, ldy, acc, P, T);
 }
 
-ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void *w, size_t rb,
-                            const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
-                            int64_t r1, const int q4) {
+static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
+                               int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
     if (M < 1 || r0 >= r1)
         return;
     const st_block_q8x *xq = x;
@@ -408,36 +384,30 @@ ST_INLINE void matmul_quant(st_matmul_fn avx2, float *y, int64_t ldy, const void
             const st_block_q8x *xm = xq + m * ldx;
             switch (M - m >= TOK_Q ? TOK_Q : M - m) {
             case 1:
-                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 1, q4, pf);
+                tile_q4(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 1, pf);
                 break;
             case 2:
-                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 2, q4, pf);
+                tile_q4(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 2, pf);
                 break;
             case 3:
-                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 3, q4, pf);
+                tile_q4(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, 3, pf);
                 break;
             default:
-                tile_quant(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, TOK_Q, q4, pf);
+                tile_q4(ym, ldy, wr, rb, xm, ldx, nb, PAIRS_Q, TOK_Q, pf);
                 break;
             }
         }
     }
     if (r < r1)
-        avx2(y, ldy, w, rb, x, ldx, K, M, r, r1);
+        st_kernels_avx2_table_get()->matmul_q4_0(y, ldy, w, rb, x, ldx, K, M, r, r1);
 }
 
+/* Q8_0 on row-major weights: the AVX2 kernel (the per-block canonical order, kernels.h); packed
+ * weights take st_matmul_q8_0_packed_avx512. */
 static void matmul_q8_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
                                const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                int64_t r1) {
-    matmul_quant(st_kernels_avx2_table_get()->matmul_q8_0, y, ldy, w, row_bytes, x, ldx, K, M, r0,
-                 r1, 0);
-}
-
-static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
-                               const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
-                               int64_t r1) {
-    matmul_quant(st_kernels_avx2_table_get()->matmul_q4_0, y, ldy, w, row_bytes, x, ldx, K, M, r0,
-                 r1, 1);
+    st_matmul_q8_0_avx2(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -718,6 +688,7 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_q5_k = st_matmul_q5_k_avx512;
     st_kernels_avx512_table.matmul_q6_k = st_matmul_q6_k_avx512;
     st_kernels_avx512_table.matmul_f32_packed = matmul_f32_packed_avx512;
+    st_kernels_avx512_table.matmul_q8_0_packed = st_matmul_q8_0_packed_avx512;
     st_kernels_avx512_table.attn_scores = attn_scores_avx512;
     st_kernels_avx512_table.exp_sum = exp_sum_avx512;
     st_kernels_avx512_table.softmax = softmax_avx512;

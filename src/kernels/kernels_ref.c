@@ -193,45 +193,76 @@ static void qdot_block(float acc[8], const int8_t w[ST_QK], uint16_t wd, const s
     }
 }
 
-/* Both quantized weight types: Q4_0 blocks are unpacked to the Q8_0 layout first, so one loop
- * defines the reduction order for both. */
-static void matmul_q_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
-                         int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1, int q4) {
+/* The per-lane canonical Q4_0 dot product (kernels.h): blocks unpacked to int8 first. */
+static void matmul_q4_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
+                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
     const st_block_q8x *xq = x;
     int64_t nb = K / ST_QK;
     for (int64_t r = r0; r < r1; r++) {
-        const char *wr = (const char *)w + (size_t)r * row_bytes;
+        const st_block_q4_0 *wr = (const st_block_q4_0 *)((const char *)w + (size_t)r * row_bytes);
         for (int64_t m = 0; m < M; m++) {
             float acc[8] = {0};
             for (int64_t b = 0; b < nb; b++) {
                 int8_t unpacked[ST_QK];
-                const int8_t *wq;
-                uint16_t wd;
-                if (q4) {
-                    const st_block_q4_0 *wb = (const st_block_q4_0 *)wr + b;
-                    st_q4_0_unpack(wb, unpacked);
-                    wq = unpacked;
-                    wd = wb->d;
-                } else {
-                    const st_block_q8_0 *wb = (const st_block_q8_0 *)wr + b;
-                    wq = wb->q;
-                    wd = wb->d;
-                }
-                qdot_block(acc, wq, wd, xq + m * ldx + b);
+                st_q4_0_unpack(wr + b, unpacked);
+                qdot_block(acc, unpacked, wr[b].d, xq + m * ldx + b);
             }
             y[m * ldy + r] = reduce8(acc);
         }
     }
 }
 
+/* The per-block canonical Q8_0 dot product (kernels.h). */
 static void matmul_q8_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_q_ref(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 0);
+    const st_block_q8x *xq = x;
+    const int64_t nb = K / ST_QK;
+    for (int64_t r = r0; r < r1; r++) {
+        const st_block_q8_0 *wr = (const st_block_q8_0 *)((const char *)w + (size_t)r * row_bytes);
+        for (int64_t m = 0; m < M; m++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const st_block_q8x *xb = xq + m * ldx + b;
+                int32_t s = 0;
+                for (int j = 0; j < ST_QK; j++)
+                    s += (int32_t)wr[b].q[j] * (int32_t)xb->q[j];
+                acc = fmaf((float)s, st_fp16_to_f32(wr[b].d) * xb->d, acc);
+            }
+            y[m * ldy + r] = acc;
+        }
+    }
 }
 
-static void matmul_q4_0_ref(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
-                            int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    matmul_q_ref(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1, 1);
+/* The same on weights packed by st_pack_q8_0 (rows past the last full group are row-major). */
+static void matmul_q8_0_packed_ref(float *y, int64_t ldy, const void *wp, size_t row_bytes,
+                                   int64_t rows, const void *x, int64_t ldx, int64_t K, int64_t M,
+                                   int64_t r0, int64_t r1) {
+    const st_block_q8x *xq = x;
+    const int64_t nb = K / ST_QK, rfull = rows / ST_PACK_ROWS * ST_PACK_ROWS;
+    int64_t r = r0;
+    for (; r < r1 && r < rfull; r++) {
+        const uint8_t *gp =
+            (const uint8_t *)wp + (size_t)(r / ST_PACK_ROWS) * ST_PACK_ROWS * row_bytes;
+        const int n = (int)(r % ST_PACK_ROWS);
+        for (int64_t m = 0; m < M; m++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *p = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
+                const st_block_q8x *xb = xq + m * ldx + b;
+                uint16_t d;
+                memcpy(&d, p + 2 * n, 2);
+                int32_t s = 0;
+                for (int k = 0; k < ST_QK / 4; k++)
+                    for (int i = 0; i < 4; i++)
+                        s += (int32_t)(int8_t)p[2 * ST_PACK_ROWS + 64 * k + 4 * n + i] *
+                             (int32_t)xb->q[4 * k + i];
+                acc = fmaf((float)s, st_fp16_to_f32(d) * xb->d, acc);
+            }
+            y[m * ldy + r] = acc;
+        }
+    }
+    if (r < r1)
+        matmul_q8_0_ref(y, ldy, wp, row_bytes, x, ldx, K, M, r, r1);
 }
 
 static void quantize_q8x_ref(st_block_q8x *y, const float *x, int64_t K) {
@@ -261,6 +292,7 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_q5_k = st_matmul_q5_k_ref,
     .matmul_q6_k = st_matmul_q6_k_ref,
     .matmul_f32_packed = matmul_f32_packed_ref,
+    .matmul_q8_0_packed = matmul_q8_0_packed_ref,
     .dot = dot_ref,
     .attn_scores = attn_scores_ref,
     .attn_wsum = attn_wsum_ref,

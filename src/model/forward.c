@@ -149,6 +149,11 @@ static void mm_task(void *ctx, int ith, int nth) {
                                     r0, r1);
             continue;
         }
+        if (w->q8p && j->k->matmul_q8_0_packed) {
+            j->k->matmul_q8_0_packed(j->y[i], w->n_out, w->q8p, w->row_bytes, w->n_out, j->x[i],
+                                     j->ldx[i], w->n_in, j->M, r0, r1);
+            continue;
+        }
         if (j->ggml && st_kquant_block_bytes(w->type))
             st_matmul_kq_ggml(w->type, j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
                               w->n_in, j->M, r0, r1);
@@ -171,7 +176,10 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
     /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles (16-row blocks of
      * packed weights). */
     const int nth = rows * w[0]->n_in * M < ST_MIN_PARALLEL_MACS ? 1 : st_pool_size(s->pool);
-    const int64_t tile = w[0]->packed ? ST_PACK_ROWS : 8;
+    int64_t tile = 8;
+    for (int i = 0; i < n_mat; i++)
+        if (w[i]->packed || w[i]->q8p)
+            tile = ST_PACK_ROWS;
     j.chunk = nth == 1 ? rows : (rows / (8 * nth) + tile - 1) & ~(tile - 1);
     if (j.chunk < tile)
         j.chunk = tile;

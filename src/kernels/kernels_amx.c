@@ -1,0 +1,308 @@
+/*
+ * kernels_amx.c: the AVX-512 table's Q8_0 matmul on packed weights (st_pack_q8_0, kernels.h),
+ * bitwise the per-block canonical dot product. A group of 16 rows per block is 16 scales and
+ * one 8 x 64-byte tile of quants, row k holding the 16 rows' bytes 4k .. 4k+3, so the 16 rows'
+ * exact block sums land in the 16 lanes of one vector and the float work per block is one
+ * conversion, one scale and one fma per token for 16 rows.
+ * - With AMX-INT8 (and 3 or more tokens): the tokens' blocks are tile A, read in place (up to 8
+ *   tokens, 32 bytes each at the activations' stride), a group's block tile B; one tdpbssd per
+ *   group, token tile and block gives all the sums; two groups share each A tile.
+ * - Else vpdpbusd: eight per token and group-block, each with one broadcast dword of the
+ *   activations (x + 128 unsigned; the lanes start at -128 * sum(w), eight more vpdpbusd per
+ *   group-block shared by the tokens).
+ * Rows past the last full group are row-major and go to the AVX2 kernel (same arithmetic).
+ *
+ * The file is compiled for AVX-512 and AMX (CMakeLists.txt: *_amx.c); AMX instructions run only
+ * when st_amx_ready() says the CPU has AMX-INT8 and the OS let this process use it.
+ */
+#define _GNU_SOURCE
+#include "kernels/kernels.h"
+#include "kernels/kernels_x86.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <string.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#include <cpuid.h>
+
+/* Tokens per AMX tile (rows of A and C) and per vpdpbusd tile; batches from AMX_MIN tokens
+ * take AMX; AMX prefetches AMX_PF blocks ahead. */
+enum { AMX_TT = 8, VNNI_TT = 4, AMX_MIN = 3, AMX_PF = 4 };
+
+static int amx_avail;     /* the CPU has AMX-INT8 and the OS lets this process use it */
+static atomic_int amx_on; /* amx_avail, unless ST_AMX=0 or st_amx_set(0) */
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_detect(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 24)) && (d & (1u << 25)) &&
+        __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27))) {
+        unsigned xlo, xhi;
+        __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+        /* XTILECFG and XTILEDATA enabled by the OS, and this process allowed to use them */
+        amx_avail =
+            (xlo & (3u << 17)) == (3u << 17) &&
+            syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    }
+#endif
+    atomic_store(&amx_on, amx_avail && st_env_get().amx);
+}
+
+int st_amx_ready(void) {
+    pthread_once(&amx_once, amx_detect);
+    return atomic_load_explicit(&amx_on, memory_order_relaxed);
+}
+
+int st_amx_set(int on) {
+    pthread_once(&amx_once, amx_detect);
+    atomic_store(&amx_on, on && amx_avail);
+    return atomic_load(&amx_on);
+}
+
+typedef struct tilecfg {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+/* Tiles for TT tokens: 0-1 A (TT tokens x 32 bytes: an even and an odd block), 2-3 B (the two
+ * groups' block, 8 x 64 bytes), 4-7 C (TT tokens x 16 int32 sums: groups 0 and 1 of the even
+ * block, then of the odd one). Two blocks in separate C tiles let one block's multiplies run
+ * while the other's sums go through the float chains (tiles are not renamed). */
+static void tiles_config(int TT) {
+    tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int h = 0; h < 2; h++) {
+        c.rows[h] = (uint8_t)TT;
+        c.colsb[h] = ST_QK;
+        c.rows[2 + h] = ST_QK / 4;
+        c.colsb[2 + h] = 64;
+    }
+    for (int h = 4; h < 8; h++) {
+        c.rows[h] = (uint8_t)TT;
+        c.colsb[h] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* The float step of one block for ng groups: acc[h][t] = fma(isum, d_w * d_x, acc[h][t]). */
+ST_INLINE void amx_float(__m512 (*acc)[AMX_TT], int32_t (*c)[AMX_TT][ST_PACK_ROWS],
+                         const uint8_t *p0, size_t gstride, int ng, const st_block_q8x *x,
+                         int64_t ldx, int64_t b, const int TT) {
+    for (int h = 0; h < ng; h++) {
+        const __m512 dw =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p0 + (size_t)h * gstride)));
+        for (int t = 0; t < TT; t++)
+            acc[h][t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[h][t])),
+                                _mm512_mul_ps(dw, _mm512_set1_ps(x[t * ldx + b].d)), acc[h][t]);
+    }
+}
+
+/* ng (1 or 2) groups at gp, gp + gstride x TT tokens (tiles configured for TT). */
+static void amx_groups(float *y, int64_t ldy, const uint8_t *gp, size_t gstride, int ng, int64_t nb,
+                       const st_block_q8x *x, int64_t ldx, const int TT) {
+    _Alignas(64) int32_t c[4][AMX_TT][ST_PACK_ROWS];
+    __m512 acc[2][AMX_TT];
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < AMX_TT; t++)
+            acc[h][t] = _mm512_setzero_ps();
+    const long xs = (long)(ldx * (int64_t)sizeof(st_block_q8x));
+    const size_t Q = 2 * ST_PACK_ROWS; /* the quants after the 16 scales */
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *p0 = gp + (size_t)b * ST_Q8P_GROUP_BYTES, *q0 = p0 + ST_Q8P_GROUP_BYTES;
+        /* the groups' blocks AMX_PF ahead: from DRAM (1.1B Q8_0, 8 tokens) the pass took 56-62
+         * ms with 2-8 blocks against 65 ms without (a tile load waits for all its lines) */
+        if (b + AMX_PF + 2 <= nb)
+            for (int l = 0; l < 2 * ST_Q8P_GROUP_BYTES; l += 64) {
+                _mm_prefetch((const char *)p0 + AMX_PF * ST_Q8P_GROUP_BYTES + l, _MM_HINT_T0);
+                if (ng == 2)
+                    _mm_prefetch((const char *)p0 + gstride + AMX_PF * ST_Q8P_GROUP_BYTES + l,
+                                 _MM_HINT_T0);
+            }
+        _tile_loadd(0, x[b].q, xs);
+        _tile_loadd(2, p0 + Q, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        if (ng == 2) {
+            _tile_loadd(3, p0 + gstride + Q, 64);
+            _tile_zero(5);
+            _tile_dpbssd(5, 0, 3);
+        }
+        _tile_loadd(1, x[b + 1].q, xs);
+        _tile_loadd(2, q0 + Q, 64);
+        _tile_zero(6);
+        _tile_dpbssd(6, 1, 2);
+        if (ng == 2) {
+            _tile_loadd(3, q0 + gstride + Q, 64);
+            _tile_zero(7);
+            _tile_dpbssd(7, 1, 3);
+        }
+        _tile_stored(4, c[0], 64);
+        if (ng == 2)
+            _tile_stored(5, c[1], 64);
+        _tile_stored(6, c[2], 64);
+        if (ng == 2)
+            _tile_stored(7, c[3], 64);
+        amx_float(acc, c, p0, gstride, ng, x, ldx, b, TT);
+        amx_float(acc, c + 2, q0, gstride, ng, x, ldx, b + 1, TT);
+    }
+    if (b < nb) {
+        const uint8_t *p0 = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
+        _tile_loadd(0, x[b].q, xs);
+        _tile_loadd(2, p0 + Q, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        _tile_stored(4, c[0], 64);
+        if (ng == 2) {
+            _tile_loadd(3, p0 + gstride + Q, 64);
+            _tile_zero(5);
+            _tile_dpbssd(5, 0, 3);
+            _tile_stored(5, c[1], 64);
+        }
+        amx_float(acc, c, p0, gstride, ng, x, ldx, b, TT);
+    }
+    for (int h = 0; h < ng; h++)
+        for (int t = 0; t < TT; t++)
+            _mm512_storeu_ps(y + t * ldy + h * ST_PACK_ROWS, acc[h][t]);
+}
+
+/* One group x T tokens (T <= VNNI_TT) with vpdpbusd; writes the first nr rows. */
+ST_INLINE void vnni_group(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,
+                          const st_block_q8x *x, int64_t ldx, const int T) {
+    __m512 acc[VNNI_TT];
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    const __m256i off256 = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
+        _mm_prefetch((const char *)p + 8 * ST_Q8P_GROUP_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + 8 * ST_Q8P_GROUP_BYTES + 256, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512i wq[ST_QK / 4];
+        __m512i ws = _mm512_setzero_si512();
+        ST_UNROLL
+        for (int k = 0; k < ST_QK / 4; k++) {
+            wq[k] = _mm512_loadu_si512(p + 2 * ST_PACK_ROWS + 64 * k);
+            ws = _mm512_dpbusd_epi32(ws, off, wq[k]); /* 128 * sum(w) per row */
+        }
+        const __m512i nws = _mm512_sub_epi32(_mm512_setzero_si512(), ws);
+        ST_UNROLL
+        for (int t = 0; t < T; t++) {
+            const st_block_q8x *xb = x + t * ldx + b;
+            _Alignas(32) int32_t xu[ST_QK / 4];
+            _mm256_store_si256(
+                (__m256i *)xu,
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb->q), off256));
+            __m512i s = nws;
+            ST_UNROLL
+            for (int k = 0; k < ST_QK / 4; k++)
+                s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(xu[k]), wq[k]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc[t]);
+        }
+    }
+    ST_UNROLL
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* Rows [16g + n0, 16g + n1) of group g for all M tokens, one token at a time through a
+ * scratch vector (ranges that do not start or end on a group boundary). */
+static void partial_group(float *y, int64_t ldy, const uint8_t *gp, int64_t row0, int64_t nb,
+                          const st_block_q8x *x, int64_t ldx, int64_t M, int n0, int n1) {
+    for (int64_t m = 0; m < M; m++) {
+        float tmp[ST_PACK_ROWS];
+        vnni_group(tmp, 0, gp, nb, x + m * ldx, ldx, 1);
+        for (int n = n0; n < n1; n++)
+            y[m * ldy + row0 + n] = tmp[n];
+    }
+}
+
+/* Whole groups [r0, r1) (multiples of 16) x M tokens. */
+static void full_groups(float *y, int64_t ldy, const uint8_t *w, size_t gstride, int64_t nb,
+                        const st_block_q8x *xq, int64_t ldx, int64_t M, int64_t r0, int64_t r1) {
+    if (M >= AMX_MIN && st_amx_ready()) {
+        /* pairs of groups outside, token tiles inside: a pair's weights stay in L2 for its
+         * token tiles after the first (the tile shape changes only for a last, shorter tile) */
+        int cfg = 0;
+        for (int64_t r = r0; r < r1; r += 2 * ST_PACK_ROWS) {
+            const int ng = r1 - r >= 2 * ST_PACK_ROWS ? 2 : 1;
+            const uint8_t *gp = w + (size_t)(r / ST_PACK_ROWS) * gstride;
+            for (int64_t m0 = 0; m0 < M; m0 += AMX_TT) {
+                const int TT = M - m0 < AMX_TT ? (int)(M - m0) : AMX_TT;
+                if (TT != cfg)
+                    tiles_config(cfg = TT);
+                if (TT == AMX_TT)
+                    amx_groups(y + m0 * ldy + r, ldy, gp, gstride, ng, nb, xq + m0 * ldx, ldx,
+                               AMX_TT);
+                else
+                    amx_groups(y + m0 * ldy + r, ldy, gp, gstride, ng, nb, xq + m0 * ldx, ldx, TT);
+            }
+        }
+        _tile_release();
+        return;
+    }
+    for (int64_t r = r0; r < r1; r += ST_PACK_ROWS) {
+        const uint8_t *gp = w + (size_t)(r / ST_PACK_ROWS) * gstride;
+        for (int64_t m = 0; m < M; m += VNNI_TT) {
+            const st_block_q8x *xm = xq + m * ldx;
+            float *ym = y + m * ldy + r;
+            switch (M - m >= VNNI_TT ? VNNI_TT : M - m) {
+            case 1:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, 1);
+                break;
+            case 2:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, 2);
+                break;
+            case 3:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, 3);
+                break;
+            default:
+                vnni_group(ym, ldy, gp, nb, xm, ldx, VNNI_TT);
+                break;
+            }
+        }
+    }
+}
+
+void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                  const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                  int64_t r1) {
+    if (M < 1 || r0 >= r1)
+        return;
+    const int64_t nb = K / ST_QK, G = ST_PACK_ROWS, rfull = rows / G * G;
+    const st_block_q8x *xq = x;
+    const uint8_t *w = wp;
+    const size_t gstride = (size_t)G * rb;
+    int64_t r = r0;
+    const int64_t re = r1 < rfull ? r1 : rfull;
+    if (r < re && r % G) { /* a leading part of a group */
+        const int64_t g = r / G, e = (g + 1) * G < re ? (g + 1) * G : re;
+        partial_group(y, ldy, w + (size_t)g * gstride, g * G, nb, xq, ldx, M, (int)(r - g * G),
+                      (int)(e - g * G));
+        r = e;
+    }
+    const int64_t rw = r + (re - r) / G * G;
+    if (r < rw)
+        full_groups(y, ldy, w, gstride, nb, xq, ldx, M, r, rw);
+    r = rw > r ? rw : r;
+    if (r < re) { /* a trailing part of a group */
+        const int64_t g = r / G;
+        partial_group(y, ldy, w + (size_t)g * gstride, g * G, nb, xq, ldx, M, 0, (int)(re - g * G));
+        r = re;
+    }
+    if (r < r1) /* rows past the last full group: row-major */
+        st_matmul_q8_0_avx2(y, ldy, wp, rb, x, ldx, K, M, r, r1);
+}
