@@ -689,9 +689,39 @@ def write_safetensors(path, tensors, dtype):
     os.replace(tmp, path)
 
 
-def read_safetensors(path):
+INT_DTYPES = {"I64": (np.int64, 8), "BOOL": (np.bool_, 1)}
+
+
+def write_safetensors_maps(path, tensors):
+    """Like write_safetensors, with integer maps beside the floats (EAGLE-3's d2t, t2d):
+    tensors is an ordered {name: (torch tensor, dtype)}, dtype F32/F16/BF16, I64 or BOOL."""
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, (t, dt) in tensors.items():
+        if dt == "I64":
+            raw = t.detach().cpu().to(torch.int64).contiguous().numpy().tobytes()
+        elif dt == "BOOL":
+            raw = t.detach().cpu().to(torch.uint8).contiguous().numpy().tobytes()
+        else:
+            a = t.detach().cpu().to(ST_DTYPES[dt][0]).contiguous()
+            raw = a.view(torch.int16).numpy().tobytes() if ST_DTYPES[dt][1] == 2 else \
+                a.numpy().tobytes()
+        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * (-len(h) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for raw in blobs:
+            f.write(raw)
+    os.replace(tmp, path)
+
+
+def read_safetensors(path, maps=False):
     """Returns ({name: float32 numpy array}, {name: dtype string}); checks the header against the
-    file: offsets inside the data, tiling it exactly, sizes matching shape and dtype."""
+    file: offsets inside the data, tiling it exactly, sizes matching shape and dtype. With maps,
+    I64 and BOOL tensors (EAGLE-3's d2t, t2d) are read too, as int64 and bool arrays."""
     try:
         with open(path, "rb") as f:
             buf = f.read()
@@ -717,14 +747,17 @@ def read_safetensors(path):
         except (KeyError, TypeError, ValueError):
             raise InputError("%s: tensor %s: needs dtype, shape and data_offsets [begin, end]" %
                              (path, name))
-        if dt not in ST_DTYPES:
+        if dt not in ST_DTYPES and not (maps and dt in INT_DTYPES):
             raise InputError("%s: tensor %s: dtype %r (F32, F16 or BF16 expected)" % (path, name, dt))
         count = int(np.prod(shape)) if shape else 1
-        if not (0 <= b <= e <= len(data)) or e - b != count * ST_DTYPES[dt][1]:
+        size = ST_DTYPES[dt][1] if dt in ST_DTYPES else INT_DTYPES[dt][1]
+        if not (0 <= b <= e <= len(data)) or e - b != count * size:
             raise InputError("%s: tensor %s: data_offsets [%d, %d] do not hold shape %s of %s in "
                              "%d data bytes" % (path, name, b, e, shape, dt, len(data)))
         raw = data[b:e]
-        if dt == "F32":
+        if dt in INT_DTYPES:
+            a = np.frombuffer(raw, np.int64) if dt == "I64" else np.frombuffer(raw, np.uint8) != 0
+        elif dt == "F32":
             a = np.frombuffer(raw, np.float32)
         elif dt == "F16":
             a = np.frombuffer(raw, np.float16).astype(np.float32)

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import shlex
-import struct
 import sys
 import time
 from collections import Counter
@@ -196,32 +195,6 @@ class Head3(torch.nn.Module):
             "norm.weight": self.norm,
             "lm_head.weight": self.lm_head.weight,
         }
-
-
-def write_safetensors3(path, tensors, dtype):
-    """Like eagle_lib.write_safetensors, with the integer maps: tensors {name: (tensor, dtype)}
-    where dtype is F32/F16/BF16 (float tensors), I64 or BOOL."""
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, (t, dt) in tensors.items():
-        if dt == "I64":
-            raw = t.detach().cpu().to(torch.int64).contiguous().numpy().tobytes()
-        elif dt == "BOOL":
-            raw = t.detach().cpu().to(torch.uint8).contiguous().numpy().tobytes()
-        else:
-            a = t.detach().cpu().to(el.ST_DTYPES[dt][0]).contiguous()
-            raw = a.view(torch.int16).numpy().tobytes() if el.ST_DTYPES[dt][1] == 2 else \
-                a.numpy().tobytes()
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * (-len(h) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for raw in blobs:
-            f.write(raw)
-    os.replace(tmp, path)
 
 
 def lr_at(step, total, args):
@@ -435,7 +408,7 @@ def save(args, cfg, head, d2t, t2d, info):
     tensors = {k: (v, dtype) for k, v in head.state().items()}
     tensors["d2t"] = (d2t, "I64")
     tensors["t2d"] = (t2d, "BOOL")
-    write_safetensors3(os.path.join(args.out, "model.safetensors"), tensors, dtype)
+    el.write_safetensors_maps(os.path.join(args.out, "model.safetensors"), tensors)
     cfg = dict(cfg, torch_dtype={"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[args.dtype],
                spectree=info)
     with open(os.path.join(args.out, "config.json"), "w", encoding="utf-8") as f:
