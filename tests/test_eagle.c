@@ -472,48 +472,9 @@ static void test_head_type(void **state) {
  * accepted lengths and the text are those of the original pair. */
 static void test_inflated_head(void **state) {
     (void)state;
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "%s/spectree-mkmodel '%s/t128.gguf' --inflate '%s' --dim 128 --ff 384 --layers 7 "
-             "--type f32 >/dev/null 2>&1 && %s %s/tools/eagle/inflate_head.py "
-             "%s/models/eagle-stories260K '%s/h128' --dim 128 2>/dev/null",
-             ST_BUILD_DIR, tmp_dir, tu_shared("models/stories260K.gguf"), ST_PYTHON3, ST_SOURCE_DIR,
-             ST_SOURCE_DIR, tmp_dir);
-    assert_int_equal(system(cmd), 0);
-    char tpath[512], hpath[512];
-    snprintf(tpath, sizeof tpath, "%s/t128.gguf", tmp_dir);
-    snprintf(hpath, sizeof hpath, "%s/h128", tmp_dir);
-    st_model *wide = NULL, *wide_head = NULL, *head = NULL;
-    assert_int_equal(st_model_load(tpath, &wide), ST_OK);
-    assert_int_equal(st_eagle_head_load(hpath, wide, &wide_head), ST_OK);
-    assert_int_equal(st_eagle_head_load(ST_SOURCE_DIR "/models/eagle-stories260K", target, &head),
-                     ST_OK);
-    const char *prompt = "Molly the cow lived on a green hill";
-    int32_t ids[64];
-    int64_t n = 0;
     assert_int_equal(
-        st_tokenize(st_model_tokenizer(target), prompt, strlen(prompt), 1, ids, 64, &n), ST_OK);
-    st_gen_params p = st_gen_default_params();
-    p.n_predict = 96;
-    p.sampler.temp = 0.0f;
-    p.n_threads = 1;
-    p.spec.algo = ST_SPEC_EAGLE;
-    p.spec.topk = 1;
-    p.spec.num_steps = 4;
-    tu_toks a = {0}, b = {0};
-    st_gen_stats ga, gb;
-    p.spec.draft_model = head;
-    assert_int_equal(st_generate(target, ids, n, &p, tu_keep, &a, &ga), ST_OK);
-    p.spec.draft_model = wide_head;
-    assert_int_equal(st_generate(wide, ids, n, &p, tu_keep, &b, &gb), ST_OK);
-    assert_int_equal(a.n, b.n);
-    assert_memory_equal(a.t, b.t, (size_t)a.n * sizeof(int32_t));
-    assert_true(ga.spec_steps > 10);
-    assert_int_equal(ga.spec_steps, gb.spec_steps);
-    assert_memory_equal(ga.accept_hist, gb.accept_hist, sizeof ga.accept_hist);
-    st_model_free(head);
-    st_model_free(wide_head);
-    st_model_free(wide);
+        tu_inflated_head_drafts_alike(target, tmp_dir, "models/eagle-stories260K", ST_SPEC_EAGLE),
+        0);
 }
 
 /* An always-wrong head (random weights and embedding in the committed head's layout, written

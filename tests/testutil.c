@@ -289,3 +289,64 @@ int tu_keep(void *user, int32_t t) {
         k->t[k->n++] = t;
     return 0;
 }
+
+int tu_inflated_head_drafts_alike(const st_model *target, const char *dir, const char *head_rel,
+                                  int algo) {
+    char cmd[2048], tpath[512], hpath[512], src[512];
+    snprintf(src, sizeof src, "%s/%s", ST_SOURCE_DIR, head_rel);
+    snprintf(tpath, sizeof tpath, "%s/t128.gguf", dir);
+    snprintf(hpath, sizeof hpath, "%s/wide_head", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s/spectree-mkmodel '%s' --inflate '%s' --dim 128 --ff 384 --layers 7 --type f32 "
+             ">/dev/null 2>&1 && %s %s/tools/eagle/inflate_head.py '%s' '%s' --dim 128 2>/dev/null",
+             ST_BUILD_DIR, tpath, tu_shared("models/stories260K.gguf"), ST_PYTHON3, ST_SOURCE_DIR,
+             src, hpath);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "inflated head: %s failed\n", cmd);
+        return -1;
+    }
+    st_model *wide = NULL, *wide_head = NULL, *head = NULL;
+    int rc = -1;
+    if (st_model_load(tpath, &wide) || st_eagle_head_load(hpath, wide, &wide_head) ||
+        st_eagle_head_load(src, target, &head)) {
+        fprintf(stderr, "inflated head: %s\n", st_last_error());
+        goto done;
+    }
+    const char *prompt = "Molly the cow lived on a green hill";
+    int32_t ids[64];
+    int64_t n = 0;
+    if (st_tokenize(st_model_tokenizer(target), prompt, strlen(prompt), 1, ids, 64, &n))
+        goto done;
+    st_gen_params p = st_gen_default_params();
+    p.n_predict = 96;
+    p.sampler.temp = 0.0f;
+    p.n_threads = 1;
+    p.spec.algo = algo;
+    p.spec.topk = 1;
+    p.spec.num_steps = 4;
+    tu_toks a = {0}, b = {0};
+    st_gen_stats ga, gb;
+    p.spec.draft_model = head;
+    if (st_generate(target, ids, n, &p, tu_keep, &a, &ga))
+        goto done;
+    p.spec.draft_model = wide_head;
+    if (st_generate(wide, ids, n, &p, tu_keep, &b, &gb))
+        goto done;
+    if (a.n != b.n || memcmp(a.t, b.t, (size_t)a.n * sizeof(int32_t)) || ga.spec_steps <= 10 ||
+        ga.spec_steps != gb.spec_steps ||
+        memcmp(ga.accept_hist, gb.accept_hist, sizeof ga.accept_hist)) {
+        fprintf(stderr,
+                "inflated head: %d / %d tokens, %lld / %lld speculative steps: the texts or "
+                "accept histograms differ\n",
+                a.n, b.n, (long long)ga.spec_steps, (long long)gb.spec_steps);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (rc && st_last_error()[0])
+        fprintf(stderr, "inflated head: %s\n", st_last_error());
+    st_model_free(head);
+    st_model_free(wide_head);
+    st_model_free(wide);
+    return rc;
+}

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "spectree.h"
+
 /* Path under the shared folder ("models/stories260K.gguf" -> ".../shared/models/..."), in a
  * static rotating buffer. */
 const char *tu_shared(const char *rel);
@@ -62,6 +64,15 @@ typedef struct tu_toks {
     int n;
 } tu_toks;
 int tu_keep(void *user, int32_t t);
+
+/* tools/eagle/inflate_head.py widens the committed head ST_SOURCE_DIR/head_rel as
+ * spectree-mkmodel --inflate widens stories260K (128 x 384, 7 layers, F32; files in dir): on the
+ * widened target the widened head must draft what the committed head drafts on target
+ * (stories260K), greedy at K=1 S=4: the same text, speculative steps and accept histogram, with
+ * more than 10 speculative steps. algo: ST_SPEC_EAGLE or ST_SPEC_EAGLE3. 0 if so, else -1
+ * after a line on stderr saying what differed. */
+int tu_inflated_head_drafts_alike(const st_model *target, const char *dir, const char *head_rel,
+                                  int algo);
 
 typedef struct tu_result {
     int code;        /* exit status; 128 + signal when killed */

@@ -156,7 +156,8 @@ st_status st_eagle_head_set_type(st_model *head, int type) {
     pack_small(w, n);
     /* converted Q8_0 matrices (ours) packed in place for the kernel table (kernels.h; bitwise
      * the same results), except one whose rows are also read as an embedding */
-    for (int i = 0; i < n && st_env_get().pack && st_kernels_get()->matmul_q8_0_packed; i++) {
+    const int pack = st_env_get().pack && st_kernels_get()->matmul_q8_0_packed;
+    for (int i = 0; i < n && pack; i++) {
         st_wt *x = w[i];
         if (conv[i] && x->type == ST_DTYPE_Q8_0 && !x->q8p && x->n_out >= ST_PACK_ROWS &&
             x->data != head->tok_embd.data &&

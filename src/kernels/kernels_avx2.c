@@ -753,8 +753,8 @@ static float dot_q8_row(const char *w, const st_block_q8x *x, int64_t nb) {
     return acc;
 }
 
-/* Q8_0 rows in blocks of 8 with the tokens in pairs (prefetch as matmul_quant). Exported for the
- * AVX-512 table's small batches and row tails. */
+/* Q8_0 rows in blocks of 8 with the tokens in pairs (prefetch as matmul_q4_0_avx2). Also the
+ * AVX-512 table's for row-major weights and the rows past a packed matrix's last group. */
 void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const void *x,
                          int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
     if (M < 1)
@@ -778,11 +778,6 @@ void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const 
     for (; r < r1; r++)
         for (int64_t m = 0; m < M; m++)
             y[m * ldy + r] = dot_q8_row(wc + (size_t)r * rb, xq + m * ldx, nb);
-}
-
-static void matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes, const void *x,
-                             int64_t ldx, int64_t K, int64_t M, int64_t r0, int64_t r1) {
-    st_matmul_q8_0_avx2(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
 }
 
 static void quantize_q8x_avx2(st_block_q8x *y, const float *x, int64_t K) {
@@ -830,7 +825,7 @@ static const st_kernels st_kernels_avx2_table = {
     .matmul_f32 = matmul_f32_avx2,
     .matmul_f16 = matmul_f16_avx2,
     .matmul_bf16 = matmul_bf16_avx2,
-    .matmul_q8_0 = matmul_q8_0_avx2,
+    .matmul_q8_0 = st_matmul_q8_0_avx2,
     .matmul_q4_0 = matmul_q4_0_avx2,
     .matmul_q2_k = st_matmul_q2_k_avx2,
     .matmul_q3_k = st_matmul_q3_k_avx2,

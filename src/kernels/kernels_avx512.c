@@ -402,14 +402,6 @@ static void matmul_q4_0_avx512(float *y, int64_t ldy, const void *w, size_t rb, 
         st_kernels_avx2_table_get()->matmul_q4_0(y, ldy, w, rb, x, ldx, K, M, r, r1);
 }
 
-/* Q8_0 on row-major weights: the AVX2 kernel (the per-block canonical order, kernels.h); packed
- * weights take st_matmul_q8_0_packed_avx512. */
-static void matmul_q8_0_avx512(float *y, int64_t ldy, const void *w, size_t row_bytes,
-                               const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
-                               int64_t r1) {
-    st_matmul_q8_0_avx2(y, ldy, w, row_bytes, x, ldx, K, M, r0, r1);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Attention scores                                                                           */
 
@@ -680,7 +672,6 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_f32 = matmul_f32_avx512;
     st_kernels_avx512_table.matmul_f16 = matmul_f16_avx512;
     st_kernels_avx512_table.matmul_bf16 = matmul_bf16_avx512;
-    st_kernels_avx512_table.matmul_q8_0 = matmul_q8_0_avx512;
     st_kernels_avx512_table.matmul_q4_0 = matmul_q4_0_avx512;
     st_kernels_avx512_table.matmul_q2_k = st_matmul_q2_k_avx512;
     st_kernels_avx512_table.matmul_q3_k = st_matmul_q3_k_avx512;
@@ -688,6 +679,7 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_q5_k = st_matmul_q5_k_avx512;
     st_kernels_avx512_table.matmul_q6_k = st_matmul_q6_k_avx512;
     st_kernels_avx512_table.matmul_f32_packed = matmul_f32_packed_avx512;
+    /* Q8_0 row-major stays the AVX2 kernel (the per-block order); packed weights take AMX/VNNI */
     st_kernels_avx512_table.matmul_q8_0_packed = st_matmul_q8_0_packed_avx512;
     st_kernels_avx512_table.attn_scores = attn_scores_avx512;
     st_kernels_avx512_table.exp_sum = exp_sum_avx512;

@@ -671,30 +671,15 @@ ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torc
 def write_safetensors(path, tensors, dtype):
     """tensors: an ordered {name: torch tensor}; dtype one of ST_DTYPES. Data in the given order,
     header padded with spaces so the data starts 8-byte aligned."""
-    tdt, size = ST_DTYPES[dtype]
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors.items():
-        a = t.detach().cpu().to(tdt).contiguous()
-        raw = a.view(torch.int16).numpy().tobytes() if size == 2 else a.numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * (-len(h) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for raw in blobs:
-            f.write(raw)
-    os.replace(tmp, path)
+    write_safetensors_maps(path, {name: (t, dtype) for name, t in tensors.items()})
 
 
 INT_DTYPES = {"I64": (np.int64, 8), "BOOL": (np.bool_, 1)}
 
 
 def write_safetensors_maps(path, tensors):
-    """Like write_safetensors, with integer maps beside the floats (EAGLE-3's d2t, t2d):
-    tensors is an ordered {name: (torch tensor, dtype)}, dtype F32/F16/BF16, I64 or BOOL."""
+    """write_safetensors with a dtype per tensor, integer maps too (EAGLE-3's d2t, t2d): tensors
+    is an ordered {name: (torch tensor, dtype)}, dtype F32/F16/BF16, I64 or BOOL."""
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
     for name, (t, dt) in tensors.items():
         if dt == "I64":
