@@ -267,6 +267,30 @@ static void test_numeric_flags(void **state) {
             snprintf(want, sizeof want, "%s expects", flags[f]);
             expect_usage_error(args, want);
         }
+    /* `serve` parses the flags it shares with `generate` with the same code (cli_opts.c) */
+    for (size_t f = 1; f < sizeof flags / sizeof flags[0]; f++)
+        for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+            if (!strcmp(flags[f], "-c") || !strcmp(flags[f], "--seed") || !strcmp(values[v], "-1"))
+                continue; /* serve's -c is --context-length; its seeds come with requests */
+            snprintf(args, sizeof args, "serve -m %s %s %s", tu_shared("models/stories260K.gguf"),
+                     flags[f], values[v]);
+            char want[256];
+            snprintf(want, sizeof want, "%s expects", flags[f]);
+            expect_usage_error(args, want);
+        }
+    const char *more[][2] = {
+        {"-ctk f17", "--cache-type-k must be f32 or f16"},
+        {"--cache-type-v q8", "--cache-type-v must be f32 or f16"},
+        {"--speculative-draft-type f8", "--speculative-draft-type"},
+        {"--attention-backend flash", "flash"},
+        {"--speculative-algorithm EAGLE", "need --speculative-draft-model-path"},
+        {"--speculative-draft-model-path x", "needs --speculative-algorithm"}};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+        for (int cmd = 0; cmd < 2; cmd++) {
+            snprintf(args, sizeof args, "%s -m %s %s %s", cmd ? "serve" : "generate",
+                     tu_shared("models/stories260K.gguf"), cmd ? "" : "-p hi", more[i][0]);
+            expect_usage_error(args, more[i][1]);
+        }
     /* the values themselves still work */
     snprintf(args, sizeof args,
              "generate -m %s -p hi -n 3 -t 1 -c 64 --temp 0.5 --top-k 5 --top-p .9 --min-p 0 "

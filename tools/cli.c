@@ -155,57 +155,18 @@ static const char *generate_help =
     "      --top-p P        nucleus sampling, 1 = off (default 0.95)\n"
     "      --min-p P        drop tokens below P x the top probability, 0 = off (default 0.05)\n"
     "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
-    "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
-    "      --mmap           keep the weights in the read-only file mapping\n"
-    "      --no-mmap        copy the weights into anonymous memory in 2 MB huge pages\n"
-    "                       (default: copy files of 256 MB and more when the memory is there)\n"
-    "      --mlock          lock the weights in RAM (needs ulimit -l)\n"
-    "  -ctk, --cache-type-k {f32,f16}   KV cache type of the keys (default f32); f16 halves\n"
-    "                       its memory and rounds the queries to f16 for the scores, as\n"
-    "                       llama.cpp's default f16 cache does\n"
-    "  -ctv, --cache-type-v {f32,f16}   same for the values (the probabilities are rounded)\n"
-    "      --match-ggml     compute as llama.cpp's CPU backend does (its sums' order, exp,\n"
-    "                       K-quant dot products; with -ctk f16 -ctv f16 its greedy texts);\n"
-    "                       slower\n"
-    "      --no-bos         do not prepend BOS to the prompt\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
-    "\n"
-    "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
-    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3}   drafter (default "
-    "NONE)\n"
-    "      --speculative-draft-model-path PATH   STANDALONE: a draft model (same vocabulary);\n"
-    "                       EAGLE / EAGLE3: an EAGLE-1/2 / EAGLE-3 head directory\n"
-    "                       (config.json, safetensors)\n"
-    "      --speculative-draft-type {auto,f32,f16,bf16,q8_0}   EAGLE / EAGLE3: the head's\n"
-    "                       matrices in this type (default auto: as stored beside an f32\n"
-    "                       target, q8_0 beside any other)\n"
-    "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
-    "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
-    "chain)\n"
-    "      --speculative-num-draft-tokens N|auto verified tree nodes incl. the root (<= 64)\n"
-    "                       auto: each step verifies as many of the best drafted nodes as\n"
-    "                       maximizes the expected tokens/s (measured costs, calibrated\n"
-    "                       acceptance), or none\n"
-    "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
-    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 8, 8);\n"
-    "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
     "  -h, --help           this help\n";
 
 enum { MAX_STOPS = 16 };
 
 typedef struct gen_opts {
-    const char *model, *prompt, *prompt_file, *draft_path;
-    int draft_type; /* --speculative-draft-type (-1: auto) */
-    long n_predict, threads, ctx;
-    uint32_t type_k, type_v;
-    st_sampler_params sp;
-    st_spec_params spec;
-    int seed_set, json, no_bos, match_ggml;
-    st_load_mode load; /* --mmap, --no-mmap */
-    int mlock;
-    int spec_flags; /* a speculative flag other than the algorithm was given */
+    const char *model, *prompt, *prompt_file;
+    long n_predict, ctx;
+    cli_common c; /* the flags shared with `serve` */
+    int seed_set, json;
     const char *stops[MAX_STOPS];
     int n_stops;
 } gen_opts;
@@ -318,89 +279,24 @@ int cli_parse_draft_type(const char *cmd, const char *v) {
     exit(2);
 }
 
-/* Load progress of files over 1 GB on stderr: bytes and seconds, on one line. */
-static void load_progress(void *user, size_t done, size_t total, double seconds) {
-    (void)user;
-    if (total < ((size_t)1 << 30))
-        return;
-    fprintf(stderr, "\rloading: %.0f / %.0f MB (%.1f s)%s", (double)done / 1e6, (double)total / 1e6,
-            seconds, done == total ? "\n" : "");
-}
-
 static int cmd_generate(int argc, char **argv) {
-    gen_opts o = {.n_predict = 256,
-                  .sp = st_sampler_default_params(),
-                  .spec = st_spec_default_params(),
-                  .draft_type = -1};
-    enum {
-        O_TEMP = 1000,
-        O_TOPK,
-        O_TOPP,
-        O_MINP,
-        O_SEED,
-        O_JSON,
-        O_NOBOS,
-        O_STOP,
-        O_ALGO,
-        O_DRAFT,
-        O_DRAFT_TYPE,
-        O_STEPS,
-        O_EAGLE_TOPK,
-        O_NDRAFT,
-        O_BACKEND,
-        O_NG_MIN,
-        O_NG_MAX,
-        O_NG_BREADTH,
-        O_MMAP,
-        O_NO_MMAP,
-        O_MLOCK,
-        O_CTK,
-        O_GGML,
-        O_CTV
-    };
-    static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},
-        {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},
-        {"min-p", required_argument, 0, O_MINP},
-        {"seed", required_argument, 0, O_SEED},
-        {"threads", required_argument, 0, 't'},
-        {"ctx-size", required_argument, 0, 'c'},
-        {"cache-type-k", required_argument, 0, O_CTK},
-        {"cache-type-v", required_argument, 0, O_CTV},
-        {"no-bos", no_argument, 0, O_NOBOS},
-        {"match-ggml", no_argument, 0, O_GGML},
-        {"json", no_argument, 0, O_JSON},
-        {"stop", required_argument, 0, O_STOP},
-        {"speculative-algorithm", required_argument, 0, O_ALGO},
-        {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
-        {"speculative-draft-type", required_argument, 0, O_DRAFT_TYPE},
-        {"speculative-num-steps", required_argument, 0, O_STEPS},
-        {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
-        {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
-        {"attention-backend", required_argument, 0, O_BACKEND},
-        {"ngram-min-match", required_argument, 0, O_NG_MIN},
-        {"ngram-max-match", required_argument, 0, O_NG_MAX},
-        {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
-        {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
-        {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
-        {"mmap", no_argument, 0, O_MMAP},
-        {"no-mmap", no_argument, 0, O_NO_MMAP},
-        {"mlock", no_argument, 0, O_MLOCK},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    gen_opts o = {.n_predict = 256};
+    cli_common_init(&o.c);
+    enum { O_SEED = 1000, O_JSON, O_STOP };
+    static const struct option own[] = {
+        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},    {"n-predict", required_argument, 0, 'n'},
+        {"seed", required_argument, 0, O_SEED}, {"ctx-size", required_argument, 0, 'c'},
+        {"json", no_argument, 0, O_JSON},       {"stop", required_argument, 0, O_STOP},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    struct option *lo = cli_common_options(own);
     int c;
-    long v;
-    for (int i = 1; i < argc; i++) /* llama.cpp's short names of the cache types */
-        if (!strcmp(argv[i], "-ctk") || !strcmp(argv[i], "-ctv"))
-            argv[i] = argv[i][3] == 'k' ? "--cache-type-k" : "--cache-type-v";
+    cli_common_argv(argc, argv);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
+        if (cli_common_parse("generate", c, optarg, &o.c))
+            continue;
         switch (c) {
         case 'm':
             o.model = optarg;
@@ -414,48 +310,15 @@ static int cmd_generate(int argc, char **argv) {
         case 'n':
             cli_parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
             break;
-        case 't':
-            cli_parse_int("generate", "-t", optarg, 1, 1024, &o.threads);
-            break;
         case 'c':
             cli_parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
             break;
-        case O_TEMP:
-            o.sp.temp = cli_parse_float("generate", "--temp", optarg, 0, 1e6);
-            break;
-        case O_TOPK:
-            cli_parse_int("generate", "--top-k", optarg, 0, 1 << 30, &v);
-            o.sp.top_k = (int32_t)v;
-            break;
-        case O_TOPP:
-            o.sp.top_p = cli_parse_float("generate", "--top-p", optarg, 1e-9, 1);
-            break;
-        case O_MINP:
-            o.sp.min_p = cli_parse_float("generate", "--min-p", optarg, 0, 1);
-            break;
         case O_SEED:
-            o.sp.seed = cli_parse_u64("generate", "--seed", optarg);
+            o.c.sp.seed = cli_parse_u64("generate", "--seed", optarg);
             o.seed_set = 1;
             break;
         case O_JSON:
             o.json = 1;
-            break;
-        case O_CTK:
-        case O_CTV: {
-            const int f16 = strcmp(optarg, "f16") == 0;
-            if (!f16 && strcmp(optarg, "f32") != 0) {
-                fprintf(stderr, "spectree generate: %s must be f32 or f16, got '%s'\n",
-                        c == O_CTK ? "--cache-type-k" : "--cache-type-v", optarg);
-                return 2;
-            }
-            *(c == O_CTK ? &o.type_k : &o.type_v) = f16 ? ST_DTYPE_F16 : ST_DTYPE_F32;
-            break;
-        }
-        case O_NOBOS:
-            o.no_bos = 1;
-            break;
-        case O_GGML:
-            o.match_ggml = 1;
             break;
         case O_STOP:
             if (o.n_stops == MAX_STOPS)
@@ -464,67 +327,10 @@ static int cmd_generate(int argc, char **argv) {
                 cli_die_usage("generate", "--stop needs a text of 1..1024 bytes");
             o.stops[o.n_stops++] = optarg;
             break;
-        case O_ALGO:
-            if (st_spec_algo_parse(optarg, &o.spec.algo) != ST_OK) {
-                fprintf(stderr, "spectree generate: %s\n", st_last_error());
-                return 2;
-            }
-            break;
-        case O_DRAFT:
-            o.draft_path = optarg;
-            break;
-        case O_DRAFT_TYPE:
-            o.spec_flags = 1;
-            o.draft_type = cli_parse_draft_type("generate", optarg);
-            break;
-        case O_STEPS:
-            o.spec_flags = 1;
-            o.spec.num_steps =
-                cli_parse_auto("generate", "--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
-            break;
-        case O_EAGLE_TOPK:
-            o.spec_flags = 1;
-            o.spec.topk =
-                cli_parse_auto("generate", "--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
-            break;
-        case O_NDRAFT:
-            o.spec_flags = 1;
-            o.spec.num_draft_tokens = cli_parse_auto("generate", "--speculative-num-draft-tokens",
-                                                     optarg, 2, ST_SPEC_MAX_N);
-            break;
-        case O_BACKEND:
-            o.spec_flags = 1;
-            if (st_attn_backend_parse(optarg, &o.spec.backend) != ST_OK) {
-                fprintf(stderr, "spectree generate: %s\n", st_last_error());
-                return 2;
-            }
-            break;
-        case O_NG_MIN:
-            o.spec_flags = 1;
-            cli_parse_int("generate", "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
-            o.spec.ngram_min_match = (int32_t)v;
-            break;
-        case O_NG_MAX:
-            o.spec_flags = 1;
-            cli_parse_int("generate", "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
-            o.spec.ngram_max_match = (int32_t)v;
-            break;
-        case O_NG_BREADTH:
-            o.spec_flags = 1;
-            cli_parse_int("generate", "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
-            o.spec.ngram_breadth = (int32_t)v;
-            break;
-        case O_MMAP:
-            o.load = ST_LOAD_MMAP;
-            break;
-        case O_NO_MMAP:
-            o.load = ST_LOAD_COPY;
-            break;
-        case O_MLOCK:
-            o.mlock = 1;
-            break;
         case 'h':
             fputs(generate_help, stdout);
+            fputs(cli_common_help, stdout);
+            free(lo);
             return 0;
         case ':':
             cli_die_option("generate", argv, 1);
@@ -533,6 +339,7 @@ static int cmd_generate(int argc, char **argv) {
             cli_die_option("generate", argv, 0);
         }
     }
+    free(lo);
     if (optind < argc)
         cli_die_usage("generate", "unexpected argument");
     if (!o.model)
@@ -541,39 +348,20 @@ static int cmd_generate(int argc, char **argv) {
         cli_die_usage("generate", "-p PROMPT or -f FILE is required");
     if (o.prompt && o.prompt_file)
         cli_die_usage("generate", "give the prompt with -p or with -f, not both");
-    const int eagle = o.spec.algo == ST_SPEC_EAGLE || o.spec.algo == ST_SPEC_EAGLE3;
-    const int model_drafter = o.spec.algo == ST_SPEC_STANDALONE || eagle;
-    if (model_drafter && !o.draft_path)
-        cli_die_usage("generate",
-                      "STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
-    if (!model_drafter && o.draft_path)
-        cli_die_usage("generate", "--speculative-draft-model-path needs --speculative-algorithm "
-                                  "STANDALONE, EAGLE or EAGLE3");
+    cli_common_check("generate", &o.c);
     if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        o.sp.seed =
+        o.c.sp.seed =
             ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
     }
-    if (o.spec.algo == ST_SPEC_NONE && o.spec_flags)
-        fprintf(stderr, "spectree: warning: speculative flags have no effect with "
-                        "--speculative-algorithm NONE\n");
-    if (o.draft_type != -1 && o.spec.algo != ST_SPEC_NONE && !eagle)
-        fprintf(stderr, "spectree: warning: --speculative-draft-type has no effect without an "
-                        "EAGLE or EAGLE3 head\n");
-    if (o.spec.topk == 1 && o.spec.num_draft_tokens > 0 && o.spec.num_steps > 0 &&
-        o.spec.num_draft_tokens != o.spec.num_steps + 1)
-        fprintf(stderr,
-                "spectree: warning: --speculative-eagle-topk 1 drafts a chain: N = S + 1 = %d "
-                "(--speculative-num-draft-tokens %d ignored, as SGLang does)\n",
-                o.spec.num_steps + 1, o.spec.num_draft_tokens);
 
     st_model *m = NULL, *dm = NULL;
     int32_t *toks = NULL;
     char *prompt_buf = NULL;
     size_t plen = 0;
     int rc = 1;
-    if (!cli_model_path_ok(o.model, 0) || (o.draft_path && !cli_model_path_ok(o.draft_path, eagle)))
+    if (!cli_common_paths_ok(&o.c, o.model))
         return 1;
     if (o.prompt_file) {
         FILE *f = fopen(o.prompt_file, "rb");
@@ -591,23 +379,11 @@ static int cmd_generate(int argc, char **argv) {
     if ((o.prompt_file || !strcmp(o.prompt, "-")) && !prompt_buf)
         return 1;
     const char *prompt = prompt_buf ? prompt_buf : o.prompt;
-    st_load_params lp = st_load_default_params();
-    lp.mode = o.load;
-    lp.mlock = o.mlock;
-    lp.progress = load_progress;
-    if (st_model_load_ex(o.model, &lp, &m) != ST_OK ||
-        (o.draft_path && o.spec.algo == ST_SPEC_STANDALONE &&
-         st_model_load_ex(o.draft_path, &lp, &dm) != ST_OK) ||
-        (o.draft_path && eagle &&
-         (st_eagle_head_load(o.draft_path, m, &dm) != ST_OK ||
-          st_eagle_head_set_type(dm, o.draft_type) != ST_OK))) {
-        fprintf(stderr, "spectree: %s\n", st_last_error());
+    if (cli_common_load("generate", &o.c, o.model, &m, &dm) != 0)
         goto done;
-    }
-    o.spec.draft_model = dm;
     const st_tokenizer *tok = st_model_tokenizer(m);
     int64_t n_prompt = 0;
-    int add_bos = !o.no_bos && st_tokenizer_add_bos_default(tok);
+    int add_bos = !o.c.no_bos && st_tokenizer_add_bos_default(tok);
     if (cli_tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
@@ -643,13 +419,9 @@ static int cmd_generate(int argc, char **argv) {
     st_gen_stats gs;
     st_gen_params gp = st_gen_default_params();
     gp.n_predict = o.n_predict;
-    gp.sampler = o.sp;
-    gp.spec = o.spec;
-    gp.n_threads = (int32_t)o.threads;
+    gp.sampler = o.c.sp;
+    cli_common_apply(&o.c, &gp);
     gp.n_ctx = (int32_t)o.ctx;
-    gp.type_k = o.type_k;
-    gp.type_v = o.type_v;
-    gp.match_ggml = o.match_ggml;
     st_status gst = st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs);
     if (gst != ST_OK) {
         if (pr.any)
@@ -666,8 +438,8 @@ static int cmd_generate(int argc, char **argv) {
         printer_add(&pr, "", 0, 1);
     fputc('\n', stdout);
     fflush(stdout);
-    if (!o.seed_set && o.sp.temp > 0)
-        fprintf(stderr, "seed: %" PRIu64 "\n", o.sp.seed);
+    if (!o.seed_set && o.c.sp.temp > 0)
+        fprintf(stderr, "seed: %" PRIu64 "\n", o.c.sp.seed);
     const st_load_info *li = st_model_get_load_info(m);
     fprintf(
         stderr, "load: %.2f s (%.2f s CPU), weights %s (%s), %.0f MB, %.0f MB in huge pages%s\n",
@@ -687,17 +459,17 @@ static int cmd_generate(int argc, char **argv) {
                 "spectree: warning: %" PRId64 " generated tokens have no text in the tokenizer "
                 "(ids past its vocabulary), printed as U+FFFD\n",
                 pr.n_textless);
-    if (o.spec.algo != ST_SPEC_NONE) {
+    if (o.c.spec.algo != ST_SPEC_NONE) {
         const double ns = gs.spec_steps ? (double)gs.spec_steps : 1.0;
         fprintf(stderr,
                 "speculative: %s, %sK=%d S=%d N=%d (mean pool K %.1f S %.1f, mean tree %.1f "
                 "tokens), %s attention: %" PRId64 " speculative steps (+%" PRId64
                 " plain), tau %.2f tokens/step; draft %.1f ms, verify %.1f ms, overhead %.1f "
                 "ms\n",
-                st_spec_algo_name(o.spec.algo), gs.auto_shape ? "auto, " : "", gs.topk,
+                st_spec_algo_name(o.c.spec.algo), gs.auto_shape ? "auto, " : "", gs.topk,
                 gs.num_steps, gs.num_draft_tokens, (double)gs.topk_sum / ns,
                 (double)gs.steps_sum / ns, (double)gs.tree_tokens / ns,
-                st_attn_backend_name(o.spec.backend), gs.spec_steps, gs.plain_steps, gs.tau,
+                st_attn_backend_name(o.c.spec.backend), gs.spec_steps, gs.plain_steps, gs.tau,
                 gs.draft_ms, gs.verify_ms, gs.overhead_ms);
         fprintf(stderr, "accepted drafts per step:");
         for (int k = 0; k <= gs.num_steps && k < 65; k++)
@@ -711,9 +483,9 @@ static int cmd_generate(int argc, char **argv) {
                 "\"gen_tok_s\": %.2f, \"algorithm\": \"%s\", \"spec_steps\": %" PRId64
                 ", \"plain_steps\": %" PRId64 ", \"tau\": %.4f, \"accept_hist\": [",
                 gs.prompt_tokens, gs.gen_tokens, gs.prompt_ms, gs.gen_ms, gs.prompt_tok_s,
-                gs.gen_tok_s, st_spec_algo_name(o.spec.algo), gs.spec_steps, gs.plain_steps,
+                gs.gen_tok_s, st_spec_algo_name(o.c.spec.algo), gs.spec_steps, gs.plain_steps,
                 gs.tau);
-        int top = o.spec.algo != ST_SPEC_NONE ? gs.num_steps : 0;
+        int top = o.c.spec.algo != ST_SPEC_NONE ? gs.num_steps : 0;
         for (int k = 0; k <= top && k < 65; k++)
             fprintf(stderr, k ? ", %" PRId64 : "%" PRId64, gs.accept_hist[k]);
         fprintf(
@@ -723,9 +495,10 @@ static int cmd_generate(int argc, char **argv) {
             ", \"attention_backend\": \"%s\", \"stop_reason\": \"%s\", \"load_s\": %.3f, "
             "\"load_cpu_s\": %.3f, \"load_mode\": \"%s\", \"load_huge_mb\": %.1f}\n",
             gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
-            gs.auto_shape ? "true" : "false", gs.tree_tokens, st_attn_backend_name(o.spec.backend),
-            st_stop_reason_name(gs.stop_reason[0]), li->seconds, li->cpu_seconds,
-            st_load_mode_name(li->mode), (double)li->huge_bytes / 1e6);
+            gs.auto_shape ? "true" : "false", gs.tree_tokens,
+            st_attn_backend_name(o.c.spec.backend), st_stop_reason_name(gs.stop_reason[0]),
+            li->seconds, li->cpu_seconds, st_load_mode_name(li->mode),
+            (double)li->huge_bytes / 1e6);
     }
     rc = 0;
 done:

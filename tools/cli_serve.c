@@ -245,17 +245,9 @@ static const char *serve_help =
     "                       the rest of the context)\n"
     "      --temp T, --top-k K, --top-p P, --min-p P   sampling defaults of requests that give\n"
     "                       none (default OpenAI's: 1, off, 1, off)\n"
-    "  -t, --threads N      threads of the forward pass (default: all cores; 1 under 16 MB)\n"
-    "      --no-bos         do not prepend BOS to completion prompts\n"
+    "  -h, --help           this help\n"
     "\n"
-    "speculative decoding (as `spectree generate`; output is identical to plain decoding):\n"
-    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3},\n"
-    "      --speculative-draft-model-path PATH, --speculative-num-steps S|auto,\n"
-    "      --speculative-draft-type {auto,f32,f16,bf16,q8_0},\n"
-    "      --speculative-eagle-topk K|auto,\n"
-    "      --speculative-num-draft-tokens N|auto, --attention-backend {cascade,dense},\n"
-    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N\n"
-    "  -h, --help           this help\n";
+    "as `spectree generate` (--no-bos: completion prompts; chat prompts follow the template):\n";
 
 static void die(const char *msg) { cli_die_usage("serve", msg); }
 
@@ -275,70 +267,40 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_PROMPT,
         O_MAXTOK,
         O_TIMEOUT,
-        O_DRAIN,
-        O_TEMP,
-        O_TOPK,
-        O_TOPP,
-        O_MINP,
-        O_NOBOS,
-        O_ALGO,
-        O_DRAFT,
-        O_DRAFT_TYPE,
-        O_STEPS,
-        O_EAGLE_TOPK,
-        O_NDRAFT,
-        O_BACKEND,
-        O_NG_MIN,
-        O_NG_MAX,
-        O_NG_BREADTH
+        O_DRAIN
     };
-    static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'},
-        {"model-path", required_argument, 0, 'm'},
-        {"host", required_argument, 0, O_HOST},
-        {"port", required_argument, 0, O_PORT},
-        {"served-model-name", required_argument, 0, O_NAME},
-        {"api-key", required_argument, 0, O_KEY},
-        {"chat-template", required_argument, 0, O_TMPL},
-        {"max-running-requests", required_argument, 0, O_RUNNING},
-        {"max-queued-requests", required_argument, 0, O_QUEUED},
-        {"context-length", required_argument, 0, 'c'},
-        {"ctx-size", required_argument, 0, 'c'},
-        {"chunked-prefill-size", required_argument, 0, O_CHUNK},
-        {"max-total-tokens", required_argument, 0, O_TOTAL},
-        {"max-connections", required_argument, 0, O_CONNS},
-        {"max-body-bytes", required_argument, 0, O_BODY},
-        {"max-prompt-tokens", required_argument, 0, O_PROMPT},
-        {"max-tokens-limit", required_argument, 0, O_MAXTOK},
-        {"timeout", required_argument, 0, O_TIMEOUT},
-        {"drain-timeout", required_argument, 0, O_DRAIN},
-        {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},
-        {"min-p", required_argument, 0, O_MINP},
-        {"threads", required_argument, 0, 't'},
-        {"no-bos", no_argument, 0, O_NOBOS},
-        {"speculative-algorithm", required_argument, 0, O_ALGO},
-        {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
-        {"speculative-draft-type", required_argument, 0, O_DRAFT_TYPE},
-        {"speculative-num-steps", required_argument, 0, O_STEPS},
-        {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
-        {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
-        {"attention-backend", required_argument, 0, O_BACKEND},
-        {"ngram-min-match", required_argument, 0, O_NG_MIN},
-        {"ngram-max-match", required_argument, 0, O_NG_MAX},
-        {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
-        {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
-        {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option own[] = {{"model", required_argument, 0, 'm'},
+                                        {"model-path", required_argument, 0, 'm'},
+                                        {"host", required_argument, 0, O_HOST},
+                                        {"port", required_argument, 0, O_PORT},
+                                        {"served-model-name", required_argument, 0, O_NAME},
+                                        {"api-key", required_argument, 0, O_KEY},
+                                        {"chat-template", required_argument, 0, O_TMPL},
+                                        {"max-running-requests", required_argument, 0, O_RUNNING},
+                                        {"max-queued-requests", required_argument, 0, O_QUEUED},
+                                        {"context-length", required_argument, 0, 'c'},
+                                        {"ctx-size", required_argument, 0, 'c'},
+                                        {"chunked-prefill-size", required_argument, 0, O_CHUNK},
+                                        {"max-total-tokens", required_argument, 0, O_TOTAL},
+                                        {"max-connections", required_argument, 0, O_CONNS},
+                                        {"max-body-bytes", required_argument, 0, O_BODY},
+                                        {"max-prompt-tokens", required_argument, 0, O_PROMPT},
+                                        {"max-tokens-limit", required_argument, 0, O_MAXTOK},
+                                        {"timeout", required_argument, 0, O_TIMEOUT},
+                                        {"drain-timeout", required_argument, 0, O_DRAIN},
+                                        {"n-predict", required_argument, 0, 'n'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+    struct option *lo = cli_common_options(own);
     const char *cmd = "serve";
     int c;
     long v;
+    cli_common_argv(argc, argv);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:c:n:t:h", lo, NULL)) != -1) {
+        if (cli_common_parse(cmd, c, optarg, &o->c))
+            continue;
         switch (c) {
         case 'm':
             o->model = optarg;
@@ -404,74 +366,9 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         case 'n':
             cli_parse_int(cmd, "-n", optarg, 1, 1 << 24, &o->default_max_tokens);
             break;
-        case O_TEMP:
-            o->sp.temp = cli_parse_float(cmd, "--temp", optarg, 0, 100);
-            o->sp_given |= SRV_GIVEN_TEMP;
-            break;
-        case O_TOPK:
-            cli_parse_int(cmd, "--top-k", optarg, 0, 1 << 30, &v);
-            o->sp.top_k = (int32_t)v;
-            o->sp_given |= SRV_GIVEN_TOPK;
-            break;
-        case O_TOPP:
-            o->sp.top_p = cli_parse_float(cmd, "--top-p", optarg, 1e-9, 1);
-            o->sp_given |= SRV_GIVEN_TOPP;
-            break;
-        case O_MINP:
-            o->sp.min_p = cli_parse_float(cmd, "--min-p", optarg, 0, 1);
-            o->sp_given |= SRV_GIVEN_MINP;
-            break;
-        case 't':
-            cli_parse_int(cmd, "-t", optarg, 1, 1024, &v);
-            o->ep.gen.n_threads = (int32_t)v;
-            break;
-        case O_NOBOS:
-            o->no_bos = 1;
-            break;
-        case O_ALGO:
-            if (st_spec_algo_parse(optarg, &o->ep.gen.spec.algo) != ST_OK) {
-                fprintf(stderr, "spectree serve: %s\n", st_last_error());
-                exit(2);
-            }
-            break;
-        case O_DRAFT:
-            o->draft_path = optarg;
-            break;
-        case O_DRAFT_TYPE:
-            o->draft_type = cli_parse_draft_type(cmd, optarg);
-            break;
-        case O_STEPS:
-            o->ep.gen.spec.num_steps =
-                cli_parse_auto(cmd, "--speculative-num-steps", optarg, 1, ST_SPEC_MAX_S);
-            break;
-        case O_EAGLE_TOPK:
-            o->ep.gen.spec.topk =
-                cli_parse_auto(cmd, "--speculative-eagle-topk", optarg, 1, ST_SPEC_MAX_K);
-            break;
-        case O_NDRAFT:
-            o->ep.gen.spec.num_draft_tokens =
-                cli_parse_auto(cmd, "--speculative-num-draft-tokens", optarg, 2, ST_SPEC_MAX_N);
-            break;
-        case O_BACKEND:
-            if (st_attn_backend_parse(optarg, &o->ep.gen.spec.backend) != ST_OK) {
-                fprintf(stderr, "spectree serve: %s\n", st_last_error());
-                exit(2);
-            }
-            break;
-        case O_NG_MIN:
-            cli_parse_int(cmd, "--ngram-min-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
-            o->ep.gen.spec.ngram_min_match = (int32_t)v;
-            break;
-        case O_NG_MAX:
-            cli_parse_int(cmd, "--ngram-max-match", optarg, 1, ST_NGRAM_MAX_MATCH, &v);
-            o->ep.gen.spec.ngram_max_match = (int32_t)v;
-            break;
-        case O_NG_BREADTH:
-            cli_parse_int(cmd, "--ngram-breadth", optarg, 1, ST_NGRAM_MAX_BREADTH, &v);
-            o->ep.gen.spec.ngram_breadth = (int32_t)v;
-            break;
         case 'h':
             fputs(serve_help, stdout);
+            fputs(cli_common_help, stdout);
             exit(0);
         case ':':
             cli_die_option(cmd, argv, 1);
@@ -480,17 +377,12 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             cli_die_option(cmd, argv, 0);
         }
     }
+    free(lo);
     if (optind < argc)
         die("unexpected argument");
     if (!o->model)
         die("-m MODEL is required");
-    const st_spec_algo a = o->ep.gen.spec.algo;
-    const int model_drafter = a == ST_SPEC_STANDALONE || a == ST_SPEC_EAGLE || a == ST_SPEC_EAGLE3;
-    if (model_drafter && !o->draft_path)
-        die("STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
-    if (!model_drafter && o->draft_path)
-        die("--speculative-draft-model-path needs --speculative-algorithm STANDALONE, EAGLE or "
-            "EAGLE3");
+    cli_common_check(cmd, &o->c);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -541,37 +433,21 @@ int cli_cmd_serve(int argc, char **argv) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->ep = st_engine_default_params();
-    o->ep.gen.spec = st_spec_default_params();
-    o->draft_type = -1;
+    cli_common_init(&o->c);
     o->max_conns = 256;
     o->max_body = 1 << 20;
     o->timeout_s = 10;
     o->drain_s = 60;
     o->default_max_tokens = 16;
-    o->sp = st_sampler_default_params();
     parse_flags(argc, argv, o);
 
-    const int eagle = o->ep.gen.spec.algo == ST_SPEC_EAGLE || o->ep.gen.spec.algo == ST_SPEC_EAGLE3;
-    if (!cli_model_path_ok(o->model, 0) ||
-        (o->draft_path && !cli_model_path_ok(o->draft_path, eagle)))
+    if (!cli_common_paths_ok(&o->c, o->model))
         return 1;
     st_model *dm = NULL;
     int rc = 1;
-    if (st_model_load(o->model, &s.model) != ST_OK) {
-        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+    if (cli_common_load("serve", &o->c, o->model, &s.model, &dm) != 0 || find_template(&s))
         goto done;
-    }
-    if (find_template(&s))
-        goto done;
-    if ((o->draft_path && o->ep.gen.spec.algo == ST_SPEC_STANDALONE &&
-         st_model_load(o->draft_path, &dm) != ST_OK) ||
-        (o->draft_path && eagle &&
-         (st_eagle_head_load(o->draft_path, s.model, &dm) != ST_OK ||
-          st_eagle_head_set_type(dm, o->draft_type) != ST_OK))) {
-        fprintf(stderr, "spectree serve: %s\n", st_last_error());
-        goto done;
-    }
-    o->ep.gen.spec.draft_model = dm;
+    cli_common_apply(&o->c, &o->ep.gen);
     s.tok = st_model_tokenizer(s.model);
     srv_specials_find(s.tok, &s.specials);
     if (st_engine_create(s.model, &o->ep, &s.engine) != ST_OK) {

@@ -395,7 +395,7 @@ static int push_ids(int32_t **ids, int64_t *n, int64_t *cap, const int32_t *add,
 /* The prompt's token ids; 0, or an HTTP status with a message in err. */
 static unsigned build_prompt(srv *s, srv_job *j, char *err) {
     const srv_request *r = &j->req;
-    const int add_bos = !s->o.no_bos && st_tokenizer_add_bos_default(s->tok);
+    const int add_bos = !s->o.c.no_bos && st_tokenizer_add_bos_default(s->tok);
     int64_t cap = 0;
     if (!r->chat && r->prompt_ids) {
         int32_t nv = st_tokenizer_n_vocab(s->tok);
@@ -707,15 +707,15 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     if (srv_request_parse(cc->body ? cc->body : "", cc->n_body, chat, &req, err, param))
         return send_error(s, c, 400, err, param);
     /* fields a request leaves out: the server's --temp etc., else OpenAI's defaults */
-    unsigned fill = s->o.sp_given & ~req.given;
+    unsigned fill = s->o.c.sp_given & ~req.given;
     if (fill & SRV_GIVEN_TEMP)
-        req.sp.temp = s->o.sp.temp;
+        req.sp.temp = s->o.c.sp.temp;
     if (fill & SRV_GIVEN_TOPK)
-        req.sp.top_k = s->o.sp.top_k;
+        req.sp.top_k = s->o.c.sp.top_k;
     if (fill & SRV_GIVEN_TOPP)
-        req.sp.top_p = s->o.sp.top_p;
+        req.sp.top_p = s->o.c.sp.top_p;
     if (fill & SRV_GIVEN_MINP)
-        req.sp.min_p = s->o.sp.min_p;
+        req.sp.min_p = s->o.c.sp.min_p;
     srv_job *j = NULL;
     err[0] = 0;
     unsigned code = job_create(s, &req, &j, err);

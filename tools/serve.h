@@ -18,15 +18,13 @@ enum {
 };
 
 typedef struct srv_opts {
-    const char *model, *draft_path, *host, *model_name, *api_key;
+    const char *model, *host, *model_name, *api_key;
     long port, max_conns, max_body, max_prompt, max_tokens_limit, timeout_s, drain_s;
     long default_max_tokens;
     st_engine_params ep;
-    st_sampler_params sp; /* request defaults from --temp etc. */
-    unsigned sp_given;
+    cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
+                   * (those in c.sp_given) */
     srv_tmpl tmpl;
-    int no_bos;
-    int draft_type; /* --speculative-draft-type (-1: auto) */
 } srv_opts;
 
 /* A Prometheus histogram with fixed upper bounds. */
