@@ -8,7 +8,9 @@
  * - Packed weights: the packed copy of a small F32 model's matrices (ST_PACK=0 turns it off)
  *   gives bitwise the logits of the row-major kernels.
  * - Thread counts: on a model big enough that single-token steps run in parallel (regions of
- *   stories260K's size run on one thread), 1, 2 and all-core sessions give bitwise the logits.
+ *   stories260K's size run on one thread), 1, 2 and all-core sessions give bitwise the logits,
+ *   and so does a session on another session's pool (st_session_create_shared, as a drafter
+ *   runs beside its target) while that one runs passes of its own.
  * - Load modes (issue 15): the same file mmap'd and copied into huge pages gives bitwise the
  *   same logits (an F32 model with packed matrices and a Q8_0 one, 1 and 2 threads); the copy is
  *   2 MB aligned and holds the weights; ST_LOAD, the auto rule, --mlock, progress and bad modes.
@@ -168,19 +170,38 @@ static void test_batch_invariance(void **state) {
 }
 
 /* Logits of toks[0 .. n) from a fresh session, c tokens per pass for c = 1, 2, 3, ... */
-static void logits_in_chunks(st_model *m, int threads, const int32_t *toks, int n, float *out) {
+/* The logits of toks in chunks of 1..16 tokens, on a session of `threads` threads, or, with
+ * host, on host's pool (st_session_create_shared), host running a pass of its own between
+ * chunks. */
+static void logits_on(st_model *m, int threads, st_session *host, const int32_t *toks, int n,
+                      float *out) {
     const int32_t V = st_model_get_hparams(m)->n_vocab;
     st_session_params p = st_session_default_params();
     p.n_threads = threads;
     p.n_batch = 16;
     p.n_ctx = 256;
     st_session *s = NULL;
-    assert_int_equal(st_session_create(m, &p, &s), ST_OK);
+    if (host) {
+        assert_int_equal(st_session_create_shared(m, &p, host, &s), ST_OK);
+        assert_int_equal(st_session_get_params(s)->n_threads,
+                         st_session_get_params(host)->n_threads);
+    } else
+        assert_int_equal(st_session_create(m, &p, &s), ST_OK);
+    float *hl = host ? malloc((size_t)st_model_get_hparams(host->m)->n_vocab * 4) : NULL;
     for (int i = 0, c = 1; i < n; i += c, c = c % 16 + 1) {
         const int k = c < n - i ? c : n - i;
         assert_int_equal(st_session_eval(s, 0, toks + i, k, out + (size_t)i * V, k), ST_OK);
+        if (host) {
+            const int32_t t = 1 + i % 100;
+            assert_int_equal(st_session_eval(host, 0, &t, 1, hl, 1), ST_OK);
+        }
     }
     st_session_free(s);
+    free(hl);
+}
+
+static void logits_in_chunks(st_model *m, int threads, const int32_t *toks, int n, float *out) {
+    logits_on(m, threads, NULL, toks, n, out);
 }
 
 static void test_packed_weights(void **state) {
@@ -492,6 +513,19 @@ static void test_parallel_decode(void **state) {
             if (memcmp(a, b, (size_t)T * V * 4) != 0)
                 fail_msg("%s: logits with %d threads differ from 1 thread", types[ti], threads);
         }
+        /* on another session's pool (a drafter on its target's): the same logits, whatever the
+         * thread count asked for, and the host's pool outlives the borrower */
+        st_session_params hp = st_session_default_params();
+        hp.n_threads = 2;
+        hp.n_ctx = 512;
+        st_session *host = NULL;
+        assert_int_equal(st_session_create(model, &hp, &host), ST_OK);
+        memset(b, 0, (size_t)T * V * 4);
+        logits_on(m, 1, host, toks, T, b);
+        assert_int_equal(st_session_get_params(host)->n_threads, 2);
+        if (memcmp(a, b, (size_t)T * V * 4) != 0)
+            fail_msg("%s: logits on a shared pool differ from 1 thread", types[ti]);
+        st_session_free(host);
         free(a);
         free(b);
         st_model_free(m);

@@ -55,24 +55,24 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
 
 /* Draft-model drafter (SGLang STANDALONE): a small model with the target's vocabulary, its own
  * KV cache, top-K expansion per level with cumulative probabilities, and draft-tree attention
- * to each node's real ancestors. */
+ * to each node's real ancestors. Model drafters run on the thread pool of `with`, the target's
+ * session (st_session_create_shared: a drafter never runs while its target does; NULL: one
+ * thread of its own). */
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
-                                  int32_t n_threads, int64_t max_k, int64_t max_s,
-                                  st_drafter **out);
+                                  st_session *with, int64_t max_k, int64_t max_s, st_drafter **out);
 
 /* EAGLE-1/2 drafter (SGLang EAGLE with EAGLE-2's dynamic tree): the head from
  * st_eagle_head_load for this target, with its own KV cache and the same expansion and
  * real-ancestor attention as the draft-model drafter; it reads the target's states through
  * observe. Keeps one state per position (n_ctx + 1 rows of n_embd floats). */
 st_status st_drafter_eagle_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                  int32_t n_threads, int64_t max_k, int64_t max_s,
-                                  st_drafter **out);
+                                  st_session *with, int64_t max_k, int64_t max_s, st_drafter **out);
 
 /* EAGLE-3 drafter: the same over an EAGLE-3 head (st_eagle3_head_load). It reads the target's
  * captured layers through observe: the caller sets the target session's capture to the head's
  * n_cap / cap_layer (st_session_set_capture). Keeps n_ctx + 1 rows of n_cap * n_embd floats. */
 st_status st_drafter_eagle3_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                   int32_t n_threads, int64_t max_k, int64_t max_s,
+                                   st_session *with, int64_t max_k, int64_t max_s,
                                    st_drafter **out);
 
 #endif /* ST_DRAFTER_H */

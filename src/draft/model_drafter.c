@@ -22,9 +22,6 @@
 #include <math.h>
 #include <string.h>
 
-/* Draft models and heads under this many weight bytes run on one thread. */
-#define ST_DRAFT_ONE_THREAD_BYTES ((size_t)32 << 20)
-
 typedef struct mdraft {
     st_drafter base;
     st_session *s; /* the draft model's session (sequence 0) */
@@ -331,7 +328,7 @@ static void mdraft_layout(mdraft *g, st_plan *p) {
 }
 
 /* The drafter over a draft model or an EAGLE head (eagle), its checks done by the caller. */
-static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, int32_t n_threads,
+static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_session *with,
                             int64_t max_k, int64_t max_s, st_drafter **out) {
     mdraft *g = st_calloc(1, sizeof *g);
     if (!g)
@@ -350,12 +347,16 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, int
     g->feat_w = draft->eagle3 ? (int64_t)draft->n_cap * draft->target->hp.n_embd : g->n_embd;
     st_session_params sp = st_session_default_params();
     sp.n_ctx = n_ctx;
-    /* A small draft model or head runs on one thread: its matrices are too small to split (a
-     * 768-wide Q8_0 EAGLE head beside its 84 MB target at -t 2: a tree of K/S 1/3 drafted in
-     * 0.71 plain-token times on two threads, 0.37 on one, at a load average of 2.3) */
-    sp.n_threads = st_model_weight_bytes(draft) < ST_DRAFT_ONE_THREAD_BYTES ? 1 : n_threads;
+    /* The drafter runs on the target's thread pool (the two never run at once). A pool of
+     * its own, as before, put a third busy thread on two cores for a while after each switch
+     * (idle workers spin before they sleep), so that a 768-wide Q8_0 EAGLE head beside its
+     * 84 MB target at -t 2 drafted a K/S 1/3 tree in 0.71 plain-token times on two threads and
+     * 0.40 on one; on the target's pool it takes 0.23 (2026-12-01, README). Operations too
+     * small to split still run on one thread (ST_MIN_PARALLEL_MACS). */
+    sp.n_threads = 1; /* without a target session (with == NULL): one thread */
     /* n_batch: the session's default (64) covers a level of K <= ST_SPEC_MAX_K nodes */
-    st_status st = st_session_create(draft, &sp, &g->s);
+    st_status st = with ? st_session_create_shared(draft, &sp, with, &g->s)
+                        : st_session_create(draft, &sp, &g->s);
     if (st) {
         st_free(g);
         return st;
@@ -388,7 +389,7 @@ static st_status check_limits(const char *what, int64_t max_k, int64_t max_s) {
 }
 
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
-                                  int32_t n_threads, int64_t max_k, int64_t max_s,
+                                  st_session *with, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
     *out = NULL;
     st_status st = check_limits("draft model", max_k, max_s);
@@ -410,11 +411,11 @@ st_status st_drafter_model_create(const st_model *draft, const st_model *target,
                            "draft model: vocabulary mismatch at token %d ('%.*s' vs '%.*s')", i,
                            (int)(la > 32 ? 32 : la), a, (int)(lb > 32 ? 32 : lb), b);
     }
-    return mdraft_new(draft, 0, n_ctx, n_threads, max_k, max_s, out);
+    return mdraft_new(draft, 0, n_ctx, with, max_k, max_s, out);
 }
 
 st_status st_drafter_eagle_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                  int32_t n_threads, int64_t max_k, int64_t max_s,
+                                  st_session *with, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
     *out = NULL;
     st_status st = check_limits("EAGLE", max_k, max_s);
@@ -429,11 +430,11 @@ st_status st_drafter_eagle_create(const st_model *head, const st_model *target, 
         return st_fail(ST_ERR_INVALID,
                        "EAGLE: the head was loaded for another target model (its embedding and "
                        "output layer are that model's)");
-    return mdraft_new(head, 1, n_ctx, n_threads, max_k, max_s, out);
+    return mdraft_new(head, 1, n_ctx, with, max_k, max_s, out);
 }
 
 st_status st_drafter_eagle3_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                   int32_t n_threads, int64_t max_k, int64_t max_s,
+                                   st_session *with, int64_t max_k, int64_t max_s,
                                    st_drafter **out) {
     *out = NULL;
     st_status st = check_limits("EAGLE3", max_k, max_s);
@@ -448,5 +449,5 @@ st_status st_drafter_eagle3_create(const st_model *head, const st_model *target,
     if (head->output.n_out < max_k)
         return st_fail(ST_ERR_INVALID, "EAGLE3: a draft vocabulary of %lld tokens is below K %lld",
                        (long long)head->output.n_out, (long long)max_k);
-    return mdraft_new(head, 1, n_ctx, n_threads, max_k, max_s, out);
+    return mdraft_new(head, 1, n_ctx, with, max_k, max_s, out);
 }

@@ -184,14 +184,11 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
             rc = st_drafter_ngram_create(sp->ngram_min_match, sp->ngram_max_match,
                                          sp->ngram_breadth, K, S, ps.n_ctx + 1, &g->dr[b]);
         else if (sp->algo == ST_SPEC_EAGLE)
-            rc = st_drafter_eagle_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
-                                         &g->dr[b]);
+            rc = st_drafter_eagle_create(sp->draft_model, g->m, ps.n_ctx, g->s, K, S, &g->dr[b]);
         else if (sp->algo == ST_SPEC_EAGLE3)
-            rc = st_drafter_eagle3_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
-                                          &g->dr[b]);
+            rc = st_drafter_eagle3_create(sp->draft_model, g->m, ps.n_ctx, g->s, K, S, &g->dr[b]);
         else
-            rc = st_drafter_model_create(sp->draft_model, g->m, ps.n_ctx, g->p.n_threads, K, S,
-                                         &g->dr[b]);
+            rc = st_drafter_model_create(sp->draft_model, g->m, ps.n_ctx, g->s, K, S, &g->dr[b]);
         if (rc)
             return rc;
     }

@@ -126,6 +126,13 @@ typedef struct st_fwd {
  * with two threads as with one. */
 enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
 
+/* A session over m that runs on `with`'s thread pool (its n_threads, whatever p says) instead of
+ * its own: a drafter's session beside its target's, so that the two never hold more threads
+ * than the target was given. The two must never run at the same time (the pool runs one job
+ * at a time), and `with` must outlive it. */
+st_status st_session_create_shared(const st_model *m, const st_session_params *p, st_session *with,
+                                   st_session **out);
+
 /* Tokens per attention work item: their shared prefix is streamed once for all of them. */
 enum { ST_ATTN_TOKENS = 16 };
 /* Floats per thread of f16 KV rows converted for the attention kernels (at least one row). */
@@ -136,9 +143,10 @@ struct st_session {
     st_session_params p;
     const st_kernels *kern;
     st_pool *pool;
-    int32_t *seq_len; /* (n_seq) */
-    void *k_cache;    /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) of p.type_k (f32 or f16) */
-    void *v_cache;    /* same, of p.type_v */
+    bool pool_borrowed; /* another session's pool (st_session_create_shared): not freed here */
+    int32_t *seq_len;   /* (n_seq) */
+    void *k_cache;      /* (n_seq, n_layer, n_ctx, n_head_kv*head_dim) of p.type_k (f32 or f16) */
+    void *v_cache;      /* same, of p.type_v */
     size_t k_elem, v_elem; /* bytes per element of k_cache, v_cache (4 or 2) */
     float *kv_conv;        /* (n_threads, max(ST_KV_CONV_FLOATS, head_dim)) f16 rows converted */
     float *rope_cos;       /* (n_batch, n_rot/2) of the tokens of the current forward pass */

@@ -28,7 +28,8 @@ const st_session_params *st_session_get_params(const st_session *s) { return &s-
 void st_session_free(st_session *s) {
     if (!s)
         return;
-    st_pool_free(s->pool);
+    if (!s->pool_borrowed)
+        st_pool_free(s->pool);
     st_lazy_free(s->lazy, s->lazy_bytes);
     st_free(s->cap);
     st_free_aligned(s); /* the struct heads the one block that holds every other buffer */
@@ -90,7 +91,9 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
                      : NULL;
 }
 
-st_status st_session_create(const st_model *m, const st_session_params *pp, st_session **out) {
+/* shared: NULL, or the session whose pool this one borrows (its n_threads then) */
+static st_status session_create(const st_model *m, const st_session_params *pp, st_session *shared,
+                                st_session **out) {
     if (!out || !m)
         return st_fail(ST_ERR_INVALID, "st_session_create: NULL argument");
     *out = NULL;
@@ -112,10 +115,12 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
         return st_fail(ST_ERR_INVALID,
                        "session: KV cache types %s/%s: only f32 and f16 are supported",
                        st_dtype_name(p.type_k), st_dtype_name(p.type_v));
-    st_pool *pool;
-    st_status st = st_pool_create(p.n_threads, &pool);
-    if (st)
-        return st;
+    st_pool *pool = shared ? shared->pool : NULL;
+    if (!shared) {
+        st_status st = st_pool_create(p.n_threads, &pool);
+        if (st)
+            return st;
+    }
     p.n_threads = st_pool_size(pool);
     const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
     size_t kv_total = 0;
@@ -129,7 +134,8 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     session_lazy_layout(&lz, &sizing, hp, &p, kv_total);
     const size_t phys = st_phys_mem();
     if (lz.overflow || (phys && lz.off > phys)) {
-        st_pool_free(pool);
+        if (!shared)
+            st_pool_free(pool);
         return st_fail(ST_ERR_NOMEM,
                        "session: a context of %d positions x %d sequences needs %.1f GB of KV "
                        "cache and scores; this machine has %.1f GB (use a smaller -c)",
@@ -142,7 +148,8 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     void *lazy = s ? st_lazy_alloc(lz.off) : NULL;
     if (!s || !lazy) {
         st_free_aligned(s);
-        st_pool_free(pool);
+        if (!shared)
+            st_pool_free(pool);
         return st_fail(ST_ERR_NOMEM,
                        "session: out of memory for %zu MB of scratch and %zu MB of context "
                        "(n_ctx %d, n_seq %d, n_batch %d)",
@@ -156,6 +163,7 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->m = m;
     s->kern = st_kernels_get();
     s->pool = pool;
+    s->pool_borrowed = shared != NULL;
     s->p = p;
     s->k_elem = kv_elem(p.type_k);
     s->v_elem = kv_elem(p.type_v);
@@ -163,6 +171,17 @@ st_status st_session_create(const st_model *m, const st_session_params *pp, st_s
     s->kv_seq_stride = s->kv_layer_stride * hp->n_layer;
     *out = s;
     return ST_OK;
+}
+
+st_status st_session_create(const st_model *m, const st_session_params *p, st_session **out) {
+    return session_create(m, p, NULL, out);
+}
+
+st_status st_session_create_shared(const st_model *m, const st_session_params *p, st_session *with,
+                                   st_session **out) {
+    if (!with)
+        return st_fail(ST_ERR_INVALID, "st_session_create_shared: NULL session");
+    return session_create(m, p, with, out);
 }
 
 st_status st_session_set_capture(st_session *s, int32_t n, const int32_t *layers) {
