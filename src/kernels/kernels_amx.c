@@ -107,17 +107,23 @@ ST_INLINE void amx_float(__m512 (*acc)[AMX_TT], int32_t (*c)[AMX_TT][ST_PACK_ROW
     }
 }
 
-/* ng (1 or 2) groups at gp, gp + gstride x TT tokens (tiles configured for TT). */
+/* ng (1 or 2) groups at gp, gp + gstride x TT tokens (tiles configured for TT). Blocks go in
+ * pairs, software-pipelined: a pair's multiplies are issued, then the float step of the pair
+ * before it (whose sums were stored one iteration earlier, in the other half of c), then the
+ * pair's sums are stored; a tile store cannot forward to the loads that read it back, and
+ * waiting for it right away left the multiplier idle (1024 x 768 in L2, one thread: 4 tokens
+ * 23.0 -> 19.9 us, 8 tokens 27.4 -> 25.6 us). The float steps still run in block order. */
 static void amx_groups(float *y, int64_t ldy, const uint8_t *gp, size_t gstride, int ng, int64_t nb,
                        const st_block_q8x *x, int64_t ldx, const int TT) {
-    _Alignas(64) int32_t c[4][AMX_TT][ST_PACK_ROWS];
+    _Alignas(64) int32_t c[2][4][AMX_TT][ST_PACK_ROWS];
     __m512 acc[2][AMX_TT];
     for (int h = 0; h < 2; h++)
         for (int t = 0; t < AMX_TT; t++)
             acc[h][t] = _mm512_setzero_ps();
     const long xs = (long)(ldx * (int64_t)sizeof(st_block_q8x));
     const size_t Q = 2 * ST_PACK_ROWS; /* the quants after the 16 scales */
-    int64_t b = 0;
+    int64_t b = 0, pb = -1; /* pb: the first block of the pair whose sums wait in c[cur ^ 1] */
+    int cur = 0;
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *p0 = gp + (size_t)b * ST_Q8P_GROUP_BYTES, *q0 = p0 + ST_Q8P_GROUP_BYTES;
         /* the groups' blocks AMX_PF ahead: from DRAM (1.1B Q8_0, 8 tokens) the pass took 56-62
@@ -147,14 +153,25 @@ static void amx_groups(float *y, int64_t ldy, const uint8_t *gp, size_t gstride,
             _tile_zero(7);
             _tile_dpbssd(7, 1, 3);
         }
-        _tile_stored(4, c[0], 64);
+        if (pb >= 0) {
+            const uint8_t *pp = gp + (size_t)pb * ST_Q8P_GROUP_BYTES;
+            amx_float(acc, c[cur ^ 1], pp, gstride, ng, x, ldx, pb, TT);
+            amx_float(acc, c[cur ^ 1] + 2, pp + ST_Q8P_GROUP_BYTES, gstride, ng, x, ldx, pb + 1,
+                      TT);
+        }
+        _tile_stored(4, c[cur][0], 64);
         if (ng == 2)
-            _tile_stored(5, c[1], 64);
-        _tile_stored(6, c[2], 64);
+            _tile_stored(5, c[cur][1], 64);
+        _tile_stored(6, c[cur][2], 64);
         if (ng == 2)
-            _tile_stored(7, c[3], 64);
-        amx_float(acc, c, p0, gstride, ng, x, ldx, b, TT);
-        amx_float(acc, c + 2, q0, gstride, ng, x, ldx, b + 1, TT);
+            _tile_stored(7, c[cur][3], 64);
+        pb = b;
+        cur ^= 1;
+    }
+    if (pb >= 0) {
+        const uint8_t *pp = gp + (size_t)pb * ST_Q8P_GROUP_BYTES;
+        amx_float(acc, c[cur ^ 1], pp, gstride, ng, x, ldx, pb, TT);
+        amx_float(acc, c[cur ^ 1] + 2, pp + ST_Q8P_GROUP_BYTES, gstride, ng, x, ldx, pb + 1, TT);
     }
     if (b < nb) {
         const uint8_t *p0 = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
@@ -162,14 +179,14 @@ static void amx_groups(float *y, int64_t ldy, const uint8_t *gp, size_t gstride,
         _tile_loadd(2, p0 + Q, 64);
         _tile_zero(4);
         _tile_dpbssd(4, 0, 2);
-        _tile_stored(4, c[0], 64);
+        _tile_stored(4, c[0][0], 64);
         if (ng == 2) {
             _tile_loadd(3, p0 + gstride + Q, 64);
             _tile_zero(5);
             _tile_dpbssd(5, 0, 3);
-            _tile_stored(5, c[1], 64);
+            _tile_stored(5, c[0][1], 64);
         }
-        amx_float(acc, c, p0, gstride, ng, x, ldx, b, TT);
+        amx_float(acc, c[0], p0, gstride, ng, x, ldx, b, TT);
     }
     for (int h = 0; h < ng; h++)
         for (int t = 0; t < TT; t++)
