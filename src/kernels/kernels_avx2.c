@@ -790,13 +790,17 @@ static void quantize_q8x_avx2(st_block_q8x *y, const float *x, int64_t K) {
         __m256 mx = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) {
             v[k] = _mm256_loadu_ps(xb + 8 * k);
-            mx = _mm256_max_ps(mx, _mm256_andnot_ps(signbit, v[k]));
+            /* |x|, a NaN as 0: the largest |x| that is a number, as the reference's fmaxf */
+            const __m256 a = _mm256_and_ps(_mm256_andnot_ps(signbit, v[k]),
+                                           _mm256_cmp_ps(v[k], v[k], _CMP_ORD_Q));
+            mx = _mm256_max_ps(mx, a);
         }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, mx);
-        float amax = 0.0f;
-        for (int l = 0; l < 8; l++)
-            amax = fmaxf(amax, lanes[l]);
+        /* the maximum of the lanes (exact in any order); a call of libm's fmaxf per lane made
+         * this function 5-10% of a 4-token pass of the 768-wide Q8_0 model */
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[b].d = d;
