@@ -206,8 +206,6 @@ ST_INLINE void wsum_chunk(float *const *out, const float *const *p, const int NQ
                                 : _mm256_loadu_ps(out[h] + d0 + 8 * j);
     for (int64_t r = 0; r < n; r++) {
         const float *vr = v + r * ldv + d0;
-        if (r + ST_ATTN_PF_ROWS < n) /* as in scores: rows a cache row apart */
-            _mm_prefetch((const char *)(vr + ST_ATTN_PF_ROWS * ldv), _MM_HINT_T0);
         __m256 vv[2];
         ST_UNROLL
         for (int j = 0; j < NV; j++)

@@ -467,10 +467,6 @@ ST_INLINE void scores_cols16(float *const *sc, const float *const *q, int64_t nq
     const __m512 vdiv = _mm512_set1_ps(div), zero = _mm512_setzero_ps();
     for (int64_t r0 = 0; r0 < n; r0 += 16) {
         const int64_t nr = n - r0 < 16 ? n - r0 : 16;
-        /* the rows ST_ATTN_PF_ROWS ahead: each row of a head is a few bytes at the cache's row
-         * stride, which the hardware prefetchers follow poorly */
-        for (int64_t j = 0; j < 16 && r0 + ST_ATTN_PF_ROWS + j < n; j++)
-            _mm_prefetch((const char *)(k + (r0 + ST_ATTN_PF_ROWS + j) * ldk), _MM_HINT_T0);
         __m512 col[16];
         ST_UNROLL
         for (int c = 0; c < NC; c++)

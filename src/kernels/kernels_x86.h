@@ -14,11 +14,6 @@
  * registers. */
 #define ST_UNROLL _Pragma("GCC unroll 16")
 
-/* Attention kernels prefetch the key or value rows this many rows ahead. */
-#ifndef ST_ATTN_PF_ROWS
-#define ST_ATTN_PF_ROWS 32
-#endif
-
 /* A stretch of weights a tile prefetches while it computes, `per` cache lines per step: the
  * rows of tiles to come. The hardware prefetchers stop at page boundaries and see only a few
  * of the interleaved row streams, and a batch tile computes long enough to hide the whole
