@@ -76,8 +76,9 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto);
 
 /* Whether this step drafts at all for na active sequences (the engine also checks that the
  * trees fit the context) and, if so, the pool (*K, *S) the drafters propose this step. Under
- * `auto`, proposals that keep ending in a plain step at this batch size are made only one step
- * in k, k such that they cost about 1% of the time (at most 16). */
+ * `auto`, a drafter without a model whose proposals keep ending in a plain step at this batch
+ * size proposes only one step in k, k such that its proposals cost about 1% of the time (at
+ * most 16); a model drafter drafts as its plan says. */
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
 
 /* A model drafter's measured time for one proposal of pool (K, S): catch_s to catch up on the
