@@ -61,6 +61,7 @@ enum {
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
+#define CTL_SPEED_RATE 0.1 /* see t1_now */
 /* A tree must promise this speed-up over a plain step, its verify cost at this batch size
  * measured (CTL_TREE_MIN_GAIN). A size not measured yet at a batch size, or one next to the best
  * that comes within CTL_REPROBE_NEAR of it (one step in CTL_REPROBE_EVERY), is verified as a
@@ -147,6 +148,7 @@ struct st_ctl {
      * step costs less per token than one sequence's: the weights are read once for all) */
     double t1;
     int64_t t1_n;
+    double speed; /* the time of a step now over its time when t1 was measured (see t1_now) */
     double t1b[ST_GEN_MAX_BATCH + 1];
     int64_t t1b_n[ST_GEN_MAX_BATCH + 1];
     int64_t explore; /* near-paying steps seen (exploration counter) */
@@ -220,6 +222,7 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     c->autotune = autotune;
     c->model_drafter = draft_weight_ratio > 0.0;
     c->pk = K, c->ps = S;
+    c->speed = 1.0;
     /* A draft model reading more than half the target's weight bytes per token cannot pay for
      * its drafts (its tokens cost more than half a target token; the self-draft costs one):
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
@@ -779,6 +782,16 @@ static void track_cost(double *v, int64_t n, double x) {
         track(v, n, x);
 }
 
+/* A plain token's time now. Plain steps are rare while drafting (one in CTL_PLAIN_EVERY), and
+ * a machine whose speed changes in between (other jobs on shared cores, cold caches after the
+ * prompt, a longer context) changes every step's time alike: costs measured against t1 alone
+ * then follow the machine, not the tree (on a 768-wide Q8_0 target under other jobs' load, a
+ * verify of 3 tokens read 2.05 plain tokens, 1.4-1.5 where plain steps are measured beside
+ * it), and `auto` stopped drafting. So the verify steps of sizes measured CTL_FLOOR_N
+ * times also track the machine's speed, each moving it by CTL_SPEED_RATE of how far its time is
+ * from its estimate (at most 1.5 times: a preempted step); a plain step sets t1 anew. */
+static double t1_now(const st_ctl *c) { return c->t1 * c->speed; }
+
 void st_ctl_time_plain(st_ctl *c, double per_token) { st_ctl_time_plain_batch(c, 1, per_token); }
 
 /* The verify-cost curve by total tokens T (in t1 times, any batch); cold: the first step of
@@ -794,7 +807,12 @@ static void time_verify_tokens(st_ctl *c, int64_t T, double seconds, int *cold) 
         return;
     }
     *cold = 0;
-    double r = seconds / c->t1;
+    double r = seconds / t1_now(c);
+    if (c->tv_n[T] >= CTL_FLOOR_N) {
+        const double o = r / c->tv[T];
+        c->speed *= 1.0 + CTL_SPEED_RATE * ((o > 1.5 ? 1.5 : o) - 1.0);
+        r = seconds / t1_now(c);
+    }
     if (c->tv_n[T] == 0) { /* a first measurement counts at most 1.5 times the estimate */
         const double e = est_ratio(c, T);
         r = r > 1.5 * e ? 1.5 * e : r;
@@ -829,6 +847,8 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
 void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
     if (na < 1 || !(seconds > 0.0))
         return;
+    c->t1 = t1_now(c);
+    c->speed = 1.0;
     track_cost(&c->t1, c->t1_n, seconds / (double)na);
     c->t1_n++;
     if (na <= ST_GEN_MAX_BATCH) {
@@ -843,8 +863,8 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t 
                        double levels_s) {
     if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K || !(c->t1 > 0.0))
         return;
-    catch_s /= c->t1; /* in plain-token times from here on */
-    levels_s /= c->t1;
+    catch_s /= t1_now(c); /* in plain-token times from here on */
+    levels_s /= t1_now(c);
     if (c->probing)
         c->probe_spent += catch_s + (levels_s > 0.0 ? levels_s : 0.0);
     if (rows >= CTL_PROBE_ROWS) {
@@ -908,15 +928,15 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     }
     /* a probe's loss: its time beyond what plain steps would take for the tokens it emitted */
     if (c->t1 > 0.0 && t_step > 0.0) {
-        c->t_total += t_step / c->t1;
+        c->t_total += t_step / t1_now(c);
         if (c->vprobe && n > 1) {
-            const double loss = t_step / c->t1 - (double)emitted * batch_f(c, na);
+            const double loss = t_step / t1_now(c) - (double)emitted * batch_f(c, na);
             c->vprobe_loss += loss > 0.0 ? loss : 0.0;
         }
     }
     c->vprobe = 0;
     if (drafted && na >= 1 && c->t1 > 0.0 && t_step > t_fwd && t_fwd >= 0.0) {
-        const double x = (t_step - t_fwd) / (double)na / c->t1;
+        const double x = (t_step - t_fwd) / (double)na / t1_now(c);
         track(&c->prop_r, c->prop_rn, x);
         c->prop_rn++;
     }
@@ -936,7 +956,7 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
      * sums; a step counts at most 1.5 times the shape's mean step) */
     if (drafted && c->model_drafter && !c->probing && c->t1 > 0.0 && t_step > 0.0) {
         const int64_t K = c->dk, S = c->ds;
-        double x = t_step / c->t1;
+        double x = t_step / t1_now(c);
         const double mean = c->rz_w[K][S] > 0.0 ? c->rz_cost[K][S] / c->rz_w[K][S] : 0.0;
         if (c->rz_w[K][S] >= 3.0 && x > 1.5 * mean)
             x = 1.5 * mean;
