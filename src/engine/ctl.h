@@ -44,7 +44,9 @@
  *   rank), unseen cells taking their prior from the cell above or beside them.
  * - c_catch, c_level(K): the drafter's measured time per step for catching up on the
  *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages of
- *   their ratios to t1 (as t(N)'s: a machine that slows down slows both).
+ *   their ratios to t1 (as t(N)'s: a machine that slows down slows both). t1 is the plain
+ *   token's time now: between plain steps (rare while drafting) the verify steps of sizes
+ *   measured often enough track the machine's speed.
  * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
  * steps) is blended into its prediction, so that what the model misses (costs it does not
  * see, acceptance that depends on more than depth and rank) is learned per pool.
