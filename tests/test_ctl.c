@@ -475,6 +475,13 @@ static void test_plan(void **state) {
     assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1);
     st_ctl_last_plan(c, &K, &S, &N, &g);
     assert_true(S >= 6 && N >= 7 && g > 3.0);
+    /* a paying plan drafts on every step, also after drafted steps that ended plain (its
+     * prediction weighs those too; sampling one step in 16 after two of them, as for a drafter
+     * without a model, stopped a paying pool for most of a generation) */
+    for (int s = 0; s < 4; s++) {
+        assert_int_equal(st_ctl_want_draft(c, 1, &K, &S), 1);
+        st_ctl_step_end(c, 1, 1, 1, 1, 1.2e-3, 1e-3);
+    }
     st_ctl_free(c);
     /* the same drafts from a dear drafter (a level pass costs 0.4 plain tokens): a short pool
      * (K is free: the rank-1 cells are priors that only drafting a wider pool measures) */

@@ -41,6 +41,7 @@ typedef struct sim_case {
     double burst;  /* ... and times (1 + burst) in 40 of every 100 steps (other jobs) */
     double unseen; /* time of a drafted step outside drafting and the verify (sampling, the
                     * tree's bookkeeping, cold caches): in its time, not in any measured cost */
+    uint64_t seed; /* another text, other noise and bursts at other steps (0: the cases' own) */
 } sim_case;
 
 static uint64_t mix(uint64_t z) {
@@ -52,7 +53,7 @@ static double unit(uint64_t key) { return (double)(mix(key) >> 11) / 90071992547
 
 /* The rank of the drafter's candidate the target emits at position p (4: none of them). */
 static int true_rank(const sim_case *sc, int64_t p) {
-    double u = unit((uint64_t)p * 2654435761u + 17), cum = 0.0;
+    double u = unit((uint64_t)p * 2654435761u + 17 + sc->seed * 1000003u), cum = 0.0;
     for (int r = 0; r < 4; r++)
         if (u < (cum += sc->acc[r]))
             return r;
@@ -67,8 +68,9 @@ static double ratio(const sim_case *sc, int64_t n) {
 
 static double noisy(const sim_case *sc, double t, int64_t key) {
     const int64_t step = key % 1000000;
-    return t * (1.0 + sc->noise * (2.0 * unit((uint64_t)key * 7919u + 5) - 1.0)) *
-           (step % 100 >= 60 ? 1.0 + sc->burst : 1.0);
+    return t *
+           (1.0 + sc->noise * (2.0 * unit((uint64_t)key * 7919u + 5 + sc->seed * 999983u) - 1.0)) *
+           ((step + (int64_t)sc->seed * 37) % 100 >= 60 ? 1.0 + sc->burst : 1.0);
 }
 
 /* An EAGLE-2 pool (K, S): candidates' tokens depend only on their rank (tok_at). */
@@ -270,6 +272,34 @@ static void test_auto_vs_fixed(void **state) {
     assert_true(vp >= 0.97);
 }
 
+/* The same cases with a good head over 8 seeds (other texts, noise, burst phases): one seed's
+ * trajectory can sit on a knife's edge (a parameter that does not matter moves a case by
+ * several points), so auto must reach 95% of the best fixed shape on average over the seeds,
+ * and 85% on each. (The controller of d8eef9d averaged 81.9% on the bursts case over them,
+ * 45% at worst.) */
+static void test_auto_vs_fixed_seeds(void **state) {
+    (void)state;
+    for (int k = 0; k < 4; k++) {
+        double sum = 0.0, vb, vp;
+        sim_case sc = bandwidth;
+        sc.name = k == 0   ? "good head (seeds)"
+                  : k == 1 ? "good head, noisy (seeds)"
+                  : k == 2 ? "good head, bursts (seeds)"
+                           : "good head, unseen (seeds)";
+        sc.noise = k ? 0.3 : 0.0;
+        sc.burst = k == 2 ? 1.0 : 0.0;
+        sc.unseen = k == 3 ? 0.2 : 0.0;
+        for (uint64_t seed = 0; seed < 8; seed++) {
+            sc.seed = seed;
+            run_case(&sc, &vb, &vp);
+            assert_true(vb >= 0.85);
+            sum += vb;
+        }
+        print_message("%s: auto at %.1f%% of the best fixed on average\n", sc.name, 12.5 * sum);
+        assert_true(sum / 8.0 >= 0.95);
+    }
+}
+
 /* An always-wrong drafter (a random head): at most 3% below plain decoding, on either kind of
  * target. */
 static void test_wrong_head(void **state) {
@@ -298,6 +328,7 @@ static void test_wrong_head(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_vs_fixed),
+        cmocka_unit_test(test_auto_vs_fixed_seeds),
         cmocka_unit_test(test_wrong_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -51,13 +51,17 @@ enum {
 /* ... and its weight fades by this per step since its last update (old measurements, made
  * when the machine was busier or the text different, give way to the prediction) */
 #define CTL_RZ_FADE 0.97
-/* The realized-over-predicted ratio of all planned pools: its sums decay by this per step, and
- * a prior of 1 is worth this many tokens. */
+/* The realized-over-predicted ratio of all planned pools: its sums decay by this every step
+ * (drafted or not: a ratio that stopped all drafting fades, and the plan tries again), and a
+ * prior of 1 is worth this many tokens; that of the pools of one depth has the ratio of all as
+ * its prior, worth this many predicted tokens. */
 #define CTL_RHO_DECAY 0.97
 #define CTL_RHO_PRIOR 4.0
+#define CTL_RHO_DEPTH_PRIOR 8.0
 /* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
  * measurements' average blended with this, worth one measurement). */
 #define CTL_PRIOR_SLOPE 0.6
+#define CTL_SPEED_RATE 0.1 /* see t1_now */
 /* A tree must promise this speed-up over a plain step, its verify cost at this batch size
  * measured (CTL_TREE_MIN_GAIN). A size not measured yet at a batch size, or one next to the best
  * that comes within CTL_REPROBE_NEAR of it (one step in CTL_REPROBE_EVERY), is verified as a
@@ -106,7 +110,7 @@ struct st_ctl {
      * for the same time (costs the model does not see make every prediction optimistic alike,
      * which must not favour the pools never drafted over those measured) */
     double pred[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
-    double rho_tok, rho_pred;
+    double rho_tok[ST_SPEC_MAX_S + 1], rho_pred[ST_SPEC_MAX_S + 1]; /* [0] all, [S] depth S */
     /* draft costs in plain-token times (ratios to t1 when measured, like the verify costs:
      * a machine that slows down slows both) */
     double probe_spent; /* what the probes have cost so far */
@@ -144,6 +148,7 @@ struct st_ctl {
      * step costs less per token than one sequence's: the weights are read once for all) */
     double t1;
     int64_t t1_n;
+    double speed; /* the time of a step now over its time when t1 was measured (see t1_now) */
     double t1b[ST_GEN_MAX_BATCH + 1];
     int64_t t1b_n[ST_GEN_MAX_BATCH + 1];
     int64_t explore; /* near-paying steps seen (exploration counter) */
@@ -217,6 +222,7 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
     c->autotune = autotune;
     c->model_drafter = draft_weight_ratio > 0.0;
     c->pk = K, c->ps = S;
+    c->speed = 1.0;
     /* A draft model reading more than half the target's weight bytes per token cannot pay for
      * its drafts (its tokens cost more than half a target token; the self-draft costs one):
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
@@ -256,8 +262,11 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     /* Proposals that keep ending in a plain step at this batch size are sampled, one step in
      * k, k chosen so that they cost about CTL_PROP_SHARE of the steps' time (k = 1 where
      * proposing is cheap beside the forward: a large model); the proposals still calibrate the
-     * acceptance, and a speculative choice drafts every step again. */
-    if (na >= 1 && na <= ST_GEN_MAX_BATCH && c->idle[na] >= 2) {
+     * acceptance, and a speculative choice drafts every step again. Not a model drafter: its
+     * plan already weighs what drafting costs against what the pool pays on average, steps that
+     * end plain included (on a 768-wide Q8_0 target, two plain choices in a row stopped a
+     * paying 1/2/3 for 16 steps at a time: 3 of 62 steps drafted). */
+    if (!c->model_drafter && na >= 1 && na <= ST_GEN_MAX_BATCH && c->idle[na] >= 2) {
         double k = ceil(c->prop_frac / CTL_PROP_SHARE);
         k = k < 1.0 ? 1.0 : k > CTL_PROP_SKIP_MAX ? CTL_PROP_SKIP_MAX : k;
         if ((double)(c->step - c->last_draft + 1) < k)
@@ -401,9 +410,17 @@ static double level_cost(const st_ctl *c, int64_t K) {
  * Every CTL_EXPLORE_EVERY-th planned draft, a shape one step deeper or wider than the best is
  * drafted instead when its prediction comes within 15% (its costs and deeper or wider cells
  * are measured only by drafting it). */
-/* Realized over predicted tokens of the planned pools (1 before any), in [0.5, 1.5]. */
-static double rho(const st_ctl *c) {
-    const double r = (c->rho_tok + CTL_RHO_PRIOR) / (c->rho_pred + CTL_RHO_PRIOR);
+/* Realized over predicted tokens of the planned pools of depth S, in [0.5, 1.5]: shrunk
+ * towards that of all planned pools (1 before any) by the evidence of depth S. Errors grow
+ * with depth (an acceptance too high at one level is too high at every level below it), so a
+ * deeper pool's shortfall says little about a shallower one: on a 768-wide Q8_0 target, 1/4/5
+ * and 1/3/4 falling short took the factor of all to 0.78-0.84 and stopped `auto` from drafting
+ * 1/2/3, predicted 1.24x and measured 1.205x when drafted. A depth never drafted takes the
+ * factor of all (a pool not measured must not look better than those measured). */
+static double rho(const st_ctl *c, int64_t S) {
+    const double g = (c->rho_tok[0] + CTL_RHO_PRIOR) / (c->rho_pred[0] + CTL_RHO_PRIOR),
+                 r = (c->rho_tok[S] + CTL_RHO_DEPTH_PRIOR * g) /
+                     (c->rho_pred[S] + CTL_RHO_DEPTH_PRIOR);
     return r < 0.5 ? 0.5 : r > 1.5 ? 1.5 : r;
 }
 
@@ -439,7 +456,7 @@ static void plan(st_ctl *c, int32_t na) {
                     gm = g, nb = n;
             }
             c->pred[K][S] = gm;
-            gm *= rho(c);
+            gm *= rho(c, S);
             /* the pool's realized speed-up, where it was drafted, corrects the prediction */
             const double w =
                 c->rz_w[K][S] > 0.0
@@ -471,8 +488,8 @@ static void plan(st_ctl *c, int32_t na) {
             const double g = (double)na * f * (1.0 + e[n]) / (draft + ratio[n]);
             if (g > c->pred[K][S] || n == 2)
                 c->pred[K][S] = g;
-            if (g * rho(c) > alt)
-                alt = g * rho(c), ak = K, as = S, an = n;
+            if (g * rho(c, S) > alt)
+                alt = g * rho(c, S), ak = K, as = S, an = n;
         }
     }
     if (alt > 0.85 * best) {
@@ -765,6 +782,16 @@ static void track_cost(double *v, int64_t n, double x) {
         track(v, n, x);
 }
 
+/* A plain token's time now. Plain steps are rare while drafting (one in CTL_PLAIN_EVERY), and
+ * a machine whose speed changes in between (other jobs on shared cores, cold caches after the
+ * prompt, a longer context) changes every step's time alike: costs measured against t1 alone
+ * then follow the machine, not the tree (on a 768-wide Q8_0 target under other jobs' load, a
+ * verify of 3 tokens read 2.05 plain tokens, 1.4-1.5 where plain steps are measured beside
+ * it), and `auto` stopped drafting. So the verify steps of sizes measured CTL_FLOOR_N
+ * times also track the machine's speed, each moving it by CTL_SPEED_RATE of how far its time is
+ * from its estimate (at most 1.5 times: a preempted step); a plain step sets t1 anew. */
+static double t1_now(const st_ctl *c) { return c->t1 * c->speed; }
+
 void st_ctl_time_plain(st_ctl *c, double per_token) { st_ctl_time_plain_batch(c, 1, per_token); }
 
 /* The verify-cost curve by total tokens T (in t1 times, any batch); cold: the first step of
@@ -780,7 +807,12 @@ static void time_verify_tokens(st_ctl *c, int64_t T, double seconds, int *cold) 
         return;
     }
     *cold = 0;
-    double r = seconds / c->t1;
+    double r = seconds / t1_now(c);
+    if (c->tv_n[T] >= CTL_FLOOR_N) {
+        const double o = r / c->tv[T];
+        c->speed *= 1.0 + CTL_SPEED_RATE * ((o > 1.5 ? 1.5 : o) - 1.0);
+        r = seconds / t1_now(c);
+    }
     if (c->tv_n[T] == 0) { /* a first measurement counts at most 1.5 times the estimate */
         const double e = est_ratio(c, T);
         r = r > 1.5 * e ? 1.5 * e : r;
@@ -815,6 +847,8 @@ void st_ctl_time_verify(st_ctl *c, int64_t T, double seconds) {
 void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
     if (na < 1 || !(seconds > 0.0))
         return;
+    c->t1 = t1_now(c);
+    c->speed = 1.0;
     track_cost(&c->t1, c->t1_n, seconds / (double)na);
     c->t1_n++;
     if (na <= ST_GEN_MAX_BATCH) {
@@ -829,8 +863,8 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t 
                        double levels_s) {
     if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K || !(c->t1 > 0.0))
         return;
-    catch_s /= c->t1; /* in plain-token times from here on */
-    levels_s /= c->t1;
+    catch_s /= t1_now(c); /* in plain-token times from here on */
+    levels_s /= t1_now(c);
     if (c->probing)
         c->probe_spent += catch_s + (levels_s > 0.0 ? levels_s : 0.0);
     if (rows >= CTL_PROBE_ROWS) {
@@ -888,17 +922,21 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     c->step++;
     if (!c->autotune)
         return;
+    for (int64_t s = 0; s <= ST_SPEC_MAX_S; s++) {
+        c->rho_tok[s] *= CTL_RHO_DECAY;
+        c->rho_pred[s] *= CTL_RHO_DECAY;
+    }
     /* a probe's loss: its time beyond what plain steps would take for the tokens it emitted */
     if (c->t1 > 0.0 && t_step > 0.0) {
-        c->t_total += t_step / c->t1;
+        c->t_total += t_step / t1_now(c);
         if (c->vprobe && n > 1) {
-            const double loss = t_step / c->t1 - (double)emitted * batch_f(c, na);
+            const double loss = t_step / t1_now(c) - (double)emitted * batch_f(c, na);
             c->vprobe_loss += loss > 0.0 ? loss : 0.0;
         }
     }
     c->vprobe = 0;
     if (drafted && na >= 1 && c->t1 > 0.0 && t_step > t_fwd && t_fwd >= 0.0) {
-        const double x = (t_step - t_fwd) / (double)na / c->t1;
+        const double x = (t_step - t_fwd) / (double)na / t1_now(c);
         track(&c->prop_r, c->prop_rn, x);
         c->prop_rn++;
     }
@@ -918,7 +956,7 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
      * sums; a step counts at most 1.5 times the shape's mean step) */
     if (drafted && c->model_drafter && !c->probing && c->t1 > 0.0 && t_step > 0.0) {
         const int64_t K = c->dk, S = c->ds;
-        double x = t_step / c->t1;
+        double x = t_step / t1_now(c);
         const double mean = c->rz_w[K][S] > 0.0 ? c->rz_cost[K][S] / c->rz_w[K][S] : 0.0;
         if (c->rz_w[K][S] >= 3.0 && x > 1.5 * mean)
             x = 1.5 * mean;
@@ -927,8 +965,10 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         c->rz_w[K][S] = CTL_RZ_DECAY * c->rz_w[K][S] + 1.0;
         c->rz_step[K][S] = c->step;
         if (c->pred[K][S] > 0.0) {
-            c->rho_tok = CTL_RHO_DECAY * c->rho_tok + (double)emitted;
-            c->rho_pred = CTL_RHO_DECAY * c->rho_pred + c->pred[K][S] * x;
+            c->rho_tok[0] += (double)emitted;
+            c->rho_pred[0] += c->pred[K][S] * x;
+            c->rho_tok[S] += (double)emitted;
+            c->rho_pred[S] += c->pred[K][S] * x;
         }
     }
     if (n == 1) {

@@ -44,7 +44,9 @@
  *   rank), unseen cells taking their prior from the cell above or beside them.
  * - c_catch, c_level(K): the drafter's measured time per step for catching up on the
  *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages of
- *   their ratios to t1 (as t(N)'s: a machine that slows down slows both).
+ *   their ratios to t1 (as t(N)'s: a machine that slows down slows both). t1 is the plain
+ *   token's time now: between plain steps (rare while drafting) the verify steps of sizes
+ *   measured often enough track the machine's speed.
  * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
  * steps) is blended into its prediction, so that what the model misses (costs it does not
  * see, acceptance that depends on more than depth and rank) is learned per pool.
@@ -76,8 +78,9 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto);
 
 /* Whether this step drafts at all for na active sequences (the engine also checks that the
  * trees fit the context) and, if so, the pool (*K, *S) the drafters propose this step. Under
- * `auto`, proposals that keep ending in a plain step at this batch size are made only one step
- * in k, k such that they cost about 1% of the time (at most 16). */
+ * `auto`, a drafter without a model whose proposals keep ending in a plain step at this batch
+ * size proposes only one step in k, k such that its proposals cost about 1% of the time (at
+ * most 16); a model drafter drafts as its plan says. */
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
 
 /* A model drafter's measured time for one proposal of pool (K, S): catch_s to catch up on the
