@@ -426,6 +426,11 @@ static void test_errors(void **state) {
                     "{\"type\":\"NFKC\"};json.dump(t,open(\"tokenizer.json\",\"w\"))'",
                  "tokenizer.json", "normalizer");
     expect_error("rm tokenizer.json", "tokenizer.json", "");
+    /* one added token with a huge id: ten million placeholder tokens are refused */
+    expect_error(PY "'import json;t=json.load(open(\"tokenizer.json\"));t[\"added_tokens\"]"
+                    ".append({\"id\":10531111,\"content\":\"<x>\",\"special\":True});"
+                    "json.dump(t,open(\"tokenizer.json\",\"w\"))'",
+                 "tokenizer.json", "more than half the ids would be unused");
     /* config.json missing a field, or with one unsupported */
     expect_error(PY "'import json;c=json.load(open(\"config.json\"));del c[\"hidden_size\"];"
                     "json.dump(c,open(\"config.json\",\"w\"))'",
