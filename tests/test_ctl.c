@@ -434,9 +434,9 @@ typedef struct plan_case {
     double a, slope, lvl;
 } plan_case;
 
-static st_ctl *planner(const plan_case *pc, int32_t *hist, int64_t *n_hist) {
+static st_ctl *planner_bs(const plan_case *pc, int32_t bs, int32_t *hist, int64_t *n_hist) {
     st_ctl *c;
-    assert_int_equal(st_ctl_create(1, ST_CTL_AUTO_K, ST_CTL_AUTO_S, ST_CTL_AUTO_N, 1, 0.1, &c),
+    assert_int_equal(st_ctl_create(bs, ST_CTL_AUTO_K, ST_CTL_AUTO_S, ST_CTL_AUTO_N, 1, 0.1, &c),
                      ST_OK);
     st_ctl_auto_shape(c, 1, 1);
     int64_t K, S;
@@ -460,6 +460,10 @@ static st_ctl *planner(const plan_case *pc, int32_t *hist, int64_t *n_hist) {
         feed_right(c, 8, hist, n_hist, right);
     }
     return c;
+}
+
+static st_ctl *planner(const plan_case *pc, int32_t *hist, int64_t *n_hist) {
+    return planner_bs(pc, 1, hist, n_hist);
 }
 
 static void test_plan(void **state) {
@@ -556,13 +560,55 @@ static void test_plan_policy(void **state) {
     free(hist);
 }
 
+/* A model drafter judged by what it realized at each batch size. Its drafting is per sequence
+ * (its time grows with the batch while a plain step's per token shrinks), which the plan, from
+ * costs measured on one sequence, does not see: at 8 sequences a drafted step here takes 8 ms
+ * for 16 tokens where plain steps take 2 ms for 8 (the plan predicts it pays). Drafting there
+ * stops after the steps that judge it and is probed again only within the probes' budget (1% of
+ * the time); at 2 sequences, where its steps emit 8 tokens in 3 ms against 1.2 ms for 2 plain
+ * ones, it drafts on every step but the plain ones that keep t1 fresh. (The controller before
+ * this check drafted on 1970 of the 2000 steps at 8 and lost 50% of the time.) */
+static void test_batch_gate(void **state) {
+    (void)state;
+    int32_t *hist = calloc(1 << 16, sizeof *hist);
+    for (int pays = 0; pays < 2; pays++) {
+        int64_t n_hist = 1, K, S;
+        plan_case good = {0.9, 0.05, 0.05};
+        st_ctl *c = planner_bs(&good, 8, hist, &n_hist);
+        const int32_t na = pays ? 2 : 8;
+        const double t_plain = pays ? 1.2e-3 : 2e-3, t_draft = pays ? 3e-3 : 8e-3;
+        const int64_t e_draft = pays ? 8 : 16;
+        for (int r = 0; r < 4; r++)
+            st_ctl_step_end(c, 0, 1, na, na, t_plain, t_plain);
+        int drafted = 0;
+        double t_all = 0.0, t_tok = 0.0; /* all steps' time; their tokens' at plain speed */
+        for (int step = 0; step < 2000; step++) {
+            const int d = st_ctl_want_draft(c, na, &K, &S);
+            drafted += d;
+            const double t = d ? t_draft : t_plain;
+            const int64_t e = d ? e_draft : na;
+            t_all += t;
+            t_tok += (double)e * t_plain / (double)na;
+            st_ctl_step_end(c, d, d ? 5 : 1, na, e, t, d ? t - 1e-3 : t);
+        }
+        print_message("batch %d, drafting %s: drafted %d of 2000 steps, %+.2f%% of the time\n", na,
+                      pays ? "pays" : "loses", drafted, 100.0 * (t_all - t_tok) / t_all);
+        if (pays)
+            assert_true(drafted >= 2000 - 2000 / 64 - 8);
+        else /* the judging steps, then probes losing 16 plain-token times each within 1% */
+            assert_true(t_all - t_tok <= 0.01 * t_all + 4 * (t_draft - 16 * t_plain / 8));
+        st_ctl_free(c);
+    }
+    free(hist);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_matches_organize), cmocka_unit_test(test_choice),
         cmocka_unit_test(test_batch_backoff),         cmocka_unit_test(test_batch_measured),
         cmocka_unit_test(test_proposal_sampling),     cmocka_unit_test(test_classes),
         cmocka_unit_test(test_tree_expect),           cmocka_unit_test(test_plan),
-        cmocka_unit_test(test_plan_policy),
+        cmocka_unit_test(test_plan_policy),           cmocka_unit_test(test_batch_gate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,6 +74,15 @@ enum {
 #define CTL_VPROBE_BUDGET 0.01
 #define CTL_VPROBE_ALLOW 8.0
 #define CTL_PRIOR_RATIO(T) (1.0 + CTL_PRIOR_SLOPE * (double)((T)-1))
+/* Drafting at a batch size is judged by what it realized there: decayed sums (by this per
+ * drafted step of that size, each step counting at most 1.5 times their mean) of the tokens
+ * and seconds of its drafted steps, against a plain step's time per token at that size. Their
+ * weight fades by CTL_GATE_FADE per step since the last drafted step of that size; with less
+ * than CTL_GATE_MIN, drafting there is a probe, whose loss counts against the probes'
+ * budget (CTL_VPROBE_BUDGET). */
+#define CTL_GATE_DECAY 0.9
+#define CTL_GATE_FADE 0.99
+#define CTL_GATE_MIN 3.0
 
 typedef struct shadow {
     int64_t n0; /* history length when proposed: a depth-d node predicts hist[n0 + d - 1] */
@@ -111,10 +120,12 @@ struct st_ctl {
      * which must not favour the pools never drafted over those measured) */
     double pred[ST_SPEC_MAX_K + 1][ST_SPEC_MAX_S + 1];
     double rho_tok[ST_SPEC_MAX_S + 1], rho_pred[ST_SPEC_MAX_S + 1]; /* [0] all, [S] depth S */
-    /* draft costs in plain-token times (ratios to t1 when measured, like the verify costs:
-     * a machine that slows down slows both) */
-    double probe_spent; /* what the probes have cost so far */
-    double c_row;       /* a caught-up row (catch-ups of >= 16 rows) */
+    double probe_spent; /* what the probes have cost so far, in plain-token times */
+    /* draft costs per sequence in one sequence's plain-token times (seq_unit: drafting is per
+     * sequence, so unlike a forward's its time does not shrink per token with the batch; a
+     * ratio to t1, the plain token of whatever batch ran last, read at another batch size is
+     * wrong by their ratio: measured at 1 and read at 8, 3.5x too cheap on a 768-wide target) */
+    double c_row; /* a caught-up row (catch-ups of >= 16 rows) */
     int64_t c_row_n;
     int64_t pk, ps; /* the last plan: pool, tree size, predicted speed-up */
     int32_t pn;
@@ -157,13 +168,18 @@ struct st_ctl {
      * (cvb_n: measurements) */
     double *cvb;
     int32_t *cvb_n;
-    /* proposing and ranking, per sequence, in plain-token times (a moving average) */
+    /* proposing and ranking, per sequence, in seq_unit times (a moving average) */
     double prop_r;
     int64_t prop_rn;
     /* verify probes: all steps' time and the probes' loss, in plain-token times; whether the
      * tree chosen this step is a probe */
     double t_total, vprobe_loss;
     int vprobe;
+    /* per batch size: realized drafting (see CTL_GATE_DECAY); whether this step's drafting
+     * is a probe of the gate */
+    double gz_tok[ST_GEN_MAX_BATCH + 1], gz_s[ST_GEN_MAX_BATCH + 1], gz_w[ST_GEN_MAX_BATCH + 1];
+    int64_t gz_step[ST_GEN_MAX_BATCH + 1];
+    int gprobe;
     double *tv;       /* (Tmax + 1) */
     int32_t *tv_n;    /* (Tmax + 1) */
     uint8_t *tv_seen; /* (Tmax + 1) a first, unmeasured step of that size was made */
@@ -250,8 +266,51 @@ void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto) {
 
 static void plan(st_ctl *c, int32_t na);
 static double level_cost(const st_ctl *c, int64_t K);
+static double t1_now(const st_ctl *c);
+static double batch_f(const st_ctl *c, int32_t na);
+
+static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
+
+/* Drafting at na sequences, by what it realized there: 1 pays (or is not known yet: *known 0),
+ * 0 loses. One sequence is left to the plan and its pools' realized speed-ups. */
+static int gate_open(const st_ctl *c, int32_t na, int *known) {
+    *known = 1;
+    if (na < 2 || na > ST_GEN_MAX_BATCH || na > c->bs)
+        return 1;
+    *known = 0;
+    if (c->t1b_n[na] == 0)
+        return 1;
+    const double w = c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gz_step[na]));
+    if (w < CTL_GATE_MIN || !(c->gz_tok[na] > 0.0))
+        return 1;
+    *known = 1;
+    return c->gz_s[na] / c->gz_tok[na] < c->t1b[na];
+}
 
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
+    c->gprobe = 0;
+    if (!want_draft(c, na, K, S))
+        return 0;
+    if (!c->autotune || !c->model_drafter || c->probing)
+        return 1;
+    /* A batch size decodes plainly before its plain step is measured: the yardstick of its
+     * trees (st_ctl_choose), and of what drafting realizes there. */
+    if (na >= 1 && na <= c->bs && na <= ST_GEN_MAX_BATCH && c->t1b_n[na] == 0 && c->t1_n > 0)
+        return 0;
+    /* Where drafting lost at this batch size, plain steps; where it is not known, a probe within
+     * the probes' budget. Drafting is per sequence, so at a larger batch its cost does not
+     * shrink per token as a forward's does: on a 768-wide Q8_0 target an EAGLE head that paid
+     * 1.3x for one sequence drafted every other step at 8 and verified a quarter of them, and
+     * the server lost 12%. */
+    int known;
+    if (gate_open(c, na, &known)) {
+        c->gprobe = !known;
+        return !known ? c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW : 1;
+    }
+    return 0;
+}
+
+static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     *K = c->K;
     *S = c->S;
     if (!c->autotune)
@@ -309,7 +368,9 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     if (c->pgain < CTL_PROBE_MIN_GAIN || since < (c->c_row_n ? CTL_PROBE_EVERY : CTL_PROBE_ROWS))
         return 0;
     const double cost =
-        (double)since * c->c_row + c->c_catch + (double)(c->ps - 1) * level_cost(c, c->pk);
+        (double)(na > 1 ? na : 1) *
+        ((double)since * c->c_row + c->c_catch + (double)(c->ps - 1) * level_cost(c, c->pk)) *
+        batch_f(c, 1);
     if (c->c_row_n && c->probe_spent + cost > CTL_PROBE_BUDGET * (double)c->step)
         return 0;
     c->probing = 1;
@@ -447,7 +508,7 @@ static void plan(st_ctl *c, int32_t na) {
             const int64_t M = st_tree_n_candidates(K, S);
             const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
             const double *e = E + (S - 1) * (nmax + 1);
-            const double draft = (double)na * (c->c_catch + (double)(S - 1) * lc);
+            const double draft = (double)na * (c->c_catch + (double)(S - 1) * lc) * batch_f(c, 1);
             double gm = -1.0;
             int32_t nb = 2;
             for (int32_t n = 2; n <= nm; n++) {
@@ -483,7 +544,8 @@ static void plan(st_ctl *c, int32_t na) {
         const int64_t M = st_tree_n_candidates(K, S);
         const int32_t nm = (int32_t)(M + 1 < nmax ? M + 1 : nmax);
         const double *e = E + (S - 1) * (nmax + 1);
-        const double draft = (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K));
+        const double draft =
+            (double)na * (c->c_catch + (double)(S - 1) * level_cost(c, K)) * batch_f(c, 1);
         for (int32_t n = 2; n <= nm; n++) {
             const double g = (double)na * f * (1.0 + e[n]) / (draft + ratio[n]);
             if (g > c->pred[K][S] || n == 2)
@@ -714,7 +776,7 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
      * per sequence) against the tokens it is expected to emit. The larger the batch, the
      * cheaper a plain step's tokens and the dearer a verify step (verification stops being
      * free): the trees must deliver more. */
-    const double f = batch_f(c, na), cp = c->prop_rn ? c->prop_r / f : 0.0;
+    const double f = batch_f(c, na), cp = c->prop_rn ? c->prop_r * batch_f(c, 1) / f : 0.0;
     int32_t best = 1;
     double bg = CTL_TREE_MIN_GAIN;
     double g[ST_SPEC_MAX_N + 1];
@@ -792,6 +854,10 @@ static void track_cost(double *v, int64_t n, double x) {
  * from its estimate (at most 1.5 times: a preempted step); a plain step sets t1 anew. */
 static double t1_now(const st_ctl *c) { return c->t1 * c->speed; }
 
+/* One sequence's plain token now (t1 is that of the batches that ran last), the unit of the
+ * per-sequence draft costs; batch_f(c, 1) converts them to t1 times. */
+static double seq_unit(const st_ctl *c) { return t1_now(c) * batch_f(c, 1); }
+
 void st_ctl_time_plain(st_ctl *c, double per_token) { st_ctl_time_plain_batch(c, 1, per_token); }
 
 /* The verify-cost curve by total tokens T (in t1 times, any batch); cold: the first step of
@@ -863,10 +929,10 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t 
                        double levels_s) {
     if (!c->autotune || !(catch_s > 0.0) || K < 1 || K > ST_SPEC_MAX_K || !(c->t1 > 0.0))
         return;
-    catch_s /= t1_now(c); /* in plain-token times from here on */
-    levels_s /= t1_now(c);
     if (c->probing)
-        c->probe_spent += catch_s + (levels_s > 0.0 ? levels_s : 0.0);
+        c->probe_spent += (catch_s + (levels_s > 0.0 ? levels_s : 0.0)) / t1_now(c);
+    catch_s /= seq_unit(c); /* in one sequence's plain-token times from here on */
+    levels_s /= seq_unit(c);
     if (rows >= CTL_PROBE_ROWS) {
         track_cost(&c->c_row, c->c_row_n, catch_s / (double)rows);
         c->c_row_n++;
@@ -927,6 +993,7 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         c->rho_pred[s] *= CTL_RHO_DECAY;
     }
     /* a probe's loss: its time beyond what plain steps would take for the tokens it emitted */
+    const int vp = c->vprobe && n > 1;
     if (c->t1 > 0.0 && t_step > 0.0) {
         c->t_total += t_step / t1_now(c);
         if (c->vprobe && n > 1) {
@@ -935,8 +1002,24 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         }
     }
     c->vprobe = 0;
+    /* what drafting realized at this batch size (a gate probe's loss against the budget) */
+    if (drafted && c->model_drafter && !c->probing && na >= 2 && na <= ST_GEN_MAX_BATCH &&
+        na <= c->bs && t_step > 0.0 && c->t1 > 0.0 && c->t1b_n[na] > 0) {
+        const double mean = c->gz_tok[na] > 0.0 ? c->gz_s[na] / c->gz_w[na] : 0.0;
+        const double x = c->gz_w[na] >= CTL_GATE_MIN && t_step > 1.5 * mean ? 1.5 * mean : t_step;
+        const double fade = pow(CTL_GATE_FADE, (double)(c->step - 1 - c->gz_step[na]));
+        c->gz_tok[na] = CTL_GATE_DECAY * fade * c->gz_tok[na] + (double)emitted;
+        c->gz_s[na] = CTL_GATE_DECAY * fade * c->gz_s[na] + x;
+        c->gz_w[na] = CTL_GATE_DECAY * fade * c->gz_w[na] + 1.0;
+        c->gz_step[na] = c->step;
+        if (c->gprobe && c->t1 > 0.0 && !vp) { /* (a verify probe's loss is counted above) */
+            const double loss = (t_step - (double)emitted * c->t1b[na]) / t1_now(c);
+            c->vprobe_loss += loss > 0.0 ? loss : 0.0;
+        }
+    }
+    c->gprobe = 0;
     if (drafted && na >= 1 && c->t1 > 0.0 && t_step > t_fwd && t_fwd >= 0.0) {
-        const double x = (t_step - t_fwd) / (double)na / t1_now(c);
+        const double x = (t_step - t_fwd) / (double)na / seq_unit(c);
         track(&c->prop_r, c->prop_rn, x);
         c->prop_rn++;
     }

@@ -44,9 +44,10 @@
  *   rank), unseen cells taking their prior from the cell above or beside them.
  * - c_catch, c_level(K): the drafter's measured time per step for catching up on the
  *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages of
- *   their ratios to t1 (as t(N)'s: a machine that slows down slows both). t1 is the plain
- *   token's time now: between plain steps (rare while drafting) the verify steps of sizes
- *   measured often enough track the machine's speed.
+ *   their ratios to one sequence's plain token (as t(N)'s: a machine that slows down slows
+ *   both; drafting is per sequence, so at na sequences it costs na times as much, while a
+ *   plain token costs less). t1 is the plain token's time now: between plain steps (rare
+ *   while drafting) the verify steps of sizes measured often enough track the machine's speed.
  * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
  * steps) is blended into its prediction, so that what the model misses (costs it does not
  * see, acceptance that depends on more than depth and rank) is learned per pool.
@@ -55,6 +56,11 @@
  * probes together costing at most 1% of the plain decoding time (a probe first catches up on
  * every token since the last draft; it is verified only if its drafts look worth it); now and
  * then it drafts a shape next to the best to measure it.
+ * For a batch (2 or more sequences), drafting is also judged by what it realized at that batch
+ * size: tokens per second of its drafted steps (the drafting and the verify, and the steps
+ * whose drafts were not verified) against a plain step's at that size; where it lost, the batch
+ * decodes plainly, drafting again only as a probe within the probes' budget once that
+ * evidence has faded.
  */
 #ifndef ST_CTL_H
 #define ST_CTL_H
