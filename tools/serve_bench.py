@@ -65,7 +65,10 @@ class Srv:
         self.proc.terminate()
         self.proc.wait(60)
         self.log.close()
-        os.unlink(self.log.name)
+        if os.environ.get("SERVE_BENCH_KEEP_LOG"):
+            print("serve_bench: server log kept: " + self.log.name, file=sys.stderr)
+        else:
+            os.unlink(self.log.name)
 
 
 def one(port, i, max_tokens):
@@ -103,8 +106,29 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def round_(srv, clients, max_tokens):
+def metrics(port):
+    """The server's counters from /metrics (name -> value; histograms' buckets left out)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    out = {}
+    for line in conn.getresponse().read().decode().split("\n"):
+        if line and not line.startswith("#") and "_bucket" not in line:
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    conn.close()
+    return out
+
+
+TRACE_KEYS = [("steps", "spectree_engine_steps_total"), ("spec", "spectree_spec_steps_total"),
+              ("plain", "spectree_plain_steps_total"), ("draft_s", "spectree_draft_seconds_total"),
+              ("verify_s", "spectree_verify_seconds_total"),
+              ("prefill_s", "spectree_prefill_seconds_total"),
+              ("gen", "spectree_generation_tokens_total")]
+
+
+def round_(srv, clients, max_tokens, trace=None):
     port = srv.port
+    m0 = metrics(port) if trace else None
     c0 = cpu_seconds(srv.proc.pid)
     n = max(16, 4 * clients)
     res = [None] * n
@@ -128,6 +152,15 @@ def round_(srv, clients, max_tokens):
         t.join()
     wall = time.perf_counter() - t0
     cpu = cpu_seconds(srv.proc.pid) - c0
+    if trace:
+        m1 = metrics(port)
+        d = {k: m1.get(n, 0.0) - m0.get(n, 0.0) for k, n in TRACE_KEYS}
+        print("  trace %-5s c=%-3d wall %6.3f s cpu %6.3f s | steps %5d (spec %5d plain %5d) "
+              "tok/step %5.2f | draft %6.3f verify %6.3f prefill %6.3f s | other %6.3f s" %
+              (trace, clients, wall, cpu, d["steps"], d["spec"], d["plain"],
+               d["gen"] / d["steps"] if d["steps"] else 0.0, d["draft_s"], d["verify_s"],
+               d["prefill_s"], wall - d["draft_s"] - d["verify_s"] - d["prefill_s"]),
+              file=sys.stderr, flush=True)
     toks = sum(r[2] for r in res)
     spec = sum(r[3].get("spec_steps", 0) for r in res)
     plain = sum(r[3].get("plain_steps", 0) for r in res)
@@ -150,6 +183,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--trace", action="store_true",
+                    help="print each round's engine counters from /metrics on stderr")
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]
     plain = Srv(a.build, a.model, [], a.threads)
@@ -161,8 +196,8 @@ def main():
         for c in levels:
             runs = {"plain": [], "spec": []}
             for _ in range(a.reps):
-                runs["plain"].append(round_(plain, c, a.max_tokens))
-                runs["spec"].append(round_(spec, c, a.max_tokens))
+                runs["plain"].append(round_(plain, c, a.max_tokens, a.trace and "plain"))
+                runs["spec"].append(round_(spec, c, a.max_tokens, a.trace and "spec"))
             med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]}
                    for k, v in runs.items()}
             # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the
