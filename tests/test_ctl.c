@@ -290,7 +290,7 @@ static void test_batch_measured(void **state) {
         for (int r = 0; r < 20; r++)                /* single sequences again: t1 back at 1 ms */
             st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
         for (int r = 0; r < 10; r++)
-            st_ctl_step_end(c, 1, 2, 8, 8, 3e-3, 3e-3);
+            st_ctl_step_end(c, 1, 2, 8, right ? 16 : 8, 3e-3, 3e-3); /* (what it emits) */
         for (int r = 0; r < 60; r++) /* the batch of 8 decodes: t1 falls to 0.25 ms */
             st_ctl_step_end(c, 0, 1, 8, 8, 2e-3, 2e-3);
         assert_true(st_ctl_t1(c) < 0.3e-3);
@@ -597,6 +597,36 @@ static void test_batch_gate(void **state) {
             assert_true(drafted >= 2000 - 2000 / 64 - 8);
         else /* the judging steps, then probes losing 16 plain-token times each within 1% */
             assert_true(t_all - t_tok <= 0.01 * t_all + 4 * (t_draft - 16 * t_plain / 8));
+        st_ctl_free(c);
+    }
+    /* A drafter without a model whose trees realize less than predicted (a tree step of 8 x 2
+     * emits 12 tokens in 3.5 ms, its drafts predicted always right; plain steps 8 in 2 ms):
+     * after the trees that judge it, plain steps but for the probes (1% of the time). The
+     * controller before this check verified all 2000 trees and lost 14% of the time. */
+    {
+        st_ctl *c;
+        int64_t n_hist = 1;
+        double g;
+        assert_int_equal(st_ctl_create(8, 1, 2, 2, 1, 0.0, &c), ST_OK);
+        for (int r = 0; r < 10; r++)
+            st_ctl_step_end(c, 0, 1, 8, 8, 2e-3, 2e-3);
+        int trees = 0;
+        double t_all = 0.0, t_tok = 0.0;
+        for (int step = 0; step < 2000; step++) {
+            calibrate(c, 8, 1, 1.0, hist, &n_hist);
+            const int32_t n = st_ctl_choose(c, 8, 1, &g);
+            trees += n > 1;
+            const double t = n > 1 ? 3.5e-3 : 2e-3;
+            const int64_t e = n > 1 ? 12 : 8;
+            t_all += t;
+            t_tok += (double)e * 0.25e-3;
+            st_ctl_step_end(c, 1, n, 8, e, t, t);
+        }
+        print_message("trees realizing less than plain at 8: %d trees in 2000 steps, %+.2f%% of "
+                      "the time\n",
+                      trees, 100.0 * (t_all - t_tok) / t_all);
+        assert_true(trees >= 3);
+        assert_true(t_all - t_tok <= 0.01 * t_all + 8 * 0.5e-3);
         st_ctl_free(c);
     }
     free(hist);
