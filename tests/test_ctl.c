@@ -599,6 +599,40 @@ static void test_batch_gate(void **state) {
             assert_true(t_all - t_tok <= 0.01 * t_all + 4 * (t_draft - 16 * t_plain / 8));
         st_ctl_free(c);
     }
+    /* The plain steps it is weighed against are recent ones: plain steps of 4 measured at 2 ms
+     * (a cold start) long ago; now they take 1.6 ms, and drafted steps emit 8 tokens in 3.6 ms
+     * (0.45 ms a token, against 0.5 then and 0.4 now): after a plain step that measures today's
+     * yardstick and the steps that judge drafting, plain steps but for the probes. (The
+     * controller weighing drafting against the plain time of long ago drafted 330 steps and
+     * lost 3.4% of the time.) */
+    {
+        int64_t n_hist = 1, K, S;
+        plan_case good = {0.9, 0.05, 0.05};
+        st_ctl *c = planner_bs(&good, 8, hist, &n_hist);
+        for (int r = 0; r < 4; r++)
+            st_ctl_step_end(c, 0, 1, 4, 4, 2e-3, 2e-3);
+        for (int r = 0; r < 500; r++) /* other batch sizes meanwhile */
+            st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
+        int drafted = 0;
+        double t_all = 0.0, t_tok = 0.0;
+        for (int step = 0; step < 2000; step++) {
+            const int d = st_ctl_want_draft(c, 4, &K, &S);
+            drafted += d;
+            const double t = d ? 3.6e-3 : 1.6e-3;
+            const int64_t e = d ? 8 : 4;
+            t_all += t;
+            t_tok += (double)e * 0.4e-3;
+            st_ctl_step_end(c, d, d ? 5 : 1, 4, e, t, d ? t - 1e-3 : t);
+        }
+        print_message("batch 4, yardstick from long ago: drafted %d of 2000 steps, %+.2f%% of the "
+                      "time\n",
+                      drafted, 100.0 * (t_all - t_tok) / t_all);
+        /* (the probes' budget: 1% of all the time the controller has run, the 500 steps at 1
+         * included, and 8 plain-token times) */
+        assert_true(drafted < 330 / 2);
+        assert_true(t_all - t_tok <= 0.01 * (t_all + 0.5) + 9 * 0.4e-3);
+        st_ctl_free(c);
+    }
     /* A drafter without a model whose trees realize less than predicted (a tree step of 8 x 2
      * emits 12 tokens in 3.5 ms, its drafts predicted always right; plain steps 8 in 2 ms):
      * after the trees that judge it, plain steps but for the probes (1% of the time). The

@@ -83,6 +83,7 @@ enum {
 #define CTL_GATE_DECAY 0.9
 #define CTL_GATE_FADE 0.99
 #define CTL_GATE_MIN 3.0
+#define CTL_GATE_PLAIN_MIN 0.3 /* plain steps' weight below which one is run first */
 
 typedef struct shadow {
     int64_t n0; /* history length when proposed: a depth-d node predicts hist[n0 + d - 1] */
@@ -179,6 +180,9 @@ struct st_ctl {
      * is a probe of the gate */
     double gz_tok[ST_GEN_MAX_BATCH + 1], gz_s[ST_GEN_MAX_BATCH + 1], gz_w[ST_GEN_MAX_BATCH + 1];
     int64_t gz_step[ST_GEN_MAX_BATCH + 1];
+    /* ... and the plain steps it is weighed against, kept the same way */
+    double gp_tok[ST_GEN_MAX_BATCH + 1], gp_s[ST_GEN_MAX_BATCH + 1], gp_w[ST_GEN_MAX_BATCH + 1];
+    int64_t gp_step[ST_GEN_MAX_BATCH + 1];
     int gprobe;
     double *tv;       /* (Tmax + 1) */
     int32_t *tv_n;    /* (Tmax + 1) */
@@ -271,20 +275,35 @@ static double batch_f(const st_ctl *c, int32_t na);
 
 static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
 
-/* Drafting at na sequences, by what it realized there: 1 pays (or is not known yet: *known 0),
- * 0 loses. One sequence is left to the plan and its pools' realized speed-ups. */
-static int gate_open(const st_ctl *c, int32_t na, int *known) {
-    *known = 1;
+/* Drafting at na sequences, by what it realized there against plain steps there. One
+ * sequence is left to the plan and its pools' realized speed-ups (GATE_OPEN). */
+enum { GATE_OPEN, GATE_CLOSED, GATE_UNKNOWN, GATE_STALE };
+
+static int gate(const st_ctl *c, int32_t na) {
     if (na < 2 || na > ST_GEN_MAX_BATCH || na > c->bs)
-        return 1;
-    *known = 0;
-    if (c->t1b_n[na] == 0)
-        return 1;
+        return GATE_OPEN;
+    /* the yardstick first: plain steps of this batch size measured lately (a plain time from
+     * long ago, a cold first step or another load, made drafting that lost look paying) */
+    const double wp = c->gp_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gp_step[na]));
+    if (c->t1b_n[na] == 0 || wp < CTL_GATE_PLAIN_MIN || !(c->gp_tok[na] > 0.0))
+        return GATE_STALE;
     const double w = c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gz_step[na]));
     if (w < CTL_GATE_MIN || !(c->gz_tok[na] > 0.0))
-        return 1;
-    *known = 1;
-    return c->gz_s[na] / c->gz_tok[na] < c->t1b[na];
+        return GATE_UNKNOWN;
+    return c->gz_s[na] / c->gz_tok[na] < c->gp_s[na] / c->gp_tok[na] ? GATE_OPEN : GATE_CLOSED;
+}
+
+/* Adds a step of `tok` tokens in t seconds to decayed sums (each step counting at most 1.5 times
+ * their mean once CTL_GATE_MIN steps are in). */
+static void gate_add(double *stok, double *ss, double *sw, int64_t *sstep, int64_t step, double tok,
+                     double t) {
+    const double mean = *sw > 0.0 ? *ss / *sw : 0.0,
+                 x = *sw >= CTL_GATE_MIN && t > 1.5 * mean ? 1.5 * mean : t,
+                 k = CTL_GATE_DECAY * pow(CTL_GATE_FADE, (double)(step - 1 - *sstep));
+    *stok = k * *stok + tok;
+    *ss = k * *ss + x;
+    *sw = k * *sw + 1.0;
+    *sstep = step;
 }
 
 int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
@@ -297,17 +316,17 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
      * trees (st_ctl_choose), and of what drafting realizes there. */
     if (na >= 1 && na <= c->bs && na <= ST_GEN_MAX_BATCH && c->t1b_n[na] == 0 && c->t1_n > 0)
         return 0;
+    const int gt = gate(c, na);
     /* Where drafting lost at this batch size, plain steps; where it is not known, a probe within
      * the probes' budget. Drafting is per sequence, so at a larger batch its cost does not
      * shrink per token as a forward's does: on a 768-wide Q8_0 target an EAGLE head that paid
      * 1.3x for one sequence drafted every other step at 8 and verified a quarter of them, and
      * the server lost 12%. */
-    int known;
-    if (gate_open(c, na, &known)) {
-        c->gprobe = !known;
-        return !known ? c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW : 1;
+    if (gt == GATE_UNKNOWN) {
+        c->gprobe = 1;
+        return c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW;
     }
-    return 0;
+    return gt == GATE_OPEN;
 }
 
 static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
@@ -821,11 +840,11 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
     /* A drafter without a model is judged by its trees: where the trees of this batch size
      * realized less than plain steps (on stories260K at 16 sequences, trees of 16 x 2-3 tokens
      * took 5-8% more forward time for what they emitted), plain steps, but for the probes. */
-    int known;
     if (best > 1 && !c->model_drafter) {
-        if (!gate_open(c, na, &known))
+        const int gt = gate(c, na);
+        if (gt == GATE_CLOSED || gt == GATE_STALE)
             best = 1;
-        else if (!known) { /* not judged yet: a probe, within the budget */
+        else if (gt == GATE_UNKNOWN) { /* not judged yet: a probe, within the budget */
             c->gprobe = 1;
             if (c->vprobe_loss > CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW)
                 best = 1;
@@ -1020,19 +1039,18 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     /* what drafting realized at this batch size (a gate probe's loss against the budget) */
     if (drafted && (c->model_drafter ? !c->probing : n > 1) && na >= 2 && na <= ST_GEN_MAX_BATCH &&
         na <= c->bs && t_step > 0.0 && c->t1 > 0.0 && c->t1b_n[na] > 0) {
-        const double mean = c->gz_tok[na] > 0.0 ? c->gz_s[na] / c->gz_w[na] : 0.0;
-        const double x = c->gz_w[na] >= CTL_GATE_MIN && t_step > 1.5 * mean ? 1.5 * mean : t_step;
-        const double fade = pow(CTL_GATE_FADE, (double)(c->step - 1 - c->gz_step[na]));
-        c->gz_tok[na] = CTL_GATE_DECAY * fade * c->gz_tok[na] + (double)emitted;
-        c->gz_s[na] = CTL_GATE_DECAY * fade * c->gz_s[na] + x;
-        c->gz_w[na] = CTL_GATE_DECAY * fade * c->gz_w[na] + 1.0;
-        c->gz_step[na] = c->step;
+        gate_add(&c->gz_tok[na], &c->gz_s[na], &c->gz_w[na], &c->gz_step[na], c->step,
+                 (double)emitted, t_step);
         if (c->gprobe && c->t1 > 0.0 && !vp) { /* (a verify probe's loss is counted above) */
-            const double loss = (t_step - (double)emitted * c->t1b[na]) / t1_now(c);
+            const double tp = c->gp_tok[na] > 0.0 ? c->gp_s[na] / c->gp_tok[na] : c->t1b[na],
+                         loss = (t_step - (double)emitted * tp) / t1_now(c);
             c->vprobe_loss += loss > 0.0 ? loss : 0.0;
         }
     }
     c->gprobe = 0;
+    if (n == 1 && emitted > 0 && na >= 2 && na <= ST_GEN_MAX_BATCH && na <= c->bs && t_fwd > 0.0)
+        gate_add(&c->gp_tok[na], &c->gp_s[na], &c->gp_w[na], &c->gp_step[na], c->step,
+                 (double)emitted, t_fwd);
     if (drafted && na >= 1 && c->t1 > 0.0 && t_step > t_fwd && t_fwd >= 0.0) {
         const double x = (t_step - t_fwd) / (double)na / seq_unit(c);
         track(&c->prop_r, c->prop_rn, x);
