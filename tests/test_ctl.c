@@ -633,6 +633,35 @@ static void test_batch_gate(void **state) {
         assert_true(t_all - t_tok <= 0.01 * (t_all + 0.5) + 9 * 0.4e-3);
         st_ctl_free(c);
     }
+    /* The budget is not a stash: after 3000 plain steps of one sequence (1 ms each), a batch of
+     * 4 where drafting loses (as above, its yardstick measured now) probes within 1% of the
+     * recent time (about the last 500 steps), not of all 3 s at once, and once judged, probes
+     * one step about every 65 (probing again as soon as the evidence weighed less than 3
+     * drafted steps probed 15 of the 250, 1.4% of their time). */
+    {
+        int64_t n_hist = 1, K, S;
+        plan_case good = {0.9, 0.05, 0.05};
+        st_ctl *c = planner_bs(&good, 8, hist, &n_hist);
+        for (int r = 0; r < 3000; r++)
+            st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
+        double t_all = 0.0, t_tok = 0.0;
+        int drafted = 0;
+        for (int step = 0; step < 250; step++) {
+            const int d = st_ctl_want_draft(c, 4, &K, &S);
+            drafted += d;
+            const double t = d ? 3.6e-3 : 1.6e-3;
+            const int64_t e = d ? 8 : 4;
+            t_all += t;
+            t_tok += (double)e * 0.4e-3;
+            st_ctl_step_end(c, d, d ? 5 : 1, 4, e, t, d ? t - 1e-3 : t);
+        }
+        print_message("batch 4 after 3000 steps of 1: drafted %d of its first 250 steps, %+.2f%% "
+                      "of their time\n",
+                      drafted, 100.0 * (t_all - t_tok) / t_all);
+        assert_true(drafted <= 8);
+        assert_true(t_all - t_tok <= 0.01 * t_all + 9 * 0.4e-3);
+        st_ctl_free(c);
+    }
     /* A drafter without a model whose trees realize less than predicted (a tree step of 8 x 2
      * emits 12 tokens in 3.5 ms, its drafts predicted always right; plain steps 8 in 2 ms):
      * after the trees that judge it, plain steps but for the probes (1% of the time). The

@@ -73,16 +73,20 @@ enum {
 #define CTL_REPROBE_EVERY 16
 #define CTL_VPROBE_BUDGET 0.01
 #define CTL_VPROBE_ALLOW 8.0
+#define CTL_BUDGET_FADE 0.998 /* per step, of the time and the probes' loss the budget weighs */
 #define CTL_PRIOR_RATIO(T) (1.0 + CTL_PRIOR_SLOPE * (double)((T)-1))
 /* Drafting at a batch size is judged by what it realized there: decayed sums (by this per
  * drafted step of that size, each step counting at most 1.5 times their mean) of the tokens
- * and seconds of its drafted steps, against a plain step's time per token at that size. Their
- * weight fades by CTL_GATE_FADE per step since the last drafted step of that size; with less
- * than CTL_GATE_MIN, drafting there is a probe, whose loss counts against the probes'
- * budget (CTL_VPROBE_BUDGET). */
+ * and seconds of its drafted steps, against those of its recent plain steps. Their weight
+ * fades by CTL_GATE_FADE per step since the last drafted step of that size; before
+ * CTL_GATE_MIN drafted steps, or once their weight is below 1 (about 65 steps after a probe),
+ * drafting there is a probe, whose loss counts against the probes' budget
+ * (CTL_VPROBE_BUDGET); below CTL_GATE_FORGET the evidence is forgotten (drafting is judged
+ * anew). */
 #define CTL_GATE_DECAY 0.9
 #define CTL_GATE_FADE 0.99
-#define CTL_GATE_MIN 3.0
+#define CTL_GATE_MIN 3
+#define CTL_GATE_FORGET 0.3
 #define CTL_GATE_PLAIN_MIN 0.3 /* plain steps' weight below which one is run first */
 
 typedef struct shadow {
@@ -175,11 +179,17 @@ struct st_ctl {
     /* verify probes: all steps' time and the probes' loss, in plain-token times; whether the
      * tree chosen this step is a probe */
     double t_total, vprobe_loss;
+    /* ... and both faded (CTL_BUDGET_FADE): the budget holds for the recent time too, so that
+     * it is never a stash that a long paying stretch builds up and a new batch size spends at
+     * once (after 1500 steps of one and two sequences, a server's first round at 4 spent 13%
+     * of its time on probes) */
+    double t_recent, loss_recent;
     int vprobe;
     /* per batch size: realized drafting (see CTL_GATE_DECAY); whether this step's drafting
      * is a probe of the gate */
     double gz_tok[ST_GEN_MAX_BATCH + 1], gz_s[ST_GEN_MAX_BATCH + 1], gz_w[ST_GEN_MAX_BATCH + 1];
     int64_t gz_step[ST_GEN_MAX_BATCH + 1];
+    int32_t gz_n[ST_GEN_MAX_BATCH + 1]; /* drafted steps since the evidence was forgotten */
     /* ... and the plain steps it is weighed against, kept the same way */
     double gp_tok[ST_GEN_MAX_BATCH + 1], gp_s[ST_GEN_MAX_BATCH + 1], gp_w[ST_GEN_MAX_BATCH + 1];
     int64_t gp_step[ST_GEN_MAX_BATCH + 1];
@@ -275,6 +285,13 @@ static double batch_f(const st_ctl *c, int32_t na);
 
 static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
 
+/* Whether the probes may lose more: at most CTL_VPROBE_BUDGET of all the time so far, and of
+ * the recent time, plus CTL_VPROBE_ALLOW plain-token times. */
+static int budget_ok(const st_ctl *c) {
+    return c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW &&
+           c->loss_recent <= CTL_VPROBE_BUDGET * c->t_recent + CTL_VPROBE_ALLOW;
+}
+
 /* Drafting at na sequences, by what it realized there against plain steps there. One
  * sequence is left to the plan and its pools' realized speed-ups (GATE_OPEN). */
 enum { GATE_OPEN, GATE_CLOSED, GATE_UNKNOWN, GATE_STALE };
@@ -288,7 +305,7 @@ static int gate(const st_ctl *c, int32_t na) {
     if (c->t1b_n[na] == 0 || wp < CTL_GATE_PLAIN_MIN || !(c->gp_tok[na] > 0.0))
         return GATE_STALE;
     const double w = c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gz_step[na]));
-    if (w < CTL_GATE_MIN || !(c->gz_tok[na] > 0.0))
+    if (c->gz_n[na] < CTL_GATE_MIN || w < 1.0 || !(c->gz_tok[na] > 0.0))
         return GATE_UNKNOWN;
     return c->gz_s[na] / c->gz_tok[na] < c->gp_s[na] / c->gp_tok[na] ? GATE_OPEN : GATE_CLOSED;
 }
@@ -324,7 +341,7 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
      * the server lost 12%. */
     if (gt == GATE_UNKNOWN) {
         c->gprobe = 1;
-        return c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW;
+        return budget_ok(c);
     }
     return gt == GATE_OPEN;
 }
@@ -832,8 +849,7 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
             fresh = un;
         }
     }
-    if (alt && c->vprobe_loss <= CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW &&
-        (fresh || ++c->explore % CTL_REPROBE_EVERY == 0)) {
+    if (alt && budget_ok(c) && (fresh || ++c->explore % CTL_REPROBE_EVERY == 0)) {
         c->vprobe = 1;
         return alt;
     }
@@ -846,7 +862,7 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
             best = 1;
         else if (gt == GATE_UNKNOWN) { /* not judged yet: a probe, within the budget */
             c->gprobe = 1;
-            if (c->vprobe_loss > CTL_VPROBE_BUDGET * c->t_total + CTL_VPROBE_ALLOW)
+            if (!budget_ok(c))
                 best = 1;
         }
     }
@@ -1030,21 +1046,29 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     const int vp = c->vprobe && n > 1;
     if (c->t1 > 0.0 && t_step > 0.0) {
         c->t_total += t_step / t1_now(c);
+        c->t_recent = CTL_BUDGET_FADE * c->t_recent + t_step / t1_now(c);
+        c->loss_recent *= CTL_BUDGET_FADE;
         if (c->vprobe && n > 1) {
             const double loss = t_step / t1_now(c) - (double)emitted * batch_f(c, na);
             c->vprobe_loss += loss > 0.0 ? loss : 0.0;
+            c->loss_recent += loss > 0.0 ? loss : 0.0;
         }
     }
     c->vprobe = 0;
     /* what drafting realized at this batch size (a gate probe's loss against the budget) */
     if (drafted && (c->model_drafter ? !c->probing : n > 1) && na >= 2 && na <= ST_GEN_MAX_BATCH &&
         na <= c->bs && t_step > 0.0 && c->t1 > 0.0 && c->t1b_n[na] > 0) {
+        if (c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - 1 - c->gz_step[na])) <
+            CTL_GATE_FORGET)
+            c->gz_n[na] = 0;
         gate_add(&c->gz_tok[na], &c->gz_s[na], &c->gz_w[na], &c->gz_step[na], c->step,
                  (double)emitted, t_step);
+        c->gz_n[na] += c->gz_n[na] < INT32_MAX;
         if (c->gprobe && c->t1 > 0.0 && !vp) { /* (a verify probe's loss is counted above) */
             const double tp = c->gp_tok[na] > 0.0 ? c->gp_s[na] / c->gp_tok[na] : c->t1b[na],
                          loss = (t_step - (double)emitted * tp) / t1_now(c);
             c->vprobe_loss += loss > 0.0 ? loss : 0.0;
+            c->loss_recent += loss > 0.0 ? loss : 0.0;
         }
     }
     c->gprobe = 0;
