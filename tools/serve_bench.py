@@ -5,11 +5,12 @@ the speculative flags given), idle but for the round being measured, the rounds 
 (plain, speculative, plain, ...) and each figure the median over --reps rounds; the speed-up
 is the median of the ratios of adjacent rounds, so that load from elsewhere on the machine hits
 both alike. Each round sends `clients` streamed requests
-at a time, 4 x clients in all (at least 16), greedy, max_tokens tokens each.
+at a time, --per-client x clients in all (4 by default; at least 16), greedy, max_tokens tokens
+each.
 
     python3 tools/serve_bench.py -m ../shared/models/stories260K.gguf \\
         [--spec "--speculative-algorithm NGRAM"] [--concurrency 1,2,4,8,16,32] [--reps 3] \\
-        [--max-tokens 128] [--threads N] [--json]
+        [--max-tokens 128] [--threads N] [--per-client 4] [--trace] [--json]
 
 Prints a table: completion tokens/s of all requests together, the median request latency and
 time to first token, tau (tokens per speculative step), the share of steps that speculated,
@@ -126,11 +127,11 @@ TRACE_KEYS = [("steps", "spectree_engine_steps_total"), ("spec", "spectree_spec_
               ("gen", "spectree_generation_tokens_total")]
 
 
-def round_(srv, clients, max_tokens, trace=None):
+def round_(srv, clients, max_tokens, trace=None, per_client=4):
     port = srv.port
     m0 = metrics(port) if trace else None
     c0 = cpu_seconds(srv.proc.pid)
-    n = max(16, 4 * clients)
+    n = max(16, per_client * clients)
     res = [None] * n
     nxt = [0]
     lock = threading.Lock()
@@ -182,6 +183,10 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--per-client", type=int, default=4,
+                    help="requests per client in a round (at least 16 a round; default 4): "
+                         "longer rounds for a small model, whose rounds last a fraction of a "
+                         "second")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trace", action="store_true",
                     help="print each round's engine counters from /metrics on stderr")
@@ -196,8 +201,10 @@ def main():
         for c in levels:
             runs = {"plain": [], "spec": []}
             for _ in range(a.reps):
-                runs["plain"].append(round_(plain, c, a.max_tokens, a.trace and "plain"))
-                runs["spec"].append(round_(spec, c, a.max_tokens, a.trace and "spec"))
+                runs["plain"].append(round_(plain, c, a.max_tokens, a.trace and "plain",
+                                            a.per_client))
+                runs["spec"].append(round_(spec, c, a.max_tokens, a.trace and "spec",
+                                           a.per_client))
             med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]}
                    for k, v in runs.items()}
             # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the

@@ -79,14 +79,16 @@ enum {
  * drafted step of that size, each step counting at most 1.5 times their mean) of the tokens
  * and seconds of its drafted steps, against those of its recent plain steps. Their weight
  * fades by CTL_GATE_FADE per step since the last drafted step of that size; before
- * CTL_GATE_MIN drafted steps, or once their weight is below 1 (about 65 steps after a probe),
+ * CTL_GATE_MIN drafted steps, or once their weight is below CTL_GATE_REJUDGE (about 135 steps
+ * after a probe),
  * drafting there is a probe, whose loss counts against the probes' budget
  * (CTL_VPROBE_BUDGET); below CTL_GATE_FORGET the evidence is forgotten (drafting is judged
  * anew). */
 #define CTL_GATE_DECAY 0.9
 #define CTL_GATE_FADE 0.99
 #define CTL_GATE_MIN 3
-#define CTL_GATE_FORGET 0.3
+#define CTL_GATE_REJUDGE 0.5
+#define CTL_GATE_FORGET 0.15
 #define CTL_GATE_PLAIN_MIN 0.3 /* plain steps' weight below which one is run first */
 
 typedef struct shadow {
@@ -305,7 +307,7 @@ static int gate(const st_ctl *c, int32_t na) {
     if (c->t1b_n[na] == 0 || wp < CTL_GATE_PLAIN_MIN || !(c->gp_tok[na] > 0.0))
         return GATE_STALE;
     const double w = c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gz_step[na]));
-    if (c->gz_n[na] < CTL_GATE_MIN || w < 1.0 || !(c->gz_tok[na] > 0.0))
+    if (c->gz_n[na] < CTL_GATE_MIN || w < CTL_GATE_REJUDGE || !(c->gz_tok[na] > 0.0))
         return GATE_UNKNOWN;
     return c->gz_s[na] / c->gz_tok[na] < c->gp_s[na] / c->gp_tok[na] ? GATE_OPEN : GATE_CLOSED;
 }
@@ -327,8 +329,13 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     c->gprobe = 0;
     if (!want_draft(c, na, K, S))
         return 0;
-    if (!c->autotune || !c->model_drafter || c->probing)
+    if (!c->autotune || c->probing)
         return 1;
+    /* a drafter without a model proposes where its trees may be verified: not where they were
+     * judged to lose (its proposals cost 1-2% of a plain step per sequence on stories260K, its
+     * probes are made when the evidence has faded) */
+    if (!c->model_drafter)
+        return gate(c, na) != GATE_CLOSED;
     /* A batch size decodes plainly before its plain step is measured: the yardstick of its
      * trees (st_ctl_choose), and of what drafting realizes there. */
     if (na >= 1 && na <= c->bs && na <= ST_GEN_MAX_BATCH && c->t1b_n[na] == 0 && c->t1_n > 0)
