@@ -78,10 +78,9 @@ enum {
 /* Drafting at a batch size is judged by what it realized there: decayed sums (by this per
  * drafted step of that size, each step counting at most 1.5 times their mean) of the tokens
  * and seconds of its drafted steps, against those of its recent plain steps. Their weight
- * fades by CTL_GATE_FADE per step since the last drafted step of that size; before
+ * fades by CTL_GATE_FADE per step since the last drafted step of that size. Before
  * CTL_GATE_MIN drafted steps, or once their weight is below CTL_GATE_REJUDGE (about 135 steps
- * after a probe),
- * drafting there is a probe, whose loss counts against the probes' budget
+ * after a probe), drafting there is a probe, whose loss counts against the probes' budget
  * (CTL_VPROBE_BUDGET); below CTL_GATE_FORGET the evidence is forgotten (drafting is judged
  * anew). */
 #define CTL_GATE_DECAY 0.9
