@@ -666,6 +666,39 @@ static void test_batch_gate(void **state) {
         assert_true(t_all - t_tok <= 0.01 * t_all + 9 * 0.4e-3);
         st_ctl_free(c);
     }
+    /* The same trees in a batch that moves between 25 and 32 sequences (a server's): the
+     * evidence of one size holds for its neighbours, so the sizes are not each probed anew
+     * (judged per size: 161 trees, 1.01% of the time). */
+    {
+        st_ctl *c;
+        int64_t n_hist = 1;
+        double g;
+        assert_int_equal(st_ctl_create(32, 1, 2, 2, 1, 0.0, &c), ST_OK);
+        int trees = 0;
+        double t_all = 0.0, t_tok = 0.0;
+        for (int step = 0; step < 4000; step++) {
+            const int32_t na = 25 + (int32_t)(rnd() % 8);
+            const double tp = 2e-3 / 8; /* a plain token (the same at every size here) */
+            int64_t K, S;
+            int32_t n = 1;
+            const int d = st_ctl_want_draft(c, na, &K, &S);
+            if (d) {
+                calibrate(c, na, 1, 1.0, hist, &n_hist);
+                n = st_ctl_choose(c, na, 1, &g);
+            }
+            trees += n > 1;
+            const double t = n > 1 ? 1.75 * na * tp : na * tp;
+            const int64_t e = n > 1 ? (int64_t)(1.5 * na) : na;
+            t_all += t;
+            t_tok += (double)e * tp;
+            st_ctl_step_end(c, d, n, na, e, t, t);
+        }
+        print_message("the same at 25-32 sequences: %d trees in 4000 steps, %+.2f%% of the time\n",
+                      trees, 100.0 * (t_all - t_tok) / t_all);
+        assert_true(trees <= 80);
+        assert_true(t_all - t_tok <= 0.01 * t_all + 8 * 8 * 2e-3 / 8);
+        st_ctl_free(c);
+    }
     /* A drafter without a model whose trees realize less than predicted (a tree step of 8 x 2
      * emits 12 tokens in 3.5 ms, its drafts predicted always right; plain steps 8 in 2 ms):
      * after the trees that judge it, plain steps without proposals but for the probes (1% of

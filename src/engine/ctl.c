@@ -89,6 +89,7 @@ enum {
 #define CTL_GATE_REJUDGE 0.5
 #define CTL_GATE_FORGET 0.15
 #define CTL_GATE_PLAIN_MIN 0.3 /* plain steps' weight below which one is run first */
+#define CTL_GATE_BUCKETS 8     /* 2, 3-4, 5-8, ..., 33-64 sequences (gate_bucket) */
 
 typedef struct shadow {
     int64_t n0; /* history length when proposed: a depth-d node predicts hist[n0 + d - 1] */
@@ -188,9 +189,9 @@ struct st_ctl {
     int vprobe;
     /* per batch size: realized drafting (see CTL_GATE_DECAY); whether this step's drafting
      * is a probe of the gate */
-    double gz_tok[ST_GEN_MAX_BATCH + 1], gz_s[ST_GEN_MAX_BATCH + 1], gz_w[ST_GEN_MAX_BATCH + 1];
-    int64_t gz_step[ST_GEN_MAX_BATCH + 1];
-    int32_t gz_n[ST_GEN_MAX_BATCH + 1]; /* drafted steps since the evidence was forgotten */
+    double gz_tok[CTL_GATE_BUCKETS], gz_s[CTL_GATE_BUCKETS], gz_w[CTL_GATE_BUCKETS];
+    int64_t gz_step[CTL_GATE_BUCKETS];
+    int32_t gz_n[CTL_GATE_BUCKETS]; /* drafted steps since the evidence was forgotten */
     /* ... and the plain steps it is weighed against, kept the same way */
     double gp_tok[ST_GEN_MAX_BATCH + 1], gp_s[ST_GEN_MAX_BATCH + 1], gp_w[ST_GEN_MAX_BATCH + 1];
     int64_t gp_step[ST_GEN_MAX_BATCH + 1];
@@ -297,6 +298,17 @@ static int budget_ok(const st_ctl *c) {
  * sequence is left to the plan and its pools' realized speed-ups (GATE_OPEN). */
 enum { GATE_OPEN, GATE_CLOSED, GATE_UNKNOWN, GATE_STALE };
 
+/* The evidence of drafting is shared by batch sizes 2, 3-4, 5-8, ..., 33-64 (a server's batch
+ * moves between nearby sizes all the time: judged per size, each of 25..32 sequences was probed
+ * anew, and trees ran on 14% of the steps at concurrency 32); its steps are in plain-token times
+ * of their own batch size. */
+static int gate_bucket(int32_t na) {
+    int b = 1;
+    while ((1 << b) < na)
+        b++;
+    return b;
+}
+
 static int gate(const st_ctl *c, int32_t na) {
     if (na < 2 || na > ST_GEN_MAX_BATCH || na > c->bs)
         return GATE_OPEN;
@@ -305,10 +317,11 @@ static int gate(const st_ctl *c, int32_t na) {
     const double wp = c->gp_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gp_step[na]));
     if (c->t1b_n[na] == 0 || wp < CTL_GATE_PLAIN_MIN || !(c->gp_tok[na] > 0.0))
         return GATE_STALE;
-    const double w = c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - c->gz_step[na]));
-    if (c->gz_n[na] < CTL_GATE_MIN || w < CTL_GATE_REJUDGE || !(c->gz_tok[na] > 0.0))
+    const int b = gate_bucket(na);
+    const double w = c->gz_w[b] * pow(CTL_GATE_FADE, (double)(c->step - c->gz_step[b]));
+    if (c->gz_n[b] < CTL_GATE_MIN || w < CTL_GATE_REJUDGE || !(c->gz_tok[b] > 0.0))
         return GATE_UNKNOWN;
-    return c->gz_s[na] / c->gz_tok[na] < c->gp_s[na] / c->gp_tok[na] ? GATE_OPEN : GATE_CLOSED;
+    return c->gz_s[b] < c->gz_tok[b] ? GATE_OPEN : GATE_CLOSED; /* (in plain-token times) */
 }
 
 /* Adds a step of `tok` tokens in t seconds to decayed sums (each step counting at most 1.5 times
@@ -1066,12 +1079,14 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     /* what drafting realized at this batch size (a gate probe's loss against the budget) */
     if (drafted && (c->model_drafter ? !c->probing : n > 1) && na >= 2 && na <= ST_GEN_MAX_BATCH &&
         na <= c->bs && t_step > 0.0 && c->t1 > 0.0 && c->t1b_n[na] > 0) {
-        if (c->gz_w[na] * pow(CTL_GATE_FADE, (double)(c->step - 1 - c->gz_step[na])) <
+        const int b = gate_bucket(na);
+        const double tp = c->gp_tok[na] > 0.0 ? c->gp_s[na] / c->gp_tok[na] : c->t1b[na];
+        if (c->gz_w[b] * pow(CTL_GATE_FADE, (double)(c->step - 1 - c->gz_step[b])) <
             CTL_GATE_FORGET)
-            c->gz_n[na] = 0;
-        gate_add(&c->gz_tok[na], &c->gz_s[na], &c->gz_w[na], &c->gz_step[na], c->step,
-                 (double)emitted, t_step);
-        c->gz_n[na] += c->gz_n[na] < INT32_MAX;
+            c->gz_n[b] = 0;
+        gate_add(&c->gz_tok[b], &c->gz_s[b], &c->gz_w[b], &c->gz_step[b], c->step, (double)emitted,
+                 t_step / tp);
+        c->gz_n[b] += c->gz_n[b] < INT32_MAX;
     }
     /* a gate probe's loss (its proposals' too, whether they became a tree or not) */
     if (drafted && c->gprobe && !vp && na >= 2 && na <= ST_GEN_MAX_BATCH && na <= c->bs &&
