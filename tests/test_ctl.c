@@ -564,6 +564,25 @@ static void test_plan_policy(void **state) {
     free(hist);
 }
 
+/* `steps` steps of na sequences with a model drafter: a drafted step (a tree of 5) emits e_draft
+ * tokens in t_draft seconds (1 ms of it drafting), a plain one na in t_plain. Adds all steps'
+ * time and their tokens' at plain speed to *t_all and *t_tok; returns the steps drafted. */
+static int run_drafting(st_ctl *c, int32_t na, int steps, double t_plain, double t_draft,
+                        int64_t e_draft, double *t_all, double *t_tok) {
+    int drafted = 0;
+    for (int step = 0; step < steps; step++) {
+        int64_t K, S;
+        const int d = st_ctl_want_draft(c, na, &K, &S);
+        drafted += d;
+        const double t = d ? t_draft : t_plain;
+        const int64_t e = d ? e_draft : na;
+        *t_all += t;
+        *t_tok += (double)e * t_plain / (double)na;
+        st_ctl_step_end(c, d, d ? 5 : 1, na, e, t, d ? t - 1e-3 : t);
+    }
+    return drafted;
+}
+
 /* A model drafter judged by what it realized at each batch size. Its drafting is per sequence
  * (its time grows with the batch while a plain step's per token shrinks), which the plan, from
  * costs measured on one sequence, does not see: at 8 sequences a drafted step here takes 8 ms
@@ -576,7 +595,7 @@ static void test_batch_gate(void **state) {
     (void)state;
     int32_t *hist = calloc(1 << 16, sizeof *hist);
     for (int pays = 0; pays < 2; pays++) {
-        int64_t n_hist = 1, K, S;
+        int64_t n_hist = 1;
         plan_case good = {0.9, 0.05, 0.05};
         st_ctl *c = planner_bs(&good, 8, hist, &n_hist);
         const int32_t na = pays ? 2 : 8;
@@ -584,17 +603,8 @@ static void test_batch_gate(void **state) {
         const int64_t e_draft = pays ? 8 : 16;
         for (int r = 0; r < 4; r++)
             st_ctl_step_end(c, 0, 1, na, na, t_plain, t_plain);
-        int drafted = 0;
         double t_all = 0.0, t_tok = 0.0; /* all steps' time; their tokens' at plain speed */
-        for (int step = 0; step < 2000; step++) {
-            const int d = st_ctl_want_draft(c, na, &K, &S);
-            drafted += d;
-            const double t = d ? t_draft : t_plain;
-            const int64_t e = d ? e_draft : na;
-            t_all += t;
-            t_tok += (double)e * t_plain / (double)na;
-            st_ctl_step_end(c, d, d ? 5 : 1, na, e, t, d ? t - 1e-3 : t);
-        }
+        const int drafted = run_drafting(c, na, 2000, t_plain, t_draft, e_draft, &t_all, &t_tok);
         print_message("batch %d, drafting %s: drafted %d of 2000 steps, %+.2f%% of the time\n", na,
                       pays ? "pays" : "loses", drafted, 100.0 * (t_all - t_tok) / t_all);
         if (pays)
@@ -610,24 +620,15 @@ static void test_batch_gate(void **state) {
      * controller weighing drafting against the plain time of long ago drafted 330 steps and
      * lost 3.4% of the time.) */
     {
-        int64_t n_hist = 1, K, S;
+        int64_t n_hist = 1;
         plan_case good = {0.9, 0.05, 0.05};
         st_ctl *c = planner_bs(&good, 8, hist, &n_hist);
         for (int r = 0; r < 4; r++)
             st_ctl_step_end(c, 0, 1, 4, 4, 2e-3, 2e-3);
         for (int r = 0; r < 500; r++) /* other batch sizes meanwhile */
             st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
-        int drafted = 0;
         double t_all = 0.0, t_tok = 0.0;
-        for (int step = 0; step < 2000; step++) {
-            const int d = st_ctl_want_draft(c, 4, &K, &S);
-            drafted += d;
-            const double t = d ? 3.6e-3 : 1.6e-3;
-            const int64_t e = d ? 8 : 4;
-            t_all += t;
-            t_tok += (double)e * 0.4e-3;
-            st_ctl_step_end(c, d, d ? 5 : 1, 4, e, t, d ? t - 1e-3 : t);
-        }
+        const int drafted = run_drafting(c, 4, 2000, 1.6e-3, 3.6e-3, 8, &t_all, &t_tok);
         print_message("batch 4, yardstick from long ago: drafted %d of 2000 steps, %+.2f%% of the "
                       "time\n",
                       drafted, 100.0 * (t_all - t_tok) / t_all);
@@ -643,22 +644,13 @@ static void test_batch_gate(void **state) {
      * one step about every 65 (probing again as soon as the evidence weighed less than 3
      * drafted steps probed 15 of the 250, 1.4% of their time). */
     {
-        int64_t n_hist = 1, K, S;
+        int64_t n_hist = 1;
         plan_case good = {0.9, 0.05, 0.05};
         st_ctl *c = planner_bs(&good, 8, hist, &n_hist);
         for (int r = 0; r < 3000; r++)
             st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
         double t_all = 0.0, t_tok = 0.0;
-        int drafted = 0;
-        for (int step = 0; step < 250; step++) {
-            const int d = st_ctl_want_draft(c, 4, &K, &S);
-            drafted += d;
-            const double t = d ? 3.6e-3 : 1.6e-3;
-            const int64_t e = d ? 8 : 4;
-            t_all += t;
-            t_tok += (double)e * 0.4e-3;
-            st_ctl_step_end(c, d, d ? 5 : 1, 4, e, t, d ? t - 1e-3 : t);
-        }
+        const int drafted = run_drafting(c, 4, 250, 1.6e-3, 3.6e-3, 8, &t_all, &t_tok);
         print_message("batch 4 after 3000 steps of 1: drafted %d of its first 250 steps, %+.2f%% "
                       "of their time\n",
                       drafted, 100.0 * (t_all - t_tok) / t_all);
