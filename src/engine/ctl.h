@@ -57,10 +57,9 @@
  * every token since the last draft; it is verified only if its drafts look worth it); now and
  * then it drafts a shape next to the best to measure it.
  * For a batch (2 or more sequences), drafting is also judged by what it realized at that batch
- * size and its neighbours (2, 3-4, 5-8, ..., 33-64): time per token of a draft model's drafted
- * steps (the drafting and the verify, and the steps whose drafts were not verified), or of the
- * trees of a drafter without a model, in plain-token times of recent plain steps at each
- * step's size (a plain step first where none is recent);
+ * size and its neighbours (2, 3-4, 5-8, ..., 33-64): time per token of its drafted steps (the
+ * proposals and the verify, and the steps whose proposals were not verified), in plain-token
+ * times of recent plain steps at each step's size (a plain step first where none is recent);
  * where it lost, the batch decodes plainly without proposals, drafting again only as a probe
  * once that evidence has faded. All probes together lose at most 1% of the time so far and of
  * the recent time, plus 8 plain-token times.

@@ -77,7 +77,8 @@ enum {
 #define CTL_BUDGET_FADE 0.998 /* per step, of the time and the probes' loss the budget weighs */
 #define CTL_PRIOR_RATIO(T) (1.0 + CTL_PRIOR_SLOPE * (double)((T)-1))
 /* Drafting at a batch size is judged by what it realized there: decayed sums (by this per
- * drafted step of that size, each step counting at most 1.5 times their mean) of the tokens
+ * drafted step of that size, each step's time a token counting at most 1.5 times their
+ * mean) of the tokens
  * and seconds of its drafted steps, against those of its recent plain steps. Their weight
  * fades by CTL_GATE_FADE per step since the last drafted step of that size. Before
  * CTL_GATE_MIN drafted steps, or once their weight is below CTL_GATE_REJUDGE (about 135 steps
