@@ -575,6 +575,59 @@ static void test_plan_policy(void **state) {
     free(hist);
 }
 
+/* Probes of a drafter that does not pay, in a server: requests of 100 tokens one after another
+ * in one slot, drafts always wrong, a caught-up row costing 2% of a plain token (a head as wide
+ * as a 768-wide target's). A probe catches up on the tokens of the request since its last
+ * proposal, at most 100 rows (2 plain tokens), so probes go on within the budget. (Counted as
+ * every step since the last draft, a probe after n plain steps looked like 0.02 n plain tokens,
+ * always above the budget's 0.01 n: 2 probes in 4000 steps; now 75, within 0.91% of the time.) */
+static void test_probe_requests(void **state) {
+    (void)state;
+    int32_t *hist = calloc(1 << 16, sizeof *hist);
+    int64_t n_hist = 1, K, S;
+    plan_case pc = {0.0, 0.05, 0.08};
+    st_ctl *c = planner(&pc, hist, &n_hist);
+    int drafted = 0;
+    int64_t from = n_hist, start = n_hist;
+    double t_all = 0.0, t_tok = 0.0;
+    for (int step = 0; step < 4000; step++) {
+        if (n_hist - start >= 100) { /* the request ends; the next one's prompt: 20 tokens */
+            st_ctl_observe(c, 0, NULL, 0, 1);
+            n_hist = start = from = 20;
+        }
+        const int d = st_ctl_want_draft(c, 1, &K, &S);
+        int32_t n = 1;
+        double t_step = 1e-3;
+        if (d) {
+            drafted++;
+            const int64_t rows = n_hist - from + 1;
+            st_ctl_draft_cost(c, K, S, (pc.lvl + 0.02 * (double)rows) * 1e-3, rows,
+                              (double)(S - 1) * pc.lvl * 1e-3);
+            t_step += (pc.lvl + 0.02 * (double)rows + (double)(S - 1) * pc.lvl) * 1e-3;
+            double g;
+            feed_right(c, S, hist, &n_hist, 0);
+            n_hist -= S - 1; /* (feed_right appended S tokens; the step emits one) */
+            from = n_hist;
+            n = st_ctl_choose(c, 1, S, &g) > 1 ? (int32_t)S + 1 : 1;
+            if (n > 1)
+                t_step += 0.05e-3 * (double)S;
+        } else {
+            hist[n_hist++] = 7;
+            st_ctl_observe(c, 0, hist, n_hist, 0);
+        }
+        t_all += t_step;
+        t_tok += 1e-3;
+        st_ctl_step_end(c, d, n, 1, 1, t_step, t_step - (d ? t_step - 1e-3 : 0.0));
+    }
+    print_message("requests of 100 tokens, rows at 2%% of a token: %d probes in 4000 steps, "
+                  "%+.2f%% of the time\n",
+                  drafted, 100.0 * (t_all - t_tok) / t_all);
+    assert_true(drafted >= 8);
+    assert_true(t_all - t_tok <= 0.01 * t_all + 8e-3);
+    st_ctl_free(c);
+    free(hist);
+}
+
 /* `steps` steps of na sequences with a model drafter: a drafted step (a tree of 5) emits e_draft
  * tokens in t_draft seconds (1 ms of it drafting), a plain one na in t_plain. Adds all steps'
  * time and their tokens' at plain speed to *t_all and *t_tok; returns the steps drafted. */
@@ -750,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_proposal_sampling),     cmocka_unit_test(test_classes),
         cmocka_unit_test(test_tree_expect),           cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_policy),           cmocka_unit_test(test_batch_gate),
+        cmocka_unit_test(test_probe_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

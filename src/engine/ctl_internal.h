@@ -159,8 +159,11 @@ struct st_ctl {
     int32_t *rank;   /* (bs, N-1) the node's rank among its parent's children */
     double *E;       /* (bs, N+1) */
     int32_t *avail;  /* (bs) */
-    int32_t *map;    /* (Mmax) candidate -> ranked index, -1 */
-    int64_t *fin;    /* (Mmax) finite candidates */
+    /* per slot: its history's length at its last proposal and now (0 and 0 once it is done: a
+     * new request's first proposal catches up on its whole text) */
+    int64_t *seq_from, *seq_len; /* (bs) */
+    int32_t *map;                /* (Mmax) candidate -> ranked index, -1 */
+    int64_t *fin;                /* (Mmax) finite candidates */
     /* shadows: (bs, CTL_RING) records with (N-1) nodes each */
     shadow *sh;
     int32_t *sh_par, *sh_tok, *sh_bucket, *sh_depth, *sh_rank;

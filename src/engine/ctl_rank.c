@@ -110,6 +110,8 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
     for (int32_t m = cnt + 2; m <= c->N; m++)
         E[m] = E[cnt + 1];
     c->avail[a] = cnt;
+    if (b >= 0 && b < c->bs)
+        c->seq_from[b] = n_hist;
     add_shadow(c, a, b, n_hist);
 }
 
@@ -131,6 +133,9 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
     if (!c->autotune || b < 0 || b >= c->bs)
         return;
     const int32_t n1 = c->N - 1;
+    c->seq_len[b] = done ? 0 : n_hist;
+    if (done)
+        c->seq_from[b] = 0;
     shadow *ring = c->sh + (size_t)b * CTL_RING;
     for (int32_t w = 0; w < CTL_RING; w++) {
         shadow *r = &ring[w];
