@@ -5,12 +5,15 @@ the speculative flags given), idle but for the round being measured, the rounds 
 (plain, speculative, plain, ...) and each figure the median over --reps rounds; the speed-up
 is the median of the ratios of adjacent rounds, so that load from elsewhere on the machine hits
 both alike. Each round sends `clients` streamed requests
-at a time, --per-client x clients in all (4 by default; at least 16), greedy, max_tokens tokens
-each.
+at a time, --per-client x clients in all (4 by default; at least --min-round, 16 by default),
+greedy, max_tokens tokens each. With --pin the servers share the first CPU and the client runs
+on the others, so that on a small machine the client's work does not land on the server's core
+(on 2 cores, unpinned rounds of stories260K varied by 3-5%).
 
     python3 tools/serve_bench.py -m ../shared/models/stories260K.gguf \\
         [--spec "--speculative-algorithm NGRAM"] [--concurrency 1,2,4,8,16,32] [--reps 3] \\
-        [--max-tokens 128] [--threads N] [--per-client 4] [--trace] [--json]
+        [--max-tokens 128] [--threads N] [--per-client 4] [--min-round 16] [--pin] [--trace] \\
+        [--json]
 
 Prints a table: completion tokens/s of all requests together, the median request latency and
 time to first token, tau (tokens per speculative step), the share of steps that speculated,
@@ -42,13 +45,15 @@ PROMPTS = [
 
 
 class Srv:
-    def __init__(self, build, model, extra, threads):
+    def __init__(self, build, model, extra, threads, cpus=None):
         cmd = [os.path.join(build, "spectree"), "serve", "-m", model, "--port", "0",
                "--max-running-requests", "32", "--max-queued-requests", "1024"] + extra
         if threads:
             cmd += ["-t", str(threads)]
         self.log = open("/tmp/serve_bench_%d_%d.log" % (os.getpid(), time.time_ns()), "w+b")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=self.log,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         self.port = None
         for _ in range(1200):
             self.log.seek(0)
@@ -135,11 +140,11 @@ TRACE_KEYS = [("steps", "spectree_engine_steps_total"), ("spec", "spectree_spec_
               ("gen", "spectree_generation_tokens_total")]
 
 
-def round_(srv, clients, max_tokens, trace=None, per_client=4):
+def round_(srv, clients, max_tokens, trace=None, per_client=4, min_round=16):
     port = srv.port
     m0 = metrics(port) if trace else None
     c0 = cpu_seconds(srv.proc.pid)
-    n = max(16, per_client * clients)
+    n = max(min_round, per_client * clients)
     res = [None] * n
     nxt = [0]
     lock = threading.Lock()
@@ -195,18 +200,33 @@ def main():
                     help="requests per client in a round (at least 16 a round; default 4): "
                          "longer rounds for a small model, whose rounds last a fraction of a "
                          "second")
+    ap.add_argument("--min-round", type=int, default=16,
+                    help="requests in a round at least (default 16): longer rounds at low "
+                         "concurrency, whose rounds are otherwise the shortest and noisiest")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-stream", action="store_true",
                     help="whole responses instead of streams (the client parses one object a "
                          "request, not an event a token: on a small model a Python client that "
                          "streams is a bottleneck)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the servers on the first CPU and this client on the others (with "
+                         "-t 1 unless --threads is given): on a 2-core machine the client and "
+                         "the server then no longer take each other's core")
     ap.add_argument("--trace", action="store_true",
                     help="print each round's engine counters from /metrics on stderr")
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]
     STREAM[0] = not a.no_stream
-    plain = Srv(a.build, a.model, [], a.threads)
-    spec = Srv(a.build, a.model, shlex.split(a.spec), a.threads)
+    cpus = None
+    if a.pin:
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) < 2:
+            sys.exit("serve_bench: --pin needs at least 2 CPUs")
+        cpus = {allowed[0]}
+        os.sched_setaffinity(0, set(allowed[1:]))
+        a.threads = a.threads or 1
+    plain = Srv(a.build, a.model, [], a.threads, cpus)
+    spec = Srv(a.build, a.model, shlex.split(a.spec), a.threads, cpus)
     rows = []
     try:
         for s in (plain, spec):  # warm-up: first-touch memory, the controller's first steps
@@ -215,9 +235,9 @@ def main():
             runs = {"plain": [], "spec": []}
             for _ in range(a.reps):
                 runs["plain"].append(round_(plain, c, a.max_tokens, a.trace and "plain",
-                                            a.per_client))
+                                            a.per_client, a.min_round))
                 runs["spec"].append(round_(spec, c, a.max_tokens, a.trace and "spec",
-                                           a.per_client))
+                                           a.per_client, a.min_round))
             med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]}
                    for k, v in runs.items()}
             # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the
