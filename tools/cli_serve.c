@@ -65,6 +65,8 @@ static int job_text(srv_job *j, const char *t, size_t n, int final) {
     return j->stopper.stopped;
 }
 
+_Static_assert(SRV_MAX_WAKE >= ST_GEN_MAX_BATCH, "a step's emitting jobs fit the wake list");
+
 /* Engine thread, inside st_engine_step. */
 static int on_emit(void *user, int32_t token) {
     srv_job *j = user;
@@ -81,7 +83,12 @@ static int on_emit(void *user, int32_t token) {
             stop = job_text(j, "\xEF\xBF\xBD", 3, 0);
         else if (nb)
             stop = job_text(j, j->tok_buf, nb, 0);
-        pthread_cond_broadcast(&j->cv);
+        if (!j->wake_pending && s->n_wake < SRV_MAX_WAKE) { /* woken after the step */
+            s->wake[s->n_wake++] = j;
+            j->wake_pending = 1;
+        } else if (!j->wake_pending) {
+            pthread_cond_broadcast(&j->cv);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return stop;
@@ -104,6 +111,13 @@ static void on_finish(void *user, const st_request_stats *st) {
     }
     j->t_done = st_time_seconds();
     j->done = 1;
+    if (j->wake_pending) /* woken now; it may be freed below */
+        for (int i = 0; i < s->n_wake; i++)
+            if (s->wake[i] == j) {
+                s->wake[i] = s->wake[--s->n_wake];
+                j->wake_pending = 0;
+                break;
+            }
     srv_metrics_finish(s, j);
     pthread_cond_broadcast(&j->cv);
     s->n_in_engine--;
@@ -170,6 +184,11 @@ static void *engine_main(void *arg) {
                 fprintf(stderr, "spectree serve: engine step: %s\n", st_last_error());
         }
         pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->n_wake; i++) {
+            s->wake[i]->wake_pending = 0;
+            pthread_cond_broadcast(&s->wake[i]->cv);
+        }
+        s->n_wake = 0;
         s->engine_busy = st_engine_running(s->engine) + st_engine_queued(s->engine);
         s->gauge_running = st_engine_running(s->engine);
         s->gauge_queued = st_engine_queued(s->engine);

@@ -15,6 +15,7 @@
 
 enum {
     SRV_MAX_CANCELS = 1024,
+    SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
 };
 
 typedef struct srv_opts {
@@ -71,6 +72,7 @@ typedef struct srv_job {
     size_t n_text, cap_text;
     int64_t n_gen;
     int done, cancelled, refused, oom;
+    int wake_pending; /* text added in this engine step, its connection not yet woken */
     st_status status;
     char error[256];
     st_request_stats stats;
@@ -107,6 +109,10 @@ struct srv {
     int n_pending;
     uint64_t cancels[SRV_MAX_CANCELS];
     int n_cancels;
+    /* jobs whose text grew in the engine step under way: their connections are woken once,
+     * after the step (a speculative step's tokens then go out as one event, not one each) */
+    srv_job *wake[SRV_MAX_WAKE];
+    int n_wake;
     int engine_busy; /* running + queued in the engine after the last step */
     int gauge_running, gauge_queued;
     int64_t gauge_kv_used; /* KV positions committed, after the last step */
