@@ -53,8 +53,9 @@
  * see, acceptance that depends on more than depth and rank) is learned per pool.
  * When no shape pays, it decodes plainly and, if the best comes within 0.8x of plain, drafts a
  * probe now and then (at most every 32 steps) so that the calibration follows the text, all
- * probes together costing at most 1% of the plain decoding time (a probe first catches up on
- * every token since the last draft; it is verified only if its drafts look worth it); now and
+ * probes together costing at most 1% of the plain decoding time (a probe first catches each
+ * running request up on its tokens since its last proposal; it is verified only if its drafts
+ * look worth it); now and
  * then it drafts a shape next to the best to measure it.
  * For a batch (2 or more sequences), drafting is also judged by what it realized at that batch
  * size and its neighbours (2, 3-4, 5-8, ..., 33-64): time per token of its drafted steps (the
