@@ -12,8 +12,8 @@ on the others, so that on a small machine the client's work does not land on the
 
     python3 tools/serve_bench.py -m ../shared/models/stories260K.gguf \\
         [--spec "--speculative-algorithm NGRAM"] [--concurrency 1,2,4,8,16,32] [--reps 3] \\
-        [--max-tokens 128] [--threads N] [--per-client 4] [--min-round 16] [--pin] [--trace] \\
-        [--json]
+        [--max-tokens 128] [--threads N] [--per-client 4] [--min-round 16] [--pin] [--fresh] \\
+        [--trace] [--json]
 
 Prints a table: completion tokens/s of all requests together, the median request latency and
 time to first token, tau (tokens per speculative step), the share of steps that speculated,
@@ -212,6 +212,12 @@ def main():
                     help="the servers on the first CPU and this client on the others (with "
                          "-t 1 unless --threads is given): on a 2-core machine the client and "
                          "the server then no longer take each other's core")
+    ap.add_argument("--fresh", action="store_true",
+                    help="a new pair of servers (warmed up) for every pair of rounds: two "
+                         "processes of the same server differ by several percent on a small "
+                         "model (an A/A run, --spec '--speculative-algorithm NONE', read "
+                         "0.92x-1.06x at concurrency 1 on stories260K), so the pairs are "
+                         "drawn anew and the median is over them")
     ap.add_argument("--trace", action="store_true",
                     help="print each round's engine counters from /metrics on stderr")
     a = ap.parse_args()
@@ -225,15 +231,25 @@ def main():
         cpus = {allowed[0]}
         os.sched_setaffinity(0, set(allowed[1:]))
         a.threads = a.threads or 1
-    plain = Srv(a.build, a.model, [], a.threads, cpus)
-    spec = Srv(a.build, a.model, shlex.split(a.spec), a.threads, cpus)
+    srv = []
+
+    def start():  # a pair of servers, warmed up (first-touch memory, the controller's first steps)
+        for s in srv:
+            s.stop()
+        srv[:] = [Srv(a.build, a.model, [], a.threads, cpus),
+                  Srv(a.build, a.model, shlex.split(a.spec), a.threads, cpus)]
+        for s in srv:
+            round_(s, 4, a.max_tokens)
+
     rows = []
     try:
-        for s in (plain, spec):  # warm-up: first-touch memory, the controller's first steps
-            round_(s, 4, a.max_tokens)
+        start()
         for c in levels:
             runs = {"plain": [], "spec": []}
-            for _ in range(a.reps):
+            for r in range(a.reps):
+                if a.fresh and (r > 0 or c != levels[0]):
+                    start()
+                plain, spec = srv
                 runs["plain"].append(round_(plain, c, a.max_tokens, a.trace and "plain",
                                             a.per_client, a.min_round))
                 runs["spec"].append(round_(spec, c, a.max_tokens, a.trace and "spec",
@@ -258,8 +274,8 @@ def main():
                        s["tau"], 100 * s["spec_share"], rows[-1]["speedup"],
                        rows[-1]["cpu_speedup"]), flush=True)
     finally:
-        plain.stop()
-        spec.stop()
+        for s in srv:
+            s.stop()
     if a.json:
         print(json.dumps(dict(model=a.model, spec=a.spec, max_tokens=a.max_tokens, reps=a.reps,
                               rows=rows)))
