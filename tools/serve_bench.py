@@ -18,11 +18,14 @@ on the others, so that on a small machine the client's work does not land on the
 Prints a table: completion tokens/s of all requests together, the median request latency and
 time to first token, tau (tokens per speculative step), the share of steps that speculated,
 and the speed-up by wall time and by the server's CPU time (user + system; less disturbed by
-other jobs on a shared machine).
+other jobs on a shared machine), with a 95% confidence interval for the median wall speed-up
+from 6 pairs of rounds on (distribution-free: order statistics of the pairs' ratios; with
+--fresh each pair is a new pair of processes, so the interval covers their differences too).
 Python 3 standard library only."""
 import argparse
 import http.client
 import json
+import math
 import os
 import re
 import shlex
@@ -111,6 +114,22 @@ def one(port, i, max_tokens):
             if d.get("meta_info"):
                 meta = d["meta_info"]
     return time.perf_counter() - t0, ttft or 0.0, tokens, meta
+
+
+def median_ci(xs, conf=0.95):
+    """A distribution-free confidence interval for the median of xs: the order statistics
+    x_(k) and x_(n+1-k) with the largest k for which P(Binomial(n, 1/2) < k) <= (1 - conf) / 2,
+    so that the interval holds the true median with probability at least conf whatever the
+    distribution of the ratios. None when n is too small (under 6 for 95%)."""
+    xs = sorted(xs)
+    n = len(xs)
+    tail, k = 0.0, 0
+    while True:  # tail = P(B < k + 1)
+        tail += math.comb(n, k) / 2.0 ** n
+        if tail > (1.0 - conf) / 2.0:
+            break
+        k += 1
+    return None if k == 0 else (xs[k - 1], xs[n - k])
 
 
 def cpu_seconds(pid):
@@ -258,21 +277,24 @@ def main():
                    for k, v in runs.items()}
             # the speed-up: the median of each adjacent pair's ratio (both rounds saw about the
             # same load from elsewhere)
-            ratio = statistics.median(sp["tok_s"] / pl["tok_s"]
-                                      for pl, sp in zip(runs["plain"], runs["spec"]))
+            ratios = [sp["tok_s"] / pl["tok_s"] for pl, sp in zip(runs["plain"], runs["spec"])]
+            ratio = statistics.median(ratios)
+            ci = median_ci(ratios)
             cpu_ratio = statistics.median(sp["tok_cpu_s"] / pl["tok_cpu_s"]
                                           for pl, sp in zip(runs["plain"], runs["spec"])
                                           if pl["tok_cpu_s"] > 0)
             rows.append(dict(concurrency=c, plain=med["plain"], spec=med["spec"], speedup=ratio,
-                             cpu_speedup=cpu_ratio))
+                             cpu_speedup=cpu_ratio, speedup_ci95=ci, ratios=ratios))
             if not a.json:
                 p, s = med["plain"], med["spec"]
                 print("c=%-3d plain %8.1f tok/s  lat %6.2f s  ttft %6.3f s | spec %8.1f tok/s  "
                       "lat %6.2f s  ttft %6.3f s  tau %.2f  spec steps %3.0f%% | %.2fx wall, "
-                      "%.2fx per CPU second" %
+                      "%.2fx per CPU second%s" %
                       (c, p["tok_s"], p["lat"], p["ttft"], s["tok_s"], s["lat"], s["ttft"],
                        s["tau"], 100 * s["spec_share"], rows[-1]["speedup"],
-                       rows[-1]["cpu_speedup"]), flush=True)
+                       rows[-1]["cpu_speedup"],
+                       " | 95%% CI of the wall speed-up %.3f-%.3f (%d pairs)" %
+                       (ci[0], ci[1], len(ratios)) if ci else ""), flush=True)
     finally:
         for s in srv:
             s.stop()
