@@ -796,6 +796,68 @@ static void test_batch_gate(void **state) {
     free(hist);
 }
 
+/* One request after a batch (a server whose round at 4 sequences ends): the costs and realized
+ * speed-ups learned at 4 must not stop drafting for one. At 4, plain steps take 0.25 ms a token
+ * and drafting loses; the round's last request verifies a few chains alone, timed while t1 is
+ * still the 4-sequence step's, then decodes plainly. Then one request, whose chains pay
+ * (about 2x). Before the
+ * curve and the realized speed-ups were kept in one sequence's plain-token times (and the
+ * latter for one sequence only), those verifies read 3-4 plain tokens and the batch's
+ * losses held the plan below plain: on the 768-wide target with EAGLE, a fresh server drafted
+ * on none of its first 1,000 steps at concurrency 1 after a warm-up at 4. */
+static void test_batch_then_one(void **state) {
+    (void)state;
+    int32_t *hist = calloc(1 << 16, sizeof *hist);
+    int64_t n_hist = 1;
+    plan_case pc = {0.8, 0.05, 0.1};
+    st_ctl *c = planner_bs(&pc, 4, hist, &n_hist);
+    double t_all = 0.0, t_tok = 0.0;
+    for (int r = 0; r < 20; r++) {
+        run_drafting(c, 4, 40, 1.0e-3, 8e-3, 8, &t_all, &t_tok);
+        for (int32_t m = 2; m <= 6; m++) { /* the last request alone: chains of m, 2 tokens */
+            const double t = (1.0 + pc.slope * (double)(m - 1)) * 1e-3;
+            st_ctl_step_end(c, 1, m, 1, 2, t + 0.3e-3, t);
+        }
+    }
+    for (int s = 0; s < 30; s++) /* and its plain steps */
+        st_ctl_step_end(c, 0, 1, 1, 1, 1e-3, 1e-3);
+    int trees = 0;
+    t_all = t_tok = 0.0;
+    for (int step = 0; step < 600; step++) {
+        int64_t K, S, e = 1;
+        const int d = st_ctl_want_draft(c, 1, &K, &S);
+        double t_draft = 0.0, t_fwd = 1e-3, g;
+        int32_t n = 1;
+        if (d) {
+            t_draft = (double)S * pc.lvl * 1e-3;
+            st_ctl_draft_cost(c, K, S, pc.lvl * 1e-3, 1, (double)(S - 1) * pc.lvl * 1e-3);
+            int64_t right = 0;
+            while (right < S && (double)(rnd() % 1000) < 1000.0 * pc.a)
+                right++;
+            feed_right(c, S, hist, &n_hist, right);
+            n = st_ctl_choose(c, 1, S, &g);
+            if (n > 1) {
+                e = (right < n - 1 ? right : n - 1) + 1;
+                t_fwd = (1.0 + pc.slope * (double)(n - 1)) * 1e-3;
+                trees++;
+            }
+            n_hist += e - S; /* (feed_right appended S tokens) */
+        } else {
+            hist[n_hist++] = 7;
+            st_ctl_observe(c, 0, hist, n_hist, 0);
+        }
+        t_all += t_draft + t_fwd;
+        t_tok += (double)e * 1e-3;
+        st_ctl_step_end(c, d, n, 1, e, t_draft + t_fwd, t_fwd);
+    }
+    print_message("one request after a batch of 4: %d trees in 600 steps, %.2fx plain\n", trees,
+                  t_tok / t_all);
+    assert_true(trees >= 400);
+    assert_true(t_tok >= 1.6 * t_all);
+    st_ctl_free(c);
+    free(hist);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_matches_organize), cmocka_unit_test(test_choice),
@@ -803,7 +865,7 @@ int main(void) {
         cmocka_unit_test(test_proposal_sampling),     cmocka_unit_test(test_classes),
         cmocka_unit_test(test_tree_expect),           cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_policy),           cmocka_unit_test(test_batch_gate),
-        cmocka_unit_test(test_probe_requests),
+        cmocka_unit_test(test_probe_requests),        cmocka_unit_test(test_batch_then_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

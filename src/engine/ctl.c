@@ -322,6 +322,7 @@ void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32
 
 static double est_ratio(const st_ctl *c, int64_t T);
 static double batch_f(const st_ctl *c, int32_t na);
+static double conv1(const st_ctl *c);
 static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured);
 
 /* Seconds of a level pass of K nodes: measured, else from the nearest measured smaller (or
@@ -498,13 +499,13 @@ static double batch_f(const st_ctl *c, int32_t na) {
 static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured) {
     if (na == 1) { /* one sequence: the curve by tokens is its own, with its estimates' rules */
         *measured = m >= 2 && m <= c->Tmax && c->tv_n[m] > 0;
-        return est_ratio(c, m) / batch_f(c, 1);
+        return est_ratio(c, m) * conv1(c) / batch_f(c, 1);
     }
     const size_t i = (size_t)na * (size_t)(c->N + 1) + (size_t)m;
     *measured = na >= 1 && na <= c->bs && m >= 2 && m <= c->N && c->cvb_n[i] > 0;
     if (*measured)
         return c->cvb[i];
-    return est_ratio(c, (int64_t)na * m) / ((double)na * batch_f(c, na));
+    return est_ratio(c, (int64_t)na * m) * conv1(c) / ((double)na * batch_f(c, na));
 }
 
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
@@ -628,6 +629,20 @@ static double t1_now(const st_ctl *c) { return c->t1 * c->speed; }
  * per-sequence draft costs; batch_f(c, 1) converts them to t1 times. */
 static double seq_unit(const st_ctl *c) { return t1_now(c) * batch_f(c, 1); }
 
+/* One sequence's plain token over t1 (1 when the plain step that set t1 was of one sequence, as
+ * always without a batch). The verify-cost curve by tokens and the planned pools' realized
+ * speed-ups are kept in one sequence's plain-token times: in t1's, a server's curve mixed units.
+ * On the 768-wide target with EAGLE, a verify of 2 tokens of the one request left at the end of
+ * a round at concurrency 4, timed against the 4-sequence step's t1 (0.77 ms a token, against
+ * 1.8 ms for one sequence), read 2.2 plain tokens, and a fresh server did not draft at all at
+ * concurrency 1 after it (1.16 is its cost). */
+static double conv1(const st_ctl *c) {
+    const int32_t b = c->t1_na;
+    return b > 1 && b <= ST_GEN_MAX_BATCH && c->t1b_n[1] > 0 && c->t1b_n[b] > 0
+               ? c->t1b[1] / c->t1b[b]
+               : 1.0;
+}
+
 void st_ctl_time_plain(st_ctl *c, double per_token) { st_ctl_time_plain_batch(c, 1, per_token); }
 
 /* The verify-cost curve by total tokens T (in t1 times, any batch); cold: the first step of
@@ -643,11 +658,11 @@ static void time_verify_tokens(st_ctl *c, int64_t T, double seconds, int *cold) 
         return;
     }
     *cold = 0;
-    double r = seconds / t1_now(c);
+    double r = seconds / (t1_now(c) * conv1(c));
     if (c->tv_n[T] >= CTL_FLOOR_N) {
         const double o = r / c->tv[T];
         c->speed *= 1.0 + CTL_SPEED_RATE * ((o > 1.5 ? 1.5 : o) - 1.0);
-        r = seconds / t1_now(c);
+        r = seconds / (t1_now(c) * conv1(c));
     }
     if (c->tv_n[T] == 0) { /* a first measurement counts at most 1.5 times the estimate */
         const double e = est_ratio(c, T);
@@ -687,6 +702,7 @@ void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
     c->speed = 1.0;
     track_cost(&c->t1, c->t1_n, seconds / (double)na);
     c->t1_n++;
+    c->t1_na = na;
     if (na <= ST_GEN_MAX_BATCH) {
         track_cost(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
         c->t1b_n[na]++;
@@ -793,10 +809,12 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
         }
     }
     /* a planned shape's realized speed-up: tokens per plain-token time of its steps (decayed
-     * sums; a step counts at most 1.5 times the shape's mean step) */
-    if (drafted && c->model_drafter && !c->probing && c->t1 > 0.0 && t_step > 0.0) {
+     * sums; a step counts at most 1.5 times the shape's mean step), for one sequence (a batch's
+     * drafting is judged by the gate, against plain steps of its size: a batch of 4 whose trees
+     * lost took this factor to its floor, and one request after it did not draft for 200 steps) */
+    if (drafted && c->model_drafter && !c->probing && na == 1 && c->t1 > 0.0 && t_step > 0.0) {
         const int64_t K = c->dk, S = c->ds;
-        double x = t_step / t1_now(c);
+        double x = t_step / (t1_now(c) * conv1(c));
         const double mean = c->rz_w[K][S] > 0.0 ? c->rz_cost[K][S] / c->rz_w[K][S] : 0.0;
         if (c->rz_w[K][S] >= 3.0 && x > 1.5 * mean)
             x = 1.5 * mean;
