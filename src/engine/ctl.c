@@ -96,6 +96,7 @@ static double t1_now(const st_ctl *c);
 static double batch_f(const st_ctl *c, int32_t na);
 
 static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S);
+static double conv1(const st_ctl *c);
 
 /* Whether the probes may lose more: at most CTL_VPROBE_BUDGET of all the time so far, and of
  * the recent time, plus CTL_VPROBE_ALLOW plain-token times. */
@@ -186,6 +187,7 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
 static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     *K = c->K;
     *S = c->S;
+    c->first1_now = 0;
     if (!c->autotune)
         return 1;
     /* a plain step every CTL_PLAIN_EVERY keeps t1 fresh */
@@ -214,7 +216,15 @@ static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     if (c->t1_n < 2)
         return 0;
     c->probing = 0;
-    if (c->c_catch_n < CTL_FIRST - 1) { /* (the first, cold proposal is not measured) */
+    /* (the first, cold proposal is not measured) A batch's first steps of one sequence start
+     * the same way: the verify costs of one sequence are measured only from them (see conv1),
+     * and a server warmed up by a batch has none. Left to probes, 2-4 sizes measured twice each
+     * took most of the first 1,000 steps at concurrency 1 (T with EAGLE, traced). Not before
+     * one sequence's plain step is timed: nothing could be measured. */
+    c->first1_now = c->c_catch_n >= CTL_FIRST - 1 && na == 1 && c->bs > 1 &&
+                    c->first1 < CTL_FIRST - 1 && conv1(c) > 0.0;
+    c->first1 += c->first1_now;
+    if (c->c_catch_n < CTL_FIRST - 1 || c->first1_now) {
         c->dk = *K = c->k_auto ? 1 : c->K;
         c->ds = *S = c->s_auto && c->S > 4 ? 4 : c->S;
         c->probing = 1;
@@ -322,7 +332,7 @@ void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32
 
 static double est_ratio(const st_ctl *c, int64_t T);
 static double batch_f(const st_ctl *c, int32_t na);
-static double conv1(const st_ctl *c);
+static double conv1_est(const st_ctl *c);
 static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured);
 
 /* Seconds of a level pass of K nodes: measured, else from the nearest measured smaller (or
@@ -499,13 +509,13 @@ static double batch_f(const st_ctl *c, int32_t na) {
 static double verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured) {
     if (na == 1) { /* one sequence: the curve by tokens is its own, with its estimates' rules */
         *measured = m >= 2 && m <= c->Tmax && c->tv_n[m] > 0;
-        return est_ratio(c, m) * conv1(c) / batch_f(c, 1);
+        return est_ratio(c, m) * conv1_est(c) / batch_f(c, 1);
     }
     const size_t i = (size_t)na * (size_t)(c->N + 1) + (size_t)m;
     *measured = na >= 1 && na <= c->bs && m >= 2 && m <= c->N && c->cvb_n[i] > 0;
     if (*measured)
         return c->cvb[i];
-    return est_ratio(c, (int64_t)na * m) * conv1(c) / ((double)na * batch_f(c, na));
+    return est_ratio(c, (int64_t)na * m) * conv1_est(c) / ((double)na * batch_f(c, na));
 }
 
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
@@ -524,7 +534,7 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
      * first verify runs cold and is not): they measure the verify cost the plan needs (its prior
      * is pessimistic, and a size never verified is never measured). Once measured, they are
      * verified as their drafts look: an always-wrong head must not pay for more whole trees. */
-    if (c->model_drafter && c->c_catch_n < CTL_FIRST - 1 && mmax > 1 &&
+    if (c->model_drafter && (c->c_catch_n < CTL_FIRST - 1 || c->first1_now) && mmax > 1 &&
         c->tv_n[(int64_t)na * mmax] == 0) {
         c->vprobe = 1;
         return mmax;
@@ -629,18 +639,27 @@ static double t1_now(const st_ctl *c) { return c->t1 * c->speed; }
  * per-sequence draft costs; batch_f(c, 1) converts them to t1 times. */
 static double seq_unit(const st_ctl *c) { return t1_now(c) * batch_f(c, 1); }
 
-/* One sequence's plain token over t1 (1 when the plain step that set t1 was of one sequence, as
- * always without a batch). The verify-cost curve by tokens and the planned pools' realized
- * speed-ups are kept in one sequence's plain-token times: in t1's, a server's curve mixed units.
- * On the 768-wide target with EAGLE, a verify of 2 tokens of the one request left at the end of
- * a round at concurrency 4, timed against the 4-sequence step's t1 (0.77 ms a token, against
- * 1.8 ms for one sequence), read 2.2 plain tokens, and a fresh server did not draft at all at
- * concurrency 1 after it (1.16 is its cost). */
+/* One sequence's plain token over t1, for a controller of a batch (1 without one: every plain
+ * step is then one sequence's, as in `spectree generate`; -1 while one sequence's plain step was
+ * never timed). t1 averages the plain steps of whatever batches ran, so the verify-cost curve by
+ * tokens and the planned pools' realized speed-ups are kept in one sequence's plain-token times
+ * (t1b[1]): in t1's, a server's curve mixed units. On the 768-wide target with EAGLE, a verify of
+ * 2 tokens of the one request left at the end of a round at concurrency 4, timed while t1 was
+ * still near the 4-sequence step's (0.77 ms a token, against 1.8 ms for one sequence), read 2.2
+ * plain tokens, and a fresh server did not draft at all at concurrency 1 after it (1.16 is its
+ * cost). */
 static double conv1(const st_ctl *c) {
-    const int32_t b = c->t1_na;
-    return b > 1 && b <= ST_GEN_MAX_BATCH && c->t1b_n[1] > 0 && c->t1b_n[b] > 0
-               ? c->t1b[1] / c->t1b[b]
-               : 1.0;
+    if (c->bs <= 1)
+        return 1.0;
+    return c->t1b_n[1] > 0 && c->t1 > 0.0 ? c->t1b[1] / c->t1 : -1.0;
+}
+
+/* conv1 for estimates: 1 where it is not known yet. Measurements wait until it is: a server
+ * whose first steps were a batch's has no plain step of one sequence to convert with, and a
+ * verify of one sequence timed against the batch's t1 then read 2.85 plain tokens for 2. */
+static double conv1_est(const st_ctl *c) {
+    const double v = conv1(c);
+    return v > 0.0 ? v : 1.0;
 }
 
 void st_ctl_time_plain(st_ctl *c, double per_token) { st_ctl_time_plain_batch(c, 1, per_token); }
@@ -658,11 +677,14 @@ static void time_verify_tokens(st_ctl *c, int64_t T, double seconds, int *cold) 
         return;
     }
     *cold = 0;
-    double r = seconds / (t1_now(c) * conv1(c));
+    const double u = conv1(c);
+    if (u <= 0.0) /* (the batch's cost is measured: time_verify_batch) */
+        return;
+    double r = seconds / (t1_now(c) * u);
     if (c->tv_n[T] >= CTL_FLOOR_N) {
         const double o = r / c->tv[T];
         c->speed *= 1.0 + CTL_SPEED_RATE * ((o > 1.5 ? 1.5 : o) - 1.0);
-        r = seconds / (t1_now(c) * conv1(c));
+        r = seconds / (t1_now(c) * u);
     }
     if (c->tv_n[T] == 0) { /* a first measurement counts at most 1.5 times the estimate */
         const double e = est_ratio(c, T);
@@ -702,7 +724,6 @@ void st_ctl_time_plain_batch(st_ctl *c, int32_t na, double seconds) {
     c->speed = 1.0;
     track_cost(&c->t1, c->t1_n, seconds / (double)na);
     c->t1_n++;
-    c->t1_na = na;
     if (na <= ST_GEN_MAX_BATCH) {
         track_cost(&c->t1b[na], c->t1b_n[na], seconds / (double)na);
         c->t1b_n[na]++;
@@ -812,7 +833,8 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
      * sums; a step counts at most 1.5 times the shape's mean step), for one sequence (a batch's
      * drafting is judged by the gate, against plain steps of its size: a batch of 4 whose trees
      * lost took this factor to its floor, and one request after it did not draft for 200 steps) */
-    if (drafted && c->model_drafter && !c->probing && na == 1 && c->t1 > 0.0 && t_step > 0.0) {
+    if (drafted && c->model_drafter && !c->probing && na == 1 && c->t1 > 0.0 && t_step > 0.0 &&
+        conv1(c) > 0.0) {
         const int64_t K = c->dk, S = c->ds;
         double x = t_step / (t1_now(c) * conv1(c));
         const double mean = c->rz_w[K][S] > 0.0 ? c->rz_cost[K][S] / c->rz_w[K][S] : 0.0;

@@ -171,8 +171,9 @@ struct st_ctl {
      * step costs less per token than one sequence's: the weights are read once for all) */
     double t1;
     int64_t t1_n;
-    double speed;  /* the time of a step now over its time when t1 was measured (see t1_now) */
-    int32_t t1_na; /* the batch size of the plain step that set t1 last */
+    double speed;       /* the time of a step now over its time when t1 was measured (see t1_now) */
+    int32_t first1;     /* a batch's model drafter: start-up proposals of one sequence (conv1) */
+    int32_t first1_now; /* this step's proposal is one of them */
     double t1b[ST_GEN_MAX_BATCH + 1];
     int64_t t1b_n[ST_GEN_MAX_BATCH + 1];
     int64_t explore; /* near-paying steps seen (exploration counter) */
