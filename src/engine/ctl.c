@@ -651,7 +651,7 @@ static double seq_unit(const st_ctl *c) { return t1_now(c) * batch_f(c, 1); }
 static double conv1(const st_ctl *c) {
     if (c->bs <= 1)
         return 1.0;
-    return c->t1b_n[1] > 0 && c->t1 > 0.0 ? c->t1b[1] / c->t1 : -1.0;
+    return c->t1b_n[1] > 0 && c->t1 > 0.0 ? batch_f(c, 1) : -1.0;
 }
 
 /* conv1 for estimates: 1 where it is not known yet. Measurements wait until it is: a server
