@@ -6,7 +6,7 @@
 # Usage: scripts/demo.sh [MODEL] [PROMPT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=${1:-../shared/models/stories260K.gguf}
+model=${1:-models/stories260K.gguf}
 prompt=${2:-Once upon a time}
 bash scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

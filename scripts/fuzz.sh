@@ -2,7 +2,7 @@
 # Runs the libFuzzer targets (tests/fuzz/fuzz_*.c) for a bounded time each, built with clang,
 # AddressSanitizer and UndefinedBehaviorSanitizer in build-fuzz/. Each starts from its corpus in
 # build-fuzz/corpus/<target> (kept between runs, so coverage accumulates) plus seeds made here:
-# the shared GGUF files, small models written by spectree-mkmodel, the tokenizer test inputs,
+# the bundled GGUF files, small models written by spectree-mkmodel, the tokenizer test inputs,
 # the TinyStories-656K safetensors checkpoint and tokenizer.json (and synthetic byte-level ones),
 # the EAGLE-3 heads the tests wrote and the committed one.
 # A crash, leak, sanitizer report or an input slower than 30 s fails the run; the input is kept
@@ -11,12 +11,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-${ST_FUZZ_SECONDS:-60}}
-shared=${ST_SHARED_DIR:-$(cd .. && pwd)/shared}
 jobs=$(nproc)
 out=build-fuzz
 
 CC=clang cmake -S . -B $out -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_FUZZ=ON -DST_SANITIZE=ON \
-    -DST_WERROR=ON -DST_SHARED_DIR="$shared" >/dev/null
+    -DST_WERROR=ON >/dev/null
 cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize fuzz_safetensors \
     fuzz_serve_request fuzz_hf_tokenizer fuzz_eagle3 >/dev/null
 
@@ -25,16 +24,16 @@ mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/seeds/safetensors $out/corpus/
     $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/serve_request \
     $out/corpus/serve_request $out/seeds/hf_tokenizer $out/corpus/hf_tokenizer $out/seeds/eagle3 \
     $out/corpus/eagle3
-cp "$shared"/models/stories260K.gguf "$shared"/vectors/tokenizer/*.gguf $out/seeds/gguf/
-head -c 4096 "$shared"/models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
+cp models/stories260K.gguf tests/data/tokenizer/*.gguf $out/seeds/gguf/
+head -c 4096 models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
 if [ -x build/spectree-mkmodel ]; then # small whole models, one per weight type
     for t in f32 f16 bf16 q8_0 q4_0; do
-        build/spectree-mkmodel $out/seeds/gguf/tiny-$t.gguf --vocab "$shared"/models/stories260K.gguf \
+        build/spectree-mkmodel $out/seeds/gguf/tiny-$t.gguf --vocab models/stories260K.gguf \
             --dim 32 --ff 64 --layers 1 --heads 4 --kv-heads 2 --type $t --ctx 64 >/dev/null 2>&1
     done
 fi
-cp "$shared"/vectors/tokenizer/*.inp $out/seeds/tokenize/
-st=$(ls "$shared"/models/TinyStories-656K/*.safetensors | head -1)
+cp tests/data/tokenizer/*.inp $out/seeds/tokenize/
+st=$(ls models/TinyStories-656K/*.safetensors | head -1)
 cp "$st" $out/seeds/safetensors/model.safetensors
 head -c 16384 "$st" >$out/seeds/safetensors/model-head.safetensors
 for d in build/test_e2e_eagle3_f32 build/test_e2e_eagle3_f16 models/eagle3-stories260K; do
@@ -42,7 +41,7 @@ for d in build/test_e2e_eagle3_f32 build/test_e2e_eagle3_f16 models/eagle3-stori
 done
 cp $out/seeds/safetensors/model-head.safetensors $out/seeds/eagle3/
 cp README.md $out/seeds/tokenize/
-cp "$shared"/models/TinyStories-656K/tokenizer.json $out/seeds/hf_tokenizer/tinystories.json
+cp models/TinyStories-656K/tokenizer.json $out/seeds/hf_tokenizer/tinystories.json
 for pre in llama3 qwen2; do # small byte-level tokenizer.json files (tests/oracle/hf_bpe.py)
     /usr/bin/python3 tests/oracle/hf_bpe.py mkbytelevel $out/seeds/hf_tokenizer/$pre $pre
     mv $out/seeds/hf_tokenizer/$pre/tokenizer.json $out/seeds/hf_tokenizer/$pre.json
@@ -60,7 +59,7 @@ declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [serve_request]
     [hf_tokenizer]=131072 [eagle3]=0)
 pids=()
 for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3; do
-    ST_SHARED_DIR="$shared" ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         $out/fuzz_$t -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -max_len=${max_len[$t]} -artifact_prefix=$out/crashes/$t- $out/corpus/$t $out/seeds/$t \
         >$out/fuzz_$t.log 2>&1 &

@@ -1,8 +1,8 @@
 """gen_tree_fixtures.py: random draft trees run through the pure-Python oracle
-shared/spec/tree_ref.py (organize, build_tree, full_mask_flat, verify_greedy, tree_sample), written
+docs/tree_ref.py (organize, build_tree, full_mask_flat, verify_greedy, tree_sample), written
 as a text fixture that tests/test_tree_verify.c compares the C implementation against.
 
-usage: gen_tree_fixtures.py SHARED_DIR OUT_FILE [SEED] [N_CASES]
+usage: gen_tree_fixtures.py DOCS_DIR OUT_FILE [SEED] [N_CASES]
 
 Every number is exact in float32 (scores, probabilities and coins are dyadic with small
 denominators), so the oracle's double arithmetic and the C code agree bit for bit. tree_sample
@@ -18,8 +18,8 @@ import struct
 import sys
 
 
-def load_oracle(shared):
-    path = os.path.join(shared, "spec", "tree_ref.py")
+def load_oracle(docs):
+    path = os.path.join(docs, "tree_ref.py")
     sys.path.insert(0, os.path.dirname(path))
     import tree_ref  # noqa: E402
 
@@ -226,10 +226,10 @@ def gen_case(rng, ref, tree_sample, cid, out):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    shared, path = sys.argv[1], sys.argv[2]
+    docs, path = sys.argv[1], sys.argv[2]
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     n_cases = int(sys.argv[4]) if len(sys.argv) > 4 else 3000
-    ref, tree_sample = load_oracle(shared)
+    ref, tree_sample = load_oracle(docs)
     rng = random.Random(seed)
     tmp = path + ".tmp"
     with open(tmp, "w") as out:

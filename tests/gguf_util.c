@@ -26,9 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-const char *stories(void) { return tu_shared("models/stories260K.gguf"); }
-const char *spm(void) { return tu_shared("vectors/tokenizer/ggml-vocab-llama-spm.gguf"); }
-const char *gpt2(void) { return tu_shared("vectors/tokenizer/ggml-vocab-gpt-2.gguf"); }
+const char *stories(void) { return tu_data("models/stories260K.gguf"); }
+const char *spm(void) { return tu_data("tests/data/tokenizer/ggml-vocab-llama-spm.gguf"); }
+const char *gpt2(void) { return tu_data("tests/data/tokenizer/ggml-vocab-gpt-2.gguf"); }
 
 uint64_t rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);

@@ -26,7 +26,7 @@ static int32_t V;
 
 static int setup(void **state) {
     (void)state;
-    if (st_model_load(tu_shared("models/stories260K.gguf"), &model) != ST_OK)
+    if (st_model_load(tu_data("models/stories260K.gguf"), &model) != ST_OK)
         return -1;
     V = st_model_get_hparams(model)->n_vocab;
     return 0;

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "engine/ctl.h"
+#include "ctl/ctl.h"
 #include "spectree.h"
 
 #include <math.h>

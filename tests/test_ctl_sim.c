@@ -20,8 +20,8 @@
 
 #include <cmocka.h>
 
+#include "ctl/ctl.h"
 #include "draft/drafter.h"
-#include "engine/ctl.h"
 #include "spectree.h"
 
 #include <math.h>

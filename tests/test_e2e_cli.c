@@ -93,10 +93,10 @@ static void test_generate_golden(void **state) {
     assert_int_equal(tu_write_eagle_head(head, &h), 0);
     for (int i = 0; i < 6; i++) {
         char alg[1024];
-        snprintf(alg, sizeof alg, algos[i], i >= 4 ? head : tu_shared("models/stories260K.gguf"));
+        snprintf(alg, sizeof alg, algos[i], i >= 4 ? head : tu_data("models/stories260K.gguf"));
         snprintf(args, sizeof args,
                  "generate -m %s -p 'Once upon a time' -n 199 --temp 0 --json -t 2 %s",
-                 tu_shared("models/stories260K.gguf"), alg);
+                 tu_data("models/stories260K.gguf"), alg);
         result r = run(args);
         assert_int_equal(r.code, 0);
         size_t lg = strlen(golden);
@@ -120,7 +120,7 @@ static void test_load_flags(void **state) {
             char args[2048];
             snprintf(args, sizeof args,
                      "generate -m %s -p 'Once upon a time' -n 80 -t 2 --json %s %s",
-                     tu_shared("models/stories260K.gguf"), runs[i], mode ? "--no-mmap" : "--mmap");
+                     tu_data("models/stories260K.gguf"), runs[i], mode ? "--no-mmap" : "--mmap");
             result r = run(args);
             assert_int_equal(r.code, 0);
             assert_non_null(
@@ -145,25 +145,25 @@ static void test_stop_and_tokenize(void **state) {
     snprintf(args, sizeof args,
              "generate -m %s -p 'Once upon a time' -n 100 --temp 0 --stop 'red ball' "
              "--speculative-algorithm NGRAM",
-             tu_shared("models/stories260K.gguf"));
+             tu_data("models/stories260K.gguf"));
     result r = run(args);
     assert_int_equal(r.code, 0);
     assert_string_equal(r.out, ", there was a little girl named Lily. She loved to play outside "
                                "in the park. One day, she saw a big, \n");
     done(&r);
     snprintf(args, sizeof args, "tokenize -m %s --add-bos 'Once upon a time'",
-             tu_shared("models/stories260K.gguf"));
+             tu_data("models/stories260K.gguf"));
     r = run(args);
     assert_int_equal(r.code, 0);
     assert_string_equal(r.out, "1 403 407 261 378\n");
     done(&r);
     snprintf(args, sizeof args, "tokenize -m %s ' Hello world'",
-             tu_shared("vectors/tokenizer/ggml-vocab-gpt-2.gguf"));
+             tu_data("tests/data/tokenizer/ggml-vocab-gpt-2.gguf"));
     r = run(args);
     assert_int_equal(r.code, 0);
     assert_string_equal(r.out, "18435 995\n");
     done(&r);
-    snprintf(args, sizeof args, "info -m %s", tu_shared("models/stories260K.gguf"));
+    snprintf(args, sizeof args, "info -m %s", tu_data("models/stories260K.gguf"));
     r = run(args);
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "blk.4.ffn_up.weight"));
@@ -173,7 +173,7 @@ static void test_stop_and_tokenize(void **state) {
 
 static void test_bad_usage(void **state) {
     (void)state;
-    const char *m = tu_shared("models/stories260K.gguf");
+    const char *m = tu_data("models/stories260K.gguf");
     char cases[][1024] = {
         "",
         "frobnicate",
@@ -262,7 +262,7 @@ static void test_numeric_flags(void **state) {
             if (!strcmp(values[v], "-1") && strcmp(flags[f], "--seed") != 0)
                 continue; /* a plain negative is refused by the range check everywhere */
             snprintf(args, sizeof args, "generate -m %s -p hi %s %s",
-                     tu_shared("models/stories260K.gguf"), flags[f], values[v]);
+                     tu_data("models/stories260K.gguf"), flags[f], values[v]);
             char want[256];
             snprintf(want, sizeof want, "%s expects", flags[f]);
             expect_usage_error(args, want);
@@ -272,7 +272,7 @@ static void test_numeric_flags(void **state) {
         for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
             if (!strcmp(flags[f], "-c") || !strcmp(flags[f], "--seed") || !strcmp(values[v], "-1"))
                 continue; /* serve's -c is --context-length; its seeds come with requests */
-            snprintf(args, sizeof args, "serve -m %s %s %s", tu_shared("models/stories260K.gguf"),
+            snprintf(args, sizeof args, "serve -m %s %s %s", tu_data("models/stories260K.gguf"),
                      flags[f], values[v]);
             char want[256];
             snprintf(want, sizeof want, "%s expects", flags[f]);
@@ -288,14 +288,14 @@ static void test_numeric_flags(void **state) {
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         for (int cmd = 0; cmd < 2; cmd++) {
             snprintf(args, sizeof args, "%s -m %s %s %s", cmd ? "serve" : "generate",
-                     tu_shared("models/stories260K.gguf"), cmd ? "" : "-p hi", more[i][0]);
+                     tu_data("models/stories260K.gguf"), cmd ? "" : "-p hi", more[i][0]);
             expect_usage_error(args, more[i][1]);
         }
     /* the values themselves still work */
     snprintf(args, sizeof args,
              "generate -m %s -p hi -n 3 -t 1 -c 64 --temp 0.5 --top-k 5 --top-p .9 --min-p 0 "
              "--seed 18446744073709551615",
-             tu_shared("models/stories260K.gguf"));
+             tu_data("models/stories260K.gguf"));
     result r = run(args);
     assert_int_equal(r.code, 0);
     done(&r);
@@ -304,7 +304,7 @@ static void test_numeric_flags(void **state) {
 static void test_option_names(void **state) {
     (void)state;
     char args[2048];
-    const char *m = tu_shared("models/stories260K.gguf");
+    const char *m = tu_data("models/stories260K.gguf");
     snprintf(args, sizeof args, "generate -m %s -p hi --bogus", m);
     expect_usage_error(args, "unknown option '--bogus'");
     snprintf(args, sizeof args, "generate -m %s -p hi --temperature=1", m);
@@ -332,7 +332,7 @@ static void test_model_not_a_file(void **state) {
                          "generate -m %s -p hi --speculative-algorithm STANDALONE "
                          "--speculative-draft-model-path %s"};
     for (int i = 0; i < 4; i++) {
-        snprintf(args, sizeof args, fmt[i], i == 3 ? tu_shared("models/stories260K.gguf") : fifo,
+        snprintf(args, sizeof args, fmt[i], i == 3 ? tu_data("models/stories260K.gguf") : fifo,
                  fifo);
         result r = run(args);
         if (r.code != 1 || count_lines(r.err) != 1 ||
@@ -352,7 +352,7 @@ static void test_model_not_a_file(void **state) {
     remove(fifo);
     /* a header cut short says so */
     size_t size = 0;
-    char *bytes = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    char *bytes = tu_read_file(tu_data("models/stories260K.gguf"), &size);
     assert_non_null(bytes);
     char cut[256];
     snprintf(cut, sizeof cut, "%s/cut.gguf", dir);
@@ -378,7 +378,7 @@ static void test_prompt_input(void **state) {
     assert_non_null(f);
     fputs("Once upon a time", f);
     fclose(f);
-    const char *m = tu_shared("models/stories260K.gguf");
+    const char *m = tu_data("models/stories260K.gguf");
     /* -f FILE and -p - give the continuation -p TEXT gives */
     snprintf(args, sizeof args, "generate -m %s -f %s -n 199 --temp 0", m, path);
     result r = run(args);
@@ -420,7 +420,7 @@ static void test_prompt_input(void **state) {
  * speculative flags come without an algorithm; two unseeded runs get different seeds. */
 static void test_stop_reason_and_warnings(void **state) {
     (void)state;
-    const char *m = tu_shared("models/stories260K.gguf");
+    const char *m = tu_data("models/stories260K.gguf");
     char args[2048];
     snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 100 -c 16 --temp 0 --json",
              m);
@@ -485,7 +485,7 @@ enum { VOCAB_NO_SPACE_PIECE, VOCAB_CUT_300 };
  * 512 while the model keeps all 512 rows. */
 static void write_vocab_variant(const char *path, int mode) {
     st_gguf *g;
-    assert_int_equal(st_gguf_open(tu_shared("models/stories260K.gguf"), &g), ST_OK);
+    assert_int_equal(st_gguf_open(tu_data("models/stories260K.gguf"), &g), ST_OK);
     st_gguf_writer *w;
     assert_int_equal(st_gguf_writer_create(&w), ST_OK);
     const int64_t kt = st_gguf_find(g, "tokenizer.ggml.tokens");

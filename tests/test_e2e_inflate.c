@@ -31,7 +31,7 @@
 
 static char dir[] = "/tmp/st_inflate_XXXXXX";
 
-static const char *stories(void) { return tu_shared("models/stories260K.gguf"); }
+static const char *stories(void) { return tu_data("models/stories260K.gguf"); }
 
 /* A path in the test's directory, in a rotating static buffer. */
 static const char *tmp(const char *name) {

@@ -82,7 +82,7 @@ static size_t mutate(uint8_t *buf, size_t size, size_t data_off, int i, uint64_t
 static void test_mutations(void **state) {
     (void)state;
     size_t size;
-    uint8_t *orig = (uint8_t *)tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    uint8_t *orig = (uint8_t *)tu_read_file(tu_data("models/stories260K.gguf"), &size);
     assert_non_null(orig);
     st_gguf *g;
     assert_int_equal(st_gguf_open_memory(orig, size, "orig", &g), ST_OK);
@@ -144,7 +144,7 @@ static void test_determinism(void **state) {
         "Sue liked to play with her",
     };
     st_model *m, *head;
-    assert_int_equal(st_model_load(tu_shared("models/stories260K.gguf"), &m), ST_OK);
+    assert_int_equal(st_model_load(tu_data("models/stories260K.gguf"), &m), ST_OK);
     assert_int_equal(st_eagle_head_load(ST_SOURCE_DIR "/models/eagle-stories260K", m, &head),
                      ST_OK);
     const st_tokenizer *tok = st_model_tokenizer(m);

@@ -98,7 +98,7 @@ static st_model *write_head(const char *name, int f16, const float *embed_values
 
 static int setup(void **state) {
     (void)state;
-    if (st_model_load(tu_shared("models/stories260K.gguf"), &model) != ST_OK)
+    if (st_model_load(tu_data("models/stories260K.gguf"), &model) != ST_OK)
         return -1;
     head32 = write_head("test_e2e_eagle_f32", 0, NULL);
     head16 = write_head("test_e2e_eagle_f16", 1, NULL);
@@ -406,7 +406,7 @@ static void test_synthetic_draft(void **state) {
     snprintf(cmd, sizeof cmd,
              "%s/spectree-mkmodel %s --vocab %s --dim 32 --ff 64 --layers 2 --heads 4 "
              "--kv-heads 2 --type f16 --seed 11 --ctx 512 2>/dev/null",
-             ST_BUILD_DIR, path, tu_shared("models/stories260K.gguf"));
+             ST_BUILD_DIR, path, tu_data("models/stories260K.gguf"));
     assert_int_equal(system(cmd), 0);
     st_model *draft = NULL;
     assert_int_equal(st_model_load(path, &draft), ST_OK);
@@ -434,7 +434,7 @@ static void test_synthetic_draft(void **state) {
     snprintf(cmd, sizeof cmd,
              "%s/spectree-mkmodel %s --vocab %s --dim 32 --ff 64 --layers 1 --heads 4 "
              "--type f32 2>/dev/null",
-             ST_BUILD_DIR, path, tu_shared("vectors/tokenizer/ggml-vocab-llama-spm.gguf"));
+             ST_BUILD_DIR, path, tu_data("tests/data/tokenizer/ggml-vocab-llama-spm.gguf"));
     assert_int_equal(system(cmd), 0);
     st_model *other = NULL;
     assert_int_equal(st_model_load(path, &other), ST_OK);
@@ -467,7 +467,7 @@ static void test_auto_draft_model(void **state) {
         snprintf(cmd, sizeof cmd,
                  "%s/spectree-mkmodel %s --vocab %s --dim 64 --ff 256 --layers 4 --heads 4 "
                  "--scale 0.1 --seed 3 --ctx 512 %s 2>/dev/null",
-                 ST_BUILD_DIR, d ? dpath : tpath, tu_shared("models/stories260K.gguf"),
+                 ST_BUILD_DIR, d ? dpath : tpath, tu_data("models/stories260K.gguf"),
                  d ? "--keep-layers 1" : "");
         assert_int_equal(system(cmd), 0);
     }
@@ -574,7 +574,7 @@ static void test_no_alloc_in_loop(void **state) {
 static void test_non_finite(void **state) {
     (void)state;
     size_t size = 0;
-    char *buf = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    char *buf = tu_read_file(tu_data("models/stories260K.gguf"), &size);
     assert_non_null(buf);
     st_gguf *g;
     assert_int_equal(st_gguf_open_memory(buf, size, "nan.gguf", &g), ST_OK);

@@ -36,7 +36,7 @@ static int setup(void **state) {
     snprintf(tmp_dir, sizeof tmp_dir, "%s/st_eagle_XXXXXX", ST_BUILD_DIR);
     if (!mkdtemp(tmp_dir))
         return -1;
-    return st_model_load(tu_shared("models/stories260K.gguf"), &target) == ST_OK ? 0 : -1;
+    return st_model_load(tu_data("models/stories260K.gguf"), &target) == ST_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
@@ -124,7 +124,7 @@ static void compare_oracle(const char *dir, const st_model *head) {
     assert_int_equal(st_forward(hs, &g), ST_OK);
     char cmd[4096];
     int k = snprintf(cmd, sizeof cmd, "%s %s/tests/oracle/eagle_ref.py %s %s %d", ST_PYTHON3,
-                     ST_SOURCE_DIR, tu_shared("models/stories260K.gguf"), dir, DRAFT);
+                     ST_SOURCE_DIR, tu_data("models/stories260K.gguf"), dir, DRAFT);
     for (int i = 0; i < NP; i++)
         k += snprintf(cmd + k, sizeof cmd - (size_t)k, " %d", toks[i]);
     FILE *p = popen(cmd, "r");
@@ -307,7 +307,7 @@ static void test_engine_checks(void **state) {
     assert_int_equal(tu_write_eagle_head(dir, &h), 0);
     st_model *head = NULL, *other = NULL;
     assert_int_equal(st_eagle_head_load(dir, target, &head), ST_OK);
-    assert_int_equal(st_model_load(tu_shared("models/stories260K.gguf"), &other), ST_OK);
+    assert_int_equal(st_model_load(tu_data("models/stories260K.gguf"), &other), ST_OK);
     const int32_t prompt[] = {1, 403, 407};
     st_gen_params p = st_gen_default_params();
     p.n_predict = 4;
@@ -339,7 +339,7 @@ static void test_engine_checks(void **state) {
     st_model_free(head);
 }
 
-/* The committed stories260K head (models/eagle-stories260K, trained by tools/eagle/train.py): on
+/* The committed stories260K head (models/eagle-stories260K, trained by train/eagle/train.py): on
  * held-out prompts the trainer never saw, chain drafting at K=1 S=4 accepts most drafts (the
  * mean tau of the 25 held-out prompts measured 3.02 through this engine, and 2.97 on these three;
  * the bound here is below that, so that kernel rounding cannot fail it), and the text is exactly
@@ -453,7 +453,7 @@ static void test_head_type(void **state) {
         snprintf(cmd, sizeof cmd,
                  "%s/spectree-mkmodel '%s/t_%s.gguf' --inflate '%s' --dim 64 --ff 192 --layers 5 "
                  "--type %s >/dev/null 2>&1",
-                 ST_BUILD_DIR, tmp_dir, types[i], tu_shared("models/stories260K.gguf"), types[i]);
+                 ST_BUILD_DIR, tmp_dir, types[i], tu_data("models/stories260K.gguf"), types[i]);
         assert_int_equal(system(cmd), 0);
         snprintf(cmd, sizeof cmd, "%s/t_%s.gguf", tmp_dir, types[i]);
         st_model *t = NULL, *h = NULL;
@@ -467,7 +467,7 @@ static void test_head_type(void **state) {
     }
 }
 
-/* tools/eagle/inflate_head.py widens the committed head as spectree-mkmodel --inflate widens
+/* train/eagle/inflate_head.py widens the committed head as spectree-mkmodel --inflate widens
  * its target: on the F32 inflated target the inflated head drafts the same tokens, so the
  * accepted lengths and the text are those of the original pair. */
 static void test_inflated_head(void **state) {

@@ -42,7 +42,7 @@ static int setup(void **state) {
     snprintf(tmp_dir, sizeof tmp_dir, "%s/st_eagle3_XXXXXX", ST_BUILD_DIR);
     if (!mkdtemp(tmp_dir))
         return -1;
-    return st_model_load(tu_shared("models/stories260K.gguf"), &target) == ST_OK ? 0 : -1;
+    return st_model_load(tu_data("models/stories260K.gguf"), &target) == ST_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
@@ -161,7 +161,7 @@ static void compare_oracle(const char *dir, const st_model *head) {
     assert_int_equal(st_forward(hs, &g), ST_OK);
     char cmd[4096];
     int k = snprintf(cmd, sizeof cmd, "%s %s/tests/oracle/eagle3_ref.py %s %s %d", ST_PYTHON3,
-                     ST_SOURCE_DIR, tu_shared("models/stories260K.gguf"), dir, DRAFT);
+                     ST_SOURCE_DIR, tu_data("models/stories260K.gguf"), dir, DRAFT);
     for (int i = 0; i < NP; i++)
         k += snprintf(cmd + k, sizeof cmd - (size_t)k, " %d", toks[i]);
     FILE *p = popen(cmd, "r");
@@ -428,7 +428,7 @@ static void test_engine_checks(void **state) {
     st_model_free(head);
 }
 
-/* The committed stories260K head (models/eagle3-stories260K, trained by tools/eagle/train3.py):
+/* The committed stories260K head (models/eagle3-stories260K, trained by train/eagle/train3.py):
  * on held-out prompts, chain drafting at K=1 S=4 and a K=2 tree emit exactly plain decoding's
  * text, and the chain accepts drafts (TAU3_BOUND: below the measured mean, README). */
 static void test_trained_head(void **state) {
@@ -473,7 +473,7 @@ static void test_trained_head(void **state) {
     st_model_free(head);
 }
 
-/* tools/eagle/inflate_head.py widens the committed EAGLE-3 head as spectree-mkmodel --inflate
+/* train/eagle/inflate_head.py widens the committed EAGLE-3 head as spectree-mkmodel --inflate
  * widens its target: on the F32 inflated target (extra layers pass the residual stream
  * through, so the layers the head reads hold the same values) the widened head drafts the same
  * tokens: same text, same accepted lengths. */

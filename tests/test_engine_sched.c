@@ -42,7 +42,7 @@ static int64_t n_prompts[N_REQ];
 
 static int setup(void **state) {
     (void)state;
-    if (st_model_load(tu_shared("models/stories260K.gguf"), &model) != ST_OK)
+    if (st_model_load(tu_data("models/stories260K.gguf"), &model) != ST_OK)
         return -1;
     if (st_eagle_head_load(ST_SOURCE_DIR "/models/eagle-stories260K", model, &eagle) != ST_OK)
         return -1;

@@ -37,7 +37,7 @@ static int collect(void *user, int32_t token) {
 
 static void test_header_example(void **state) {
     (void)state;
-    const char *path = tu_shared("models/stories260K.gguf");
+    const char *path = tu_data("models/stories260K.gguf");
     /* the example's stdout, captured in a file */
     char out_path[] = "/tmp/st_example_XXXXXX";
     int fd = mkstemp(out_path);

@@ -197,7 +197,7 @@ static void test_many_tensors(void **state) {
 static void test_truncated_header(void **state) {
     (void)state;
     size_t size = 0;
-    char *file = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    char *file = tu_read_file(tu_data("models/stories260K.gguf"), &size);
     assert_non_null(file);
     st_gguf *g = NULL;
     /* Cut inside the counts, just after them, and inside the KV section. */
@@ -250,7 +250,7 @@ static void test_not_regular(void **state) {
 /* stories260K with tensor `name` given shape ne (n_dims dims, same element count), loaded. */
 static st_status load_reshaped(const char *name, uint32_t n_dims, const int64_t *ne) {
     size_t size = 0;
-    char *file = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    char *file = tu_read_file(tu_data("models/stories260K.gguf"), &size);
     assert_non_null(file);
     st_gguf *g = NULL;
     assert_int_equal(st_gguf_open_memory(file, size, "stories", &g), ST_OK);

@@ -63,7 +63,7 @@ static void sh(const char *fmt, ...) {
     assert_int_equal(rc, 0);
 }
 
-static const char *tokdir(void) { return tu_shared("models/TinyStories-656K"); }
+static const char *tokdir(void) { return tu_data("models/TinyStories-656K"); }
 
 /* Logits of every position of toks (n_vocab each) in a new session. */
 static float *all_logits(const st_model *m, const int32_t *toks, int32_t n) {
@@ -186,7 +186,7 @@ static void gen(const st_model *m, int n, int spec, text_buf *t) {
 
 static void test_tinystories(void **state) {
     (void)state;
-    /* the README's text of TinyStories-656K (../shared/models/README.md) */
+    /* the README's text of TinyStories-656K (models/README.md) */
     static const char want[] =
         ", a little girl named Lily lived in a small house with her mom, dad, and her dog, "
         "Spot, Spot, loved to play all day. One day, Lily saw a small bird on the ground.";

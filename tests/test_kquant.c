@@ -1,5 +1,5 @@
 /*
- * test_kquant.c: the K-quant formats on real files (shared/vectors/kquant, quantized by
+ * test_kquant.c: the K-quant formats on real files (tests/data/kquant, quantized by
  * llama.cpp's llama-quantize from a widened stories260K).
  * - Every file loads; its K-quant tensors report their types.
  * - Dequantized rows equal gguf-py's bit for bit (dequant/index.json).
@@ -30,7 +30,7 @@ static const char *vec(const char *rel) {
     static char buf[4][4096];
     static int k;
     char *b = buf[k++ & 3];
-    snprintf(b, 4096, "%s", tu_shared(rel));
+    snprintf(b, 4096, "%s", tu_data(rel));
     return b;
 }
 
@@ -39,7 +39,7 @@ static void test_load_all(void **state) {
     const char *expect_wtype[] = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f32"};
     for (int f = 0; f < N_FILES; f++) {
         char rel[256];
-        snprintf(rel, sizeof rel, "vectors/kquant/%s.gguf", files[f]);
+        snprintf(rel, sizeof rel, "tests/data/kquant/%s.gguf", files[f]);
         st_model *m = NULL;
         if (st_model_load(vec(rel), &m) != ST_OK)
             fail_msg("%s: %s", rel, st_last_error());
@@ -66,7 +66,7 @@ static const char *json_field(const char *p, const char *key, char *out, size_t 
 
 static void test_dequant_rows(void **state) {
     (void)state;
-    char *idx = tu_read_file(vec("vectors/kquant/dequant/index.json"), NULL);
+    char *idx = tu_read_file(vec("tests/data/kquant/dequant/index.json"), NULL);
     assert_non_null(idx);
     int n_checked = 0, n_kquant = 0;
     for (const char *p = strstr(idx, "\"file\":"); p; p = strstr(p, "\"file\":")) {
@@ -76,7 +76,7 @@ static void test_dequant_rows(void **state) {
         p = json_field(p, "type", type, sizeof type);
         p = json_field(p, "cols", cols, sizeof cols);
         p = json_field(p, "expected", expected, sizeof expected);
-        snprintf(path, sizeof path, "vectors/kquant/%s", file);
+        snprintf(path, sizeof path, "tests/data/kquant/%s", file);
         st_gguf *g = NULL;
         if (st_gguf_open(vec(path), &g) != ST_OK)
             fail_msg("%s: %s", path, st_last_error());
@@ -87,7 +87,7 @@ static void test_dequant_rows(void **state) {
         assert_string_equal(st_dtype_name(t->type), type);
         const int64_t K = atoll(cols);
         assert_int_equal(K, t->ne[0]);
-        snprintf(path, sizeof path, "vectors/kquant/%s", expected);
+        snprintf(path, sizeof path, "tests/data/kquant/%s", expected);
         size_t bytes = 0;
         char *want = tu_read_file(vec(path), &bytes);
         assert_non_null(want);
@@ -273,7 +273,7 @@ static void test_golden_texts(void **state) {
         int n40 = 0, n100 = 0;
         for (int f = 0; f < N_FILES; f++) {
             char rel[256];
-            snprintf(rel, sizeof rel, "vectors/kquant/%s.gguf", files[f]);
+            snprintf(rel, sizeof rel, "tests/data/kquant/%s.gguf", files[f]);
             st_model *m = NULL;
             if (st_model_load(vec(rel), &m) != ST_OK)
                 fail_msg("%s: %s", rel, st_last_error());
@@ -281,8 +281,8 @@ static void test_golden_texts(void **state) {
             const int is_q2 = strstr(files[f], "Q2_K") != NULL;
             for (int i = 1; i <= 3; i++) {
                 char pr[256], gr[256];
-                snprintf(pr, sizeof pr, "vectors/kquant/golden/%s.%d.prompt", files[f], i);
-                snprintf(gr, sizeof gr, "vectors/kquant/golden/%s.%d.txt", files[f], i);
+                snprintf(pr, sizeof pr, "tests/data/kquant/golden/%s.%d.prompt", files[f], i);
+                snprintf(gr, sizeof gr, "tests/data/kquant/golden/%s.%d.txt", files[f], i);
                 char *prompt = tu_read_file(vec(pr), NULL), *golden = tu_read_file(vec(gr), NULL);
                 assert_non_null(prompt);
                 assert_non_null(golden);
@@ -329,7 +329,7 @@ static int collect(void *user, int32_t id) {
 static void test_ggml_spec(void **state) {
     (void)state;
     st_model *m = NULL;
-    assert_int_equal(st_model_load(vec("vectors/kquant/x256-Q4_K_M.gguf"), &m), ST_OK);
+    assert_int_equal(st_model_load(vec("tests/data/kquant/x256-Q4_K_M.gguf"), &m), ST_OK);
     const st_tokenizer *tok = st_model_tokenizer(m);
     static const char prompt[] = "Tom and his dog. Tom and his dog played. Tom and his dog";
     int32_t ids[64];

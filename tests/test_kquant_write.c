@@ -1,6 +1,6 @@
 /*
  * test_kquant_write.c: the K-quant writer (kquant_quantize.c).
- * - Exact: every K-quant tensor of llama.cpp's files in shared/vectors/kquant, requantized here
+ * - Exact: every K-quant tensor of llama.cpp's files in tests/data/kquant, requantized here
  *   from the F32 file they were made from, has llama-quantize's bytes.
  * - Round trip on random and degenerate rows: each element dequantizes to within half a step of
  *   its sub-block (or lies past the end of the quant range it was clamped to).
@@ -33,15 +33,15 @@ static void test_llama_cpp_bytes(void **state) {
     static const char *files[] = {"x256-Q2_K", "x256-Q3_K_M", "x256-Q4_K_M", "x256-Q5_K_M",
                                   "x256-Q6_K"};
     char path[4096];
-    snprintf(path, sizeof path, "%s", tu_shared("vectors/kquant/x256-f32.gguf"));
+    snprintf(path, sizeof path, "%s", tu_data("tests/data/kquant/x256-f32.gguf"));
     st_gguf *src = NULL;
     if (st_gguf_open(path, &src) != ST_OK)
         fail_msg("%s: %s", path, st_last_error());
     int per_type[N_KQ] = {0};
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         char rel[256];
-        snprintf(rel, sizeof rel, "vectors/kquant/%s.gguf", files[f]);
-        snprintf(path, sizeof path, "%s", tu_shared(rel));
+        snprintf(rel, sizeof rel, "tests/data/kquant/%s.gguf", files[f]);
+        snprintf(path, sizeof path, "%s", tu_data(rel));
         st_gguf *g = NULL;
         if (st_gguf_open(path, &g) != ST_OK)
             fail_msg("%s: %s", path, st_last_error());
@@ -226,8 +226,8 @@ static void test_mix_types(void **state) {
     static const char *names[] = {"q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "q6_k"};
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         char rel[256], path[4096];
-        snprintf(rel, sizeof rel, "vectors/kquant/%s.gguf", files[f]);
-        snprintf(path, sizeof path, "%s", tu_shared(rel));
+        snprintf(rel, sizeof rel, "tests/data/kquant/%s.gguf", files[f]);
+        snprintf(path, sizeof path, "%s", tu_data(rel));
         st_gguf *g = NULL;
         if (st_gguf_open(path, &g) != ST_OK)
             fail_msg("%s: %s", path, st_last_error());

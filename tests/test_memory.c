@@ -22,7 +22,7 @@ static st_model *model;
 
 static int setup(void **state) {
     (void)state;
-    return st_model_load(tu_shared("models/stories260K.gguf"), &model) == ST_OK ? 0 : -1;
+    return st_model_load(tu_data("models/stories260K.gguf"), &model) == ST_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {

@@ -39,7 +39,7 @@ static st_model *model;
 
 static int setup(void **state) {
     (void)state;
-    if (st_model_load(tu_shared("models/stories260K.gguf"), &model) != ST_OK) {
+    if (st_model_load(tu_data("models/stories260K.gguf"), &model) != ST_OK) {
         fprintf(stderr, "load: %s\n", st_last_error());
         return -1;
     }
@@ -82,7 +82,7 @@ static void greedy(st_session *s, const int32_t *prompt, int32_t np, int32_t n, 
 static int oracle_greedy(const int32_t *prompt, int32_t np, int32_t n, int32_t *out) {
     char cmd[4096];
     int k = snprintf(cmd, sizeof cmd, "%s %s/tests/oracle/llama_ref.py %s greedy %d", ST_PYTHON3,
-                     ST_SOURCE_DIR, tu_shared("models/stories260K.gguf"), n);
+                     ST_SOURCE_DIR, tu_data("models/stories260K.gguf"), n);
     for (int32_t i = 0; i < np; i++)
         k += snprintf(cmd + k, sizeof cmd - (size_t)k, " %d", prompt[i]);
     FILE *f = popen(cmd, "r");
@@ -213,7 +213,7 @@ static void test_packed_weights(void **state) {
     assert_true((model->output.packed != NULL) == packs);
     assert_int_equal(setenv("ST_PACK", "0", 1), 0);
     st_model *plain = NULL;
-    assert_int_equal(st_model_load(tu_shared("models/stories260K.gguf"), &plain), ST_OK);
+    assert_int_equal(st_model_load(tu_data("models/stories260K.gguf"), &plain), ST_OK);
     assert_int_equal(unsetenv("ST_PACK"), 0);
     assert_null(plain->layers[0].wq.packed);
     assert_null(plain->output.packed);
@@ -276,9 +276,9 @@ static void test_load_modes(void **state) {
     snprintf(cmd, sizeof cmd,
              "%s/spectree-mkmodel %s --vocab %s --dim 512 --ff 1024 --layers 4 --heads 8 "
              "--kv-heads 4 --type q8_0 --seed 5 --ctx 512 2>/dev/null",
-             ST_BUILD_DIR, q8, tu_shared("models/stories260K.gguf"));
+             ST_BUILD_DIR, q8, tu_data("models/stories260K.gguf"));
     assert_int_equal(system(cmd), 0);
-    const char *paths[] = {tu_shared("models/stories260K.gguf"), q8};
+    const char *paths[] = {tu_data("models/stories260K.gguf"), q8};
     for (int pi = 0; pi < 2; pi++) {
         progress_log lm = {.monotonic = 1}, lc = {.monotonic = 1};
         st_model *mm = load_mode(paths[pi], ST_LOAD_MMAP, &lm);
@@ -346,7 +346,7 @@ static void test_load_modes(void **state) {
     /* the environment decides ST_LOAD_AUTO, not an explicit mode */
     const char *env = getenv("ST_LOAD");
     char *saved = env ? strdup(env) : NULL;
-    const char *stories = tu_shared("models/stories260K.gguf");
+    const char *stories = tu_data("models/stories260K.gguf");
     st_model *m = NULL;
     assert_int_equal(setenv("ST_LOAD", "copy", 1), 0);
     assert_int_equal(st_model_load(stories, &m), ST_OK);
@@ -412,8 +412,8 @@ static void test_load_modes(void **state) {
     assert_non_null(strstr(st_last_error(), "load mode"));
     p.mode = ST_LOAD_COPY;
     assert_int_equal(st_model_load_ex("/nonexistent/model.gguf", &p, &m), ST_ERR_IO);
-    assert_true(st_model_load_ex(tu_shared("vectors/tokenizer/ggml-vocab-llama-spm.gguf"), &p, &m) <
-                0);
+    assert_true(
+        st_model_load_ex(tu_data("tests/data/tokenizer/ggml-vocab-llama-spm.gguf"), &p, &m) < 0);
     assert_null(m);
     assert_non_null(strstr(st_last_error(), "token_embd.weight"));
     assert_int_equal(st_model_load_ex(stories, &p, NULL), ST_ERR_INVALID);
@@ -496,7 +496,7 @@ static void test_parallel_decode(void **state) {
         snprintf(cmd, sizeof cmd,
                  "%s/spectree-mkmodel %s --vocab %s --dim 512 --ff 1024 --layers 4 --heads 8 "
                  "--kv-heads 4 --type %s --seed 3 --ctx 512 2>/dev/null",
-                 ST_BUILD_DIR, path, tu_shared("models/stories260K.gguf"), types[ti]);
+                 ST_BUILD_DIR, path, tu_data("models/stories260K.gguf"), types[ti]);
         assert_int_equal(system(cmd), 0);
         st_model *m = NULL;
         assert_int_equal(st_model_load(path, &m), ST_OK);
@@ -559,7 +559,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(st_model_load("/nonexistent/model.gguf", &m), ST_ERR_IO);
     assert_null(m);
     assert_non_null(strstr(st_last_error(), "/nonexistent/model.gguf"));
-    assert_true(st_model_load(tu_shared("vectors/tokenizer/ggml-vocab-llama-spm.gguf"), &m) < 0);
+    assert_true(st_model_load(tu_data("tests/data/tokenizer/ggml-vocab-llama-spm.gguf"), &m) < 0);
     assert_null(m);
     assert_non_null(strstr(st_last_error(), "token_embd.weight"));
 }

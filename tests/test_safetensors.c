@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *tiny_dir(void) { return tu_shared("models/TinyStories-656K"); }
+static const char *tiny_dir(void) { return tu_data("models/TinyStories-656K"); }
 
 static char tmp_dir[256];
 

@@ -1,5 +1,5 @@
 /*
- * test_serve.c: the socket-free side of `spectree serve` (tools/cli_serve_api.c):
+ * test_serve.c: the socket-free side of `spectree serve` (tools/serve/api.c):
  * - request checking: every field's type and range, unknown fields, malformed JSON, invalid
  *   UTF-8, NUL in strings, duplicate keys, huge numbers each refused with a message naming the
  *   field; a full valid request read back;
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "serve_api.h"
+#include "serve/api.h"
 
 #include <stdio.h>
 #include <stdlib.h>

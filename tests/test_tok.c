@@ -21,7 +21,7 @@
 
 static st_tokenizer *load_tok(const char *rel) {
     st_gguf *g = NULL;
-    st_status s = st_gguf_open(tu_shared(rel), &g);
+    st_status s = st_gguf_open(tu_data(rel), &g);
     if (s != ST_OK)
         fail_msg("%s: %s", rel, st_last_error());
     st_tokenizer *t = NULL;
@@ -137,14 +137,14 @@ static size_t random_utf8(char *p, int n_cp) {
 
 static void run_vectors(const char *vocab) {
     char rel[256];
-    snprintf(rel, sizeof rel, "vectors/tokenizer/%s", vocab);
+    snprintf(rel, sizeof rel, "tests/data/tokenizer/%s", vocab);
     st_tokenizer *t = load_tok(rel);
     char path[4096];
-    snprintf(path, sizeof path, "%s.inp", tu_shared(rel));
+    snprintf(path, sizeof path, "%s.inp", tu_data(rel));
     size_t n_inp;
     char *inp = tu_read_file(path, &n_inp);
     assert_non_null(inp);
-    snprintf(path, sizeof path, "%s.out", tu_shared(rel));
+    snprintf(path, sizeof path, "%s.out", tu_data(rel));
     char *outf = tu_read_file(path, NULL);
     assert_non_null(outf);
 
@@ -234,10 +234,10 @@ static void check_roundtrip(const st_tokenizer *t, const char *s, size_t n) {
 
 static void roundtrip_vectors(const char *vocab) {
     char rel[256];
-    snprintf(rel, sizeof rel, "vectors/tokenizer/%s", vocab);
+    snprintf(rel, sizeof rel, "tests/data/tokenizer/%s", vocab);
     st_tokenizer *t = load_tok(rel);
     char path[4096];
-    snprintf(path, sizeof path, "%s.inp", tu_shared(rel));
+    snprintf(path, sizeof path, "%s.inp", tu_data(rel));
     size_t n_inp;
     char *inp = tu_read_file(path, &n_inp);
     assert_non_null(inp);
@@ -266,7 +266,7 @@ static void test_roundtrip_gpt2(void **state) {
 
 static void test_detok_stream(void **state) {
     (void)state;
-    st_tokenizer *t = load_tok("vectors/tokenizer/ggml-vocab-llama-spm.gguf");
+    st_tokenizer *t = load_tok("tests/data/tokenizer/ggml-vocab-llama-spm.gguf");
     /* "🦙" has no piece: ▁ then its four byte-fallback tokens */
     int64_t n;
     int32_t *ids = tokenize(t, "\xF0\x9F\xA6\x99", 4, 0, &n);
@@ -393,7 +393,7 @@ static void test_stories260k(void **state) {
 
 static void test_api_edges(void **state) {
     (void)state;
-    st_tokenizer *t = load_tok("vectors/tokenizer/ggml-vocab-llama-spm.gguf");
+    st_tokenizer *t = load_tok("tests/data/tokenizer/ggml-vocab-llama-spm.gguf");
     int32_t ids[4];
     int64_t n = -1;
     /* "Hello world" with BOS is 3 ids: a buffer of 2 gets the first 2 and ST_ERR_RANGE */
@@ -419,7 +419,7 @@ static void test_api_edges(void **state) {
     st_tokenizer_free(t);
     st_tokenizer_free(NULL);
 
-    t = load_tok("vectors/tokenizer/ggml-vocab-gpt-2.gguf");
+    t = load_tok("tests/data/tokenizer/ggml-vocab-gpt-2.gguf");
     assert_int_equal(st_tokenizer_bos(t), 50256);
     assert_false(st_tokenizer_add_bos_default(t));
     assert_true(st_tokenizer_is_eog(t, 50256));
@@ -439,8 +439,8 @@ static void test_api_edges(void **state) {
 
 static void test_invalid_utf8(void **state) {
     (void)state;
-    st_tokenizer *tk[2] = {load_tok("vectors/tokenizer/ggml-vocab-llama-spm.gguf"),
-                           load_tok("vectors/tokenizer/ggml-vocab-gpt-2.gguf")};
+    st_tokenizer *tk[2] = {load_tok("tests/data/tokenizer/ggml-vocab-llama-spm.gguf"),
+                           load_tok("tests/data/tokenizer/ggml-vocab-gpt-2.gguf")};
     for (int v = 0; v < 2; v++) {
         for (int it = 0; it < 2000; it++) {
             char buf[64];
@@ -488,10 +488,10 @@ static void test_invalid_utf8(void **state) {
 
 static void test_speed(void **state) {
     (void)state;
-    const char *vocabs[] = {"vectors/tokenizer/ggml-vocab-llama-spm.gguf",
-                            "vectors/tokenizer/ggml-vocab-gpt-2.gguf"};
+    const char *vocabs[] = {"tests/data/tokenizer/ggml-vocab-llama-spm.gguf",
+                            "tests/data/tokenizer/ggml-vocab-gpt-2.gguf"};
     char rel[4096];
-    snprintf(rel, sizeof rel, "%s.inp", tu_shared(vocabs[0]));
+    snprintf(rel, sizeof rel, "%s.inp", tu_data(vocabs[0]));
     size_t n_inp;
     char *inp = tu_read_file(rel, &n_inp);
     assert_non_null(inp);

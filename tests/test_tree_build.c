@@ -1,6 +1,6 @@
 /*
  * test_tree_build.c: building the draft tree (src/tree/tree.c) against the golden vectors of
- * shared/spec/TREE_SPEC.md §6.1-6.2 (SGLang's own test data) and random trees' invariants; the
+ * docs/TREE_SPEC.md §6.1-6.2 (SGLang's own test data) and random trees' invariants; the
  * organize order; mask sizes and layouts; malformed and rejected input leaving outputs untouched.
  */
 #include <setjmp.h>

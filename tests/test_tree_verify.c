@@ -1,6 +1,6 @@
 /*
  * test_tree_verify.c: verifying and committing a draft tree (src/tree/verify.c, the commit)
- * against the golden vectors of shared/spec/TREE_SPEC.md §6.3, against thousands of random and
+ * against the golden vectors of docs/TREE_SPEC.md §6.3, against thousands of random and
  * malformed trees run through the Python oracle tree_ref.py (tests/gen_tree_fixtures.py), and
  * for its contracts: rejected bad input, no allocation, untouched prefix cells, KV commit.
  */
@@ -479,11 +479,11 @@ static void test_oracle_fixtures(void **state) {
     snprintf(path, sizeof path, "%s/tree_fixtures.txt", ST_BUILD_DIR);
     remove(path);
     snprintf(cmd, sizeof cmd, "\"%s\" \"%s/tests/gen_tree_fixtures.py\" \"%s\" \"%s\" 1 3000",
-             ST_PYTHON3, ST_SOURCE_DIR, ST_SHARED_DIR, path);
+             ST_PYTHON3, ST_SOURCE_DIR, ST_SOURCE_DIR "/docs", path);
     int rc = system(cmd);
     if (rc != 0)
         fail_msg("the fixture generator failed (status %d); python3 and "
-                 "shared/spec/tree_ref.py are required: %s",
+                 "docs/tree_ref.py are required: %s",
                  rc, cmd);
     char *text = tu_read_file(path, NULL);
     if (!text)

@@ -13,11 +13,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-const char *tu_shared(const char *rel) {
+const char *tu_data(const char *rel) {
     static char bufs[4][4096];
     static int k;
     char *b = bufs[k++ & 3];
-    snprintf(b, 4096, "%s/%s", ST_SHARED_DIR, rel);
+    snprintf(b, 4096, "%s/%s", ST_SOURCE_DIR, rel);
     return b;
 }
 
@@ -298,8 +298,8 @@ int tu_inflated_head_drafts_alike(const st_model *target, const char *dir, const
     snprintf(hpath, sizeof hpath, "%s/wide_head", dir);
     snprintf(cmd, sizeof cmd,
              "%s/spectree-mkmodel '%s' --inflate '%s' --dim 128 --ff 384 --layers 7 --type f32 "
-             ">/dev/null 2>&1 && %s %s/tools/eagle/inflate_head.py '%s' '%s' --dim 128 2>/dev/null",
-             ST_BUILD_DIR, tpath, tu_shared("models/stories260K.gguf"), ST_PYTHON3, ST_SOURCE_DIR,
+             ">/dev/null 2>&1 && %s %s/train/eagle/inflate_head.py '%s' '%s' --dim 128 2>/dev/null",
+             ST_BUILD_DIR, tpath, tu_data("models/stories260K.gguf"), ST_PYTHON3, ST_SOURCE_DIR,
              src, hpath);
     if (system(cmd) != 0) {
         fprintf(stderr, "inflated head: %s failed\n", cmd);

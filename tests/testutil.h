@@ -1,4 +1,5 @@
-/* testutil.h: small helpers shared by the test programs (paths to shared data, file reading). */
+/* testutil.h: small helpers shared by the test programs (paths to the repository's test data,
+ * file reading). */
 #ifndef ST_TESTUTIL_H
 #define ST_TESTUTIL_H
 #include <stddef.h>
@@ -6,9 +7,9 @@
 
 #include "spectree.h"
 
-/* Path under the shared folder ("models/stories260K.gguf" -> ".../shared/models/..."), in a
- * static rotating buffer. */
-const char *tu_shared(const char *rel);
+/* Path of the repository's own data ("models/stories260K.gguf", "tests/data/tokenizer/..."),
+ * in a static rotating buffer. */
+const char *tu_data(const char *rel);
 /* Reads a whole file; returns a malloc'd buffer (NUL-terminated) or NULL. */
 char *tu_read_file(const char *path, size_t *size);
 
@@ -65,7 +66,7 @@ typedef struct tu_toks {
 } tu_toks;
 int tu_keep(void *user, int32_t t);
 
-/* tools/eagle/inflate_head.py widens the committed head ST_SOURCE_DIR/head_rel as
+/* train/eagle/inflate_head.py widens the committed head ST_SOURCE_DIR/head_rel as
  * spectree-mkmodel --inflate widens stories260K (128 x 384, 7 layers, F32; files in dir): on the
  * widened target the widened head must draft what the committed head drafts on target
  * (stories260K), greedy at K=1 S=4: the same text, speculative steps and accept histogram, with

@@ -8,8 +8,8 @@
 #ifndef ST_ENGINE_H
 #define ST_ENGINE_H
 
+#include "ctl/ctl.h"
 #include "draft/drafter.h"
-#include "engine/ctl.h"
 
 /* One request: queued (slot -1), then holding a slot until it finishes. */
 typedef struct st_req st_req;

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """ctest test_eagle_train: retrains a tiny EAGLE-1 head for stories260K for a few steps, twice with
-the same seed, and checks what tools/eagle/train.py wrote: model.safetensors parsed here with its
+the same seed, and checks what train/eagle/train.py wrote: model.safetensors parsed here with its
 own reader (header, keys, shapes, dtypes, data size), config.json's fields, that the loss fell,
-that the two runs wrote byte-identical files, that tools/eagle/eval.py loads the head, and that
+that the two runs wrote byte-identical files, that train/eagle/eval.py loads the head, and that
 bad input gets a one-line error naming the file or field.
 
 usage: test_train.py STORIES260K.gguf
@@ -15,8 +15,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN = os.path.join(ROOT, "tools", "eagle", "train.py")
-EVAL = os.path.join(ROOT, "tools", "eagle", "eval.py")
+TRAIN = os.path.join(ROOT, "train", "eagle", "train.py")
+EVAL = os.path.join(ROOT, "train", "eagle", "eval.py")
 PY = sys.executable or "/usr/bin/python3"
 H, I, NH, NKV, V = 64, 172, 8, 4, 512
 WANT = {
@@ -63,7 +63,7 @@ def parse_safetensors(path):
 
 def main():
     target = os.path.abspath(sys.argv[1])
-    with open(os.path.join(ROOT, "tools", "eagle", "prompts.txt"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "train", "eagle", "prompts.txt"), encoding="utf-8") as f:
         prompts = f.read().splitlines()[:24]
     common = ["--target", target, "--out", "head", "--prompts", "prompts.txt", "--samples", "2",
               "--gen-tokens", "24", "--batch", "8", "--steps", "40", "--warmup", "4", "--lr", "5e-3",
@@ -99,7 +99,7 @@ def main():
         check(meta == {"format": "pt"}, "__metadata__ is {format: pt}")
 
         # embed_tokens is the target's embedding, byte for byte (GGUF F32 rows are C-order)
-        sys.path.insert(0, os.path.join(ROOT, "tools", "eagle"))
+        sys.path.insert(0, os.path.join(ROOT, "train", "eagle"))
         import eagle_lib as el
         _, tensors = el.read_gguf(target)
         b, e = header["embed_tokens.weight"]["data_offsets"]

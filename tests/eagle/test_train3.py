@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """ctest test_eagle3_train: retrains a tiny EAGLE-3 head for stories260K for a few steps, twice
-with the same seed, and checks what tools/eagle/train3.py wrote: model.safetensors parsed here
+with the same seed, and checks what train/eagle/train3.py wrote: model.safetensors parsed here
 with its own reader (keys and shapes of the published layout, F32 weights, d2t I64 and t2d BOOL
 consistent: every draft id on a distinct target id, t2d marking exactly those, the most frequent
 tokens of the training text chosen), config.json's fields (draft_vocab_size, the layers read as
@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN = os.path.join(ROOT, "tools", "eagle", "train3.py")
+TRAIN = os.path.join(ROOT, "train", "eagle", "train3.py")
 PY = sys.executable or "/usr/bin/python3"
 H, I, NH, NKV, V, D = 64, 172, 8, 4, 512, 96
 WANT = {
@@ -66,7 +66,7 @@ def parse_safetensors(path):
 def main():
     target = os.path.abspath(sys.argv[1])
     build = os.path.abspath(sys.argv[2])
-    with open(os.path.join(ROOT, "tools", "eagle", "prompts.txt"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "train", "eagle", "prompts.txt"), encoding="utf-8") as f:
         prompts = f.read().splitlines()[:16]
     common = ["--target", target, "--out", "head", "--prompts", "prompts.txt", "--samples", "2",
               "--gen-tokens", "24", "--batch", "8", "--steps", "12", "--warmup", "2",

@@ -51,8 +51,8 @@ static void try_config(const char *cfg, const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[256];
     if (!target) {
-        const char *shared = getenv("ST_SHARED_DIR");
-        snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared ? shared : ST_SHARED_DIR);
+        const char *src = getenv("ST_SOURCE_DIR");
+        snprintf(path, sizeof path, "%s/models/stories260K.gguf", src ? src : ST_SOURCE_DIR);
         if (st_model_load(path, &target) != ST_OK)
             abort();
         snprintf(dir, sizeof dir, "/tmp/fuzz_eagle3_%d", (int)getpid());

@@ -1,13 +1,13 @@
 /*
  * fuzz_serve_request.c: libFuzzer target for the request side of `spectree serve`
- * (tools/cli_serve_api.c). The input's first byte picks the endpoint (completions or chat); the
+ * (tools/serve/api.c). The input's first byte picks the endpoint (completions or chat); the
  * rest is the HTTP body. A body that parses must be well-formed (valid UTF-8 strings, ranges
  * kept); a chat request is rendered with every template; the text then runs through the
  * stop-string matcher in pieces, and what it releases must be a prefix of the text.
  * Build: CC=clang cmake -S . -B build-fuzz -DST_FUZZ=ON && cmake --build build-fuzz -t
  * fuzz_serve_request
  */
-#include "serve_api.h"
+#include "serve/api.h"
 
 #include <stdint.h>
 #include <stdlib.h>

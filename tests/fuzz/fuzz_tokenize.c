@@ -2,7 +2,7 @@
  * fuzz_tokenize.c: libFuzzer target for the tokenizers. Loads the llama-spm and gpt-2 test
  * vocabularies once, tokenizes the input with both, detokenizes the ids one at a time, and
  * checks that every detokenized chunk is valid UTF-8 and that valid UTF-8 input round-trips.
- * Vocabularies: $ST_SHARED_DIR/vectors/tokenizer, else ../shared beside the source tree.
+ * Vocabularies: the repository's tests/data/tokenizer ($ST_SOURCE_DIR overrides the root).
  * Build: CC=clang cmake -S . -B build-fuzz -DST_FUZZ=ON && cmake --build build-fuzz -t
  * fuzz_tokenize
  */
@@ -17,18 +17,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static st_tokenizer *load(const char *name) {
     char path[4096];
-    const char *dir = getenv("ST_SHARED_DIR");
-    if (dir) {
-        snprintf(path, sizeof path, "%s/vectors/tokenizer/%s", dir, name);
-    } else {
-        /* __FILE__ is <repo>/tests/fuzz/fuzz_tokenize.c (absolute in CMake builds; a relative
-         * one is taken from the repository root); shared/ sits beside the repository */
-        snprintf(path, sizeof path, "%s", __FILE__[0] == '/' ? __FILE__ : "./t/f/x");
-        for (int up = 0; up < 3; up++)
-            *strrchr(path, '/') = 0;
-        size_t n = strlen(path);
-        snprintf(path + n, sizeof path - n, "/../shared/vectors/tokenizer/%s", name);
-    }
+    const char *dir = getenv("ST_SOURCE_DIR");
+    snprintf(path, sizeof path, "%s/tests/data/tokenizer/%s", dir ? dir : ST_SOURCE_DIR, name);
     st_gguf *g = NULL;
     st_tokenizer *t = NULL;
     if (st_gguf_open(path, &g) != ST_OK || st_tokenizer_load(g, &t) != ST_OK) {

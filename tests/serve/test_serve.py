@@ -15,7 +15,7 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   list-of-templates form too); an unknown one is a startup error;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed.
-Usage: test_serve.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
+Usage: test_serve.py BUILD_DIR SOURCE_DIR"""
 import json
 import os
 import re
@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_util import (Fail, Server, check, curl, generate, gguf_with_template, metrics,  # noqa
                         run_tests, sse_events)
 
-BUILD, SHARED, SRC = sys.argv[1:4]
-MODEL = os.path.join(SHARED, "models", "stories260K.gguf")
+BUILD, SRC = sys.argv[1:3]
+MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 KEY = "sekrit-key"
 PROMPT = "Once upon a time"
 
@@ -400,7 +400,7 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
 def test_hf_dir_templates():
     # -m DIR (a Hugging Face checkpoint): the template comes from tokenizer_config.json, in its
     # list-of-templates form too; an unknown one stops the server at start
-    src = os.path.join(SHARED, "models", "TinyStories-656K")
+    src = os.path.join(SRC, "models", "TinyStories-656K")
     with tempfile.TemporaryDirectory() as d:
         for f in os.listdir(src):
             shutil.copy(os.path.join(src, f), d)

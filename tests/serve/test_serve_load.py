@@ -6,7 +6,7 @@ leave between steps all the time. Every response must be complete and equal to w
 `spectree generate` prints for its parameters alone; no request may be lost; the server must
 still answer and its RSS after a second identical round must stay within 2 MiB of the first
 (16 MiB under ASan, whose allocator grows in steps; nothing leaks per request). Stops by itself: every client call has a timeout.
-Usage: test_serve_load.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
+Usage: test_serve_load.py BUILD_DIR SOURCE_DIR"""
 import http.client
 import json
 import os
@@ -17,8 +17,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_util import Fail, Server, check, generate, metrics, run_tests  # noqa: E402
 
-BUILD, SHARED, SRC = sys.argv[1:4]
-MODEL = os.path.join(SHARED, "models", "stories260K.gguf")
+BUILD, SRC = sys.argv[1:3]
+MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 CLIENTS, PER_ROUND = 64, 384
 
 PROMPTS = ["Once upon a time", "The little dog", "Tom and Sue went to the park",

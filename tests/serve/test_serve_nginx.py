@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """test_serve_nginx.py: scale-out of `spectree serve` behind nginx (Debian's nginx-light) on
 loopback: two replicas and nginx with the upstream configuration README.md documents
-(tools/serve_nginx.conf).
+(tools/serve/nginx.conf).
 1. Load through nginx: every response complete and equal to `spectree generate`; both replicas
    serve.
 2. One replica killed (SIGKILL) mid-run: only requests that started before the kill may fail
    (those it was running); every request started after it succeeds on the other replica.
 3. One replica stopped with SIGTERM mid-run: it drains, nginx sends new requests to the other
    one, and no request fails.
-Usage: test_serve_nginx.py BUILD_DIR SHARED_DIR SOURCE_DIR"""
+Usage: test_serve_nginx.py BUILD_DIR SOURCE_DIR"""
 import http.client
 import json
 import os
@@ -24,8 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_util import Fail, Server, check, generate, run_tests  # noqa: E402
 
-BUILD, SHARED, SRC = sys.argv[1:4]
-MODEL = os.path.join(SHARED, "models", "stories260K.gguf")
+BUILD, SRC = sys.argv[1:3]
+MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 PROMPTS = ["Once upon a time", "The little dog", "Lily had a red ball", "The sun was hot"]
 CASES = [dict(prompt=p, temp=0.8, seed=7 + i, n=96) for i, p in enumerate(PROMPTS)]
 WANT = {}
@@ -40,14 +40,14 @@ def free_port():
 
 
 class Nginx:
-    """nginx in the foreground with tools/serve_nginx.conf's upstream over the given ports."""
+    """nginx in the foreground with tools/serve/nginx.conf's upstream over the given ports."""
 
     def __init__(self, ports):
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         check(os.path.exists(nginx), "nginx is not installed (scripts/deps.sh: nginx-light)")
         self.dir = tempfile.mkdtemp(prefix="spectree-nginx-")
         self.port = free_port()
-        with open(os.path.join(SRC, "tools", "serve_nginx.conf")) as f:
+        with open(os.path.join(SRC, "tools", "serve", "nginx.conf")) as f:
             conf = f.read()
         servers = "".join("        server 127.0.0.1:%d max_fails=1 fail_timeout=30s;\n" % p
                           for p in ports)
@@ -55,7 +55,7 @@ class Nginx:
                             "        server 127.0.0.1:8081 max_fails=1 fail_timeout=30s;\n",
                             servers)
         conf = conf.replace("listen 127.0.0.1:8000;", "listen 127.0.0.1:%d;" % self.port)
-        check(servers in conf and str(self.port) in conf, "tools/serve_nginx.conf layout changed")
+        check(servers in conf and str(self.port) in conf, "tools/serve/nginx.conf layout changed")
         d = self.dir
         top = ("daemon off;\nmaster_process off;\nworker_processes 1;\npid %s/nginx.pid;\n"
                "error_log %s/error.log warn;\nevents { worker_connections 1024; }\n" % (d, d))

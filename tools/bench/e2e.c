@@ -1,0 +1,415 @@
+/*
+ * bench_e2e.c: `spectree-bench e2e`: end-to-end generation speed, plain decoding against
+ * speculative decoding with each drafter, measured side by side in one run (runs interleaved,
+ * medians of repeats after a warm-up). Greedy decoding, so every run emits the same tokens.
+ */
+#include "bench.h"
+#include "spectree.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_DRAFTS = 8, MAX_REPS = 64, MAX_PROMPTS = 16 };
+
+/* The fixed (K, S, N) shapes of --sweep: chains and SGLang-like trees. */
+static const int sweep_shapes[][3] = {{1, 2, 3}, {1, 3, 4}, {1, 4, 5},  {1, 6, 7},
+                                      {2, 3, 6}, {2, 4, 8}, {2, 6, 12}, {4, 4, 12}};
+
+typedef struct e2e_result {
+    /* medians over the prompts of each prompt's median over the repetitions; tau, the steps
+     * and the mean pool (K, S) of the speculative steps: the last repetition's, summed over
+     * the prompts */
+    double plain, spec, ratio, tau, mean_k, mean_s;
+    double draft; /* drafting time per verified tree in plain-token times */
+    int64_t steps, plain_steps;
+} e2e_result;
+
+/* The prompts, tokenized. */
+typedef struct prompts {
+    int n;
+    int32_t ids[MAX_PROMPTS][512];
+    int64_t n_ids[MAX_PROMPTS];
+} prompts;
+
+/* Runs plain and speculative generation back to back for each prompt, reps times after a
+ * warm-up round. */
+static int measure(const st_model *m, const prompts *pr, const st_gen_params *gp_plain,
+                   const st_gen_params *gp_spec, int reps, e2e_result *out) {
+    double plain[MAX_PROMPTS][MAX_REPS], specr[MAX_PROMPTS][MAX_REPS], ratio[MAX_PROMPTS][MAX_REPS];
+    double draft[MAX_PROMPTS][MAX_REPS], mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS],
+        md[MAX_PROMPTS];
+    int64_t emitted = 0, ksum = 0, ssum = 0;
+    memset(out, 0, sizeof *out);
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        for (int i = 0; i < pr->n; i++) {
+            st_gen_stats a, b;
+            if (st_generate(m, pr->ids[i], pr->n_ids[i], gp_plain, NULL, NULL, &a) != ST_OK ||
+                st_generate(m, pr->ids[i], pr->n_ids[i], gp_spec, NULL, NULL, &b) != ST_OK) {
+                fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+                return -1;
+            }
+            if (a.gen_tokens != b.gen_tokens) {
+                fprintf(stderr, "spectree-bench: speculative run emitted %lld tokens, plain %lld\n",
+                        (long long)b.gen_tokens, (long long)a.gen_tokens);
+                return -1;
+            }
+            if (r < 0)
+                continue;
+            plain[i][r] = a.gen_tok_s;
+            specr[i][r] = b.gen_tok_s;
+            ratio[i][r] = b.gen_tok_s / a.gen_tok_s;
+            /* drafting time per verified tree (with drafts that were not verified, under auto)
+             * in plain-token times */
+            draft[i][r] =
+                b.spec_steps ? b.draft_ms / (double)b.spec_steps * a.gen_tok_s / 1e3 : 0.0;
+            if (r == reps - 1) {
+                emitted += (int64_t)(b.tau * (double)b.spec_steps + 0.5);
+                out->steps += b.spec_steps;
+                out->plain_steps += b.plain_steps;
+                ksum += b.topk_sum;
+                ssum += b.steps_sum;
+            }
+        }
+    }
+    for (int i = 0; i < pr->n; i++) {
+        mp[i] = st_bench_median(plain[i], reps);
+        ms[i] = st_bench_median(specr[i], reps);
+        mr[i] = st_bench_median(ratio[i], reps);
+        md[i] = st_bench_median(draft[i], reps);
+    }
+    out->draft = st_bench_median(md, pr->n);
+    out->plain = st_bench_median(mp, pr->n);
+    out->spec = st_bench_median(ms, pr->n);
+    out->ratio = st_bench_median(mr, pr->n);
+    if (out->steps) {
+        out->tau = (double)emitted / (double)out->steps;
+        out->mean_k = (double)ksum / (double)out->steps;
+        out->mean_s = (double)ssum / (double)out->steps;
+    }
+    return 0;
+}
+
+static void report(int json, const char *model_path, const char *name, const char *shape,
+                   long n_gen, int reps, const e2e_result *e) {
+    if (json)
+        printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"shape\": \"%s\", \"gen_tokens\": %ld, "
+               "\"plain_tok_s\": %.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, "
+               "\"spec_steps\": %lld, \"plain_steps\": %lld, \"mean_topk\": %.2f, "
+               "\"mean_steps\": %.2f, \"draft_per_tree\": %.3f, \"reps\": %d}\n",
+               model_path, name, shape, n_gen, e->plain, e->spec, e->ratio, e->tau,
+               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft,
+               reps);
+    else
+        printf("%-28s %-10s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
+               "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f; drafting %.3f "
+               "plain tokens per tree)\n",
+               name, shape, e->plain, e->spec, e->ratio, e->tau, (long long)e->steps,
+               (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft);
+    fflush(stdout);
+}
+
+static const char *help =
+    "usage: spectree-bench e2e [-m MODEL] [-p PROMPT] [-n N] [--reps R] [--draft PATH]... "
+    "[--json]\n"
+    "\n"
+    "Plain vs speculative tokens/s in the same run for NGRAM, STANDALONE with the model as its\n"
+    "own draft, STANDALONE with each --draft model and EAGLE or EAGLE3 (by the head's kind)\n"
+    "with each --eagle head, all with\n"
+    "auto tree shapes (and fixed ones with --sweep). Greedy unless --temp.\n"
+    "Each repetition runs plain and speculative back to back for each prompt; a prompt's\n"
+    "speed-up is the median of its per-repetition ratios (robust to a machine whose speed\n"
+    "drifts), the result the median over the prompts; tok/s likewise.\n"
+    "\n"
+    "  -m, --model PATH   target model (default models/stories260K.gguf)\n"
+    "  -p, --prompt TEXT  prompt (default \"Once upon a time\"; repeatable, up to 16)\n"
+    "      --temp T       sampling temperature (default 0: greedy; otherwise the\n"
+    "                     sampler's defaults, seed 1234)\n"
+    "  -n N               tokens per run (default 256)\n"
+    "      --reps R       timed repetitions per configuration (default 7), after one warm-up\n"
+    "      --draft PATH   an extra STANDALONE draft model (repeatable)\n"
+    "      --eagle DIR    an EAGLE-1/2 or EAGLE-3 head for the model (repeatable)\n"
+    "      --draft-type T[,T]...  the heads' matrices in each of these types, one run per\n"
+    "                     head and type (auto, f32, f16, bf16, q8_0; default auto: as\n"
+    "                     `spectree generate --speculative-draft-type`)\n"
+    "      --no-ngram     skip NGRAM\n"
+    "      --sweep        also run each drafter with fixed (K, S, N) shapes and print the best\n"
+    "                     fixed shape against auto\n"
+    "      --ngram-min-match N, --ngram-max-match N  NGRAM's suffix match lengths (default:\n"
+    "                     the engine's)\n"
+    "      --no-self      skip STANDALONE with the model as its own draft\n"
+    "      --topk K, --steps S  the drafters' (K, S) pool (default: auto)\n"
+    "  -t N               threads (default: the engine's choice)\n"
+    "      --json         one JSON object per drafter on stdout\n";
+
+static const char *type_name(int t) { return t < 0 ? "auto" : st_dtype_name((uint32_t)t); }
+
+/* --draft-type's comma-separated list into types; its length, or 0 (after a message). */
+static int parse_types(const char *v, int *types) {
+    static const char *const nm[] = {"auto", "f32", "f16", "bf16", "q8_0"};
+    static const int id[] = {-1, ST_DTYPE_F32, ST_DTYPE_F16, ST_DTYPE_BF16, ST_DTYPE_Q8_0};
+    int n = 0;
+    for (const char *p = v; *p;) {
+        const size_t len = strcspn(p, ",");
+        int found = -2;
+        for (size_t k = 0; k < sizeof nm / sizeof nm[0]; k++)
+            if (strlen(nm[k]) == len && !strncmp(p, nm[k], len))
+                found = id[k];
+        if (found == -2 || n == MAX_DRAFTS) {
+            fprintf(stderr,
+                    "spectree-bench e2e: --draft-type takes up to %d of auto, f32, f16, bf16, "
+                    "q8_0, comma-separated; got '%s'\n",
+                    MAX_DRAFTS, v);
+            return 0;
+        }
+        types[n++] = found;
+        p += len + (p[len] == ',');
+    }
+    if (n == 0)
+        fprintf(stderr, "spectree-bench e2e: --draft-type needs a type\n");
+    return n;
+}
+
+int st_bench_e2e_main(int argc, char **argv) {
+    const char *model_path = "models/stories260K.gguf", *ptext[MAX_PROMPTS];
+    int n_ptext = 0;
+    double temp = 0.0;
+    const char *drafts[MAX_DRAFTS];
+    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0,
+        topk = 0, nsteps = 0, no_ngram = 0, sweep = 0;
+    int is_eagle[MAX_DRAFTS] = {0}, dtype[MAX_DRAFTS], types[MAX_DRAFTS] = {-1}, n_types = 1;
+    char names[MAX_DRAFTS][600];
+    long n_gen = 256;
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
+                                       {"prompt", required_argument, 0, 'p'},
+                                       {"reps", required_argument, 0, 'r'},
+                                       {"draft", required_argument, 0, 'd'},
+                                       {"json", no_argument, 0, 'j'},
+                                       {"ngram-min-match", required_argument, 0, 'g'},
+                                       {"ngram-max-match", required_argument, 0, 'G'},
+                                       {"no-self", no_argument, 0, 's'},
+                                       {"topk", required_argument, 0, 'k'},
+                                       {"steps", required_argument, 0, 'S'},
+                                       {"eagle", required_argument, 0, 'E'},
+                                       {"no-ngram", no_argument, 0, 'N'},
+                                       {"sweep", no_argument, 0, 'W'},
+                                       {"temp", required_argument, 0, 'T'},
+                                       {"draft-type", required_argument, 0, 'D'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model_path = optarg;
+            break;
+        case 'p':
+            if (n_ptext == MAX_PROMPTS) {
+                fprintf(stderr, "spectree-bench e2e: at most %d prompts\n", MAX_PROMPTS);
+                return 2;
+            }
+            ptext[n_ptext++] = optarg;
+            break;
+        case 'T':
+            temp = atof(optarg);
+            break;
+        case 'n':
+            n_gen = strtol(optarg, NULL, 10);
+            break;
+        case 't':
+            threads = atoi(optarg);
+            break;
+        case 'r':
+            reps = atoi(optarg);
+            break;
+        case 'd':
+        case 'E':
+            if (n_drafts == MAX_DRAFTS) {
+                fprintf(stderr, "spectree-bench e2e: at most %d --draft models and --eagle heads\n",
+                        MAX_DRAFTS);
+                return 2;
+            }
+            is_eagle[n_drafts] = c == 'E';
+            drafts[n_drafts++] = optarg;
+            break;
+        case 'D':
+            if ((n_types = parse_types(optarg, types)) < 1)
+                return 2;
+            break;
+        case 'N':
+            no_ngram = 1;
+            break;
+        case 'W':
+            sweep = 1;
+            break;
+        case 'j':
+            json = 1;
+            break;
+        case 'g':
+            ng_min = atoi(optarg);
+            if (ng_min < 1 || ng_min > ST_NGRAM_MAX_MATCH) {
+                fprintf(stderr, "spectree-bench e2e: --ngram-min-match must be 1..%d\n",
+                        ST_NGRAM_MAX_MATCH);
+                return 2;
+            }
+            break;
+        case 'G':
+            ng_max = atoi(optarg);
+            if (ng_max < 1 || ng_max > ST_NGRAM_MAX_MATCH) {
+                fprintf(stderr, "spectree-bench e2e: --ngram-max-match must be 1..%d\n",
+                        ST_NGRAM_MAX_MATCH);
+                return 2;
+            }
+            break;
+        case 's':
+            no_self = 1;
+            break;
+        case 'k':
+            topk = atoi(optarg);
+            break;
+        case 'S':
+            nsteps = atoi(optarg);
+            break;
+        case 'h':
+            fputs(help, stdout);
+            return 0;
+        default:
+            fputs(help, stderr);
+            return 2;
+        }
+    }
+    if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0 || topk < 0 ||
+        topk > ST_SPEC_MAX_K || nsteps < 0 || nsteps > ST_SPEC_MAX_S || !(temp >= 0.0)) {
+        fprintf(stderr,
+                "spectree-bench e2e: -n must be 1..100000, --reps 1..%d, --topk 0..%d, --steps "
+                "0..%d, --temp >= 0\n",
+                MAX_REPS, ST_SPEC_MAX_K, ST_SPEC_MAX_S);
+        return 2;
+    }
+    if (n_ptext == 0)
+        ptext[n_ptext++] = "Once upon a time";
+    /* each head once per --draft-type */
+    {
+        int n = 0, ok = 1;
+        const char *path[MAX_DRAFTS];
+        int eg[MAX_DRAFTS];
+        for (int i = 0; i < n_drafts && ok; i++)
+            for (int t = 0; t < (is_eagle[i] ? n_types : 1) && ok; t++) {
+                if (n == MAX_DRAFTS) {
+                    fprintf(stderr, "spectree-bench e2e: at most %d heads and types\n", MAX_DRAFTS);
+                    ok = 0;
+                    break;
+                }
+                path[n] = drafts[i];
+                eg[n] = is_eagle[i];
+                dtype[n] = is_eagle[i] ? types[t] : -1;
+                snprintf(names[n], sizeof names[n], "%s%s%s%s", drafts[i], n_types > 1 ? " [" : "",
+                         n_types > 1 ? type_name(types[t]) : "", n_types > 1 ? "]" : "");
+                n++;
+            }
+        if (!ok)
+            return 2;
+        for (int i = 0; i < n; i++) {
+            drafts[i] = path[i];
+            is_eagle[i] = eg[i];
+        }
+        n_drafts = n;
+    }
+    st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
+    int rc = 1;
+    if (st_model_load(model_path, &m) != ST_OK) {
+        fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+        return 1;
+    }
+    for (int i = 0; i < n_drafts; i++)
+        if ((is_eagle[i] ? st_eagle_head_load(drafts[i], m, &dm[i]) ||
+                               st_eagle_head_set_type(dm[i], dtype[i])
+                         : st_model_load(drafts[i], &dm[i])) != ST_OK) {
+            fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+            goto done;
+        }
+    const st_tokenizer *tok = st_model_tokenizer(m);
+    static prompts pr;
+    pr.n = n_ptext;
+    for (int i = 0; i < n_ptext; i++)
+        if (st_tokenize(tok, ptext[i], strlen(ptext[i]), st_tokenizer_add_bos_default(tok),
+                        pr.ids[i], 512, &pr.n_ids[i]) != ST_OK ||
+            pr.n_ids[i] < 1) {
+            fprintf(stderr, "spectree-bench: prompt %d: %s\n", i + 1, st_last_error());
+            goto done;
+        }
+    st_sampler_params sp = st_sampler_default_params();
+    sp.temp = (float)temp;
+    sp.seed = 1234;
+    /* configurations: 0 NGRAM, 1 self-draft, 2.. the --draft models */
+    int n_cfg = 2 + n_drafts;
+    for (int cfg = 0; cfg < n_cfg; cfg++) {
+        if ((cfg == 1 && no_self) || (cfg == 0 && no_ngram))
+            continue;
+        st_spec_params spec = st_spec_default_params();
+        if (ng_min)
+            spec.ngram_min_match = ng_min;
+        if (ng_max)
+            spec.ngram_max_match = ng_max;
+        spec.topk = topk;
+        spec.num_steps = nsteps;
+        if (spec.ngram_max_match < spec.ngram_min_match)
+            spec.ngram_max_match = spec.ngram_min_match;
+        st_eagle_info ei = {0};
+        if (cfg >= 2)
+            st_eagle_head_info(dm[cfg - 2], &ei);
+        spec.algo = cfg == 0                        ? ST_SPEC_NGRAM
+                    : cfg >= 2 && ei.version == 3   ? ST_SPEC_EAGLE3
+                    : cfg >= 2 && is_eagle[cfg - 2] ? ST_SPEC_EAGLE
+                                                    : ST_SPEC_STANDALONE;
+        spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
+        const char *name = cfg == 0 ? "NGRAM" : cfg == 1 ? "STANDALONE(self)" : names[cfg - 2];
+        st_gen_params gp_plain = st_gen_default_params(), gp_spec;
+        gp_plain.n_predict = n_gen;
+        gp_plain.sampler = sp;
+        gp_plain.n_threads = threads;
+        gp_spec = gp_plain;
+        gp_spec.spec = spec;
+        e2e_result e;
+        if (measure(m, &pr, &gp_plain, &gp_spec, reps, &e))
+            goto done;
+        report(json, model_path, name, topk || nsteps ? "given" : "auto", n_gen, reps, &e);
+        if (!sweep)
+            continue;
+        const int n_shapes = (int)(sizeof sweep_shapes / sizeof sweep_shapes[0]);
+        double best = 0.0;
+        char best_shape[32] = "";
+        for (int k = 0; k < n_shapes; k++) {
+            gp_spec.spec.topk = sweep_shapes[k][0];
+            gp_spec.spec.num_steps = sweep_shapes[k][1];
+            gp_spec.spec.num_draft_tokens = sweep_shapes[k][2];
+            char shape[32];
+            snprintf(shape, sizeof shape, "%d/%d/%d", sweep_shapes[k][0], sweep_shapes[k][1],
+                     sweep_shapes[k][2]);
+            e2e_result f;
+            if (measure(m, &pr, &gp_plain, &gp_spec, reps, &f))
+                goto done;
+            report(json, model_path, name, shape, n_gen, reps, &f);
+            if (f.ratio > best) {
+                best = f.ratio;
+                snprintf(best_shape, sizeof best_shape, "%s", shape);
+            }
+        }
+        if (!json)
+            printf("%-28s best fixed K/S/N %s: speed-up %.3fx; auto %.3fx = %.1f%% of it\n", name,
+                   best_shape, best, e.ratio, 100.0 * e.ratio / best);
+        else
+            printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"best_fixed\": \"%s\", "
+                   "\"best_fixed_speedup\": %.3f, \"auto_speedup\": %.3f}\n",
+                   model_path, name, best_shape, best, e.ratio);
+        fflush(stdout);
+    }
+    rc = 0;
+done:
+    for (int i = 0; i < n_drafts; i++)
+        st_model_free(dm[i]);
+    st_model_free(m);
+    return rc;
+}

@@ -1,0 +1,55 @@
+/*
+ * main.c: the `spectree` command's dispatch: generate, tokenize, info and convert (one file each
+ * in this folder) and serve (tools/serve/, linked in when the build has libmicrohttpd).
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *main_help =
+    "usage: spectree COMMAND [options]\n"
+    "\n"
+    "spectree: a C inference engine for Llama-family models built for lossless tree\n"
+    "speculative decoding.\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text from a prompt\n"
+    "  tokenize   print the token ids of a text\n"
+    "  info       print a GGUF file's metadata and tensors\n"
+    "  convert    write a Hugging Face checkpoint as a GGUF file\n"
+    "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
+    "\n"
+    "'spectree COMMAND --help' describes each command.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(main_help, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        fputs(main_help, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "generate"))
+        return cli_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize"))
+        return cli_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info"))
+        return cli_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert"))
+        return cli_cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) {
+#ifdef ST_HAVE_SERVE
+        return serve_cmd(argc - 1, argv + 1);
+#else
+        fputs("spectree serve: this build has no server (configure with -DST_SERVE=ON; it needs "
+              "libmicrohttpd)\n",
+              stderr);
+        return 2;
+#endif
+    }
+    fprintf(stderr, "spectree: unknown command '%s' (see 'spectree --help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,67 @@
+/*
+ * common.h: what the `spectree` subcommands and the server share (tools/cli/, tools/serve/): the
+ * argument helpers (parse.c: each bad value ends the program with a one-line message naming the
+ * flag and exit status 2) and the flags of generate and serve (opts.c).
+ */
+#ifndef ST_TOOLS_COMMON_H
+#define ST_TOOLS_COMMON_H
+
+#include "spectree.h"
+
+#include <getopt.h>
+#include <stddef.h>
+#include <stdint.h>
+
+void cli_die_usage(const char *cmd, const char *msg);
+/* Names the option getopt_long just refused (missing value, or unknown). */
+void cli_die_option(const char *cmd, char **argv, int missing_value);
+int cli_parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
+float cli_parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi);
+uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v);
+/* "auto" (0) or an integer in [lo, hi]. */
+int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo, long hi);
+/* --speculative-draft-type: "auto" (-1), "f32", "f16", "bf16" or "q8_0" (st_dtype). */
+int cli_parse_draft_type(const char *cmd, const char *v);
+/* A model path worth opening (dir_ok: an EAGLE head directory); prints why not and returns 0. */
+int cli_model_path_ok(const char *path, int dir_ok);
+/* Tokenizes text into *out (malloc'd; free it even on failure); 0 on success. */
+int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                     int32_t **out, int64_t *n);
+
+/* The flags `generate` and `serve` share (opts.c): sampling, threads, KV cache types, how
+ * the weights load, and every speculation flag. Their getopt values start at CLI_OPT_BASE; -t
+ * is among them (put 't:' in the short options). */
+enum { CLI_OPT_BASE = 2000 };
+enum { CLI_GIVEN_TEMP = 1, CLI_GIVEN_TOPK = 2, CLI_GIVEN_TOPP = 4, CLI_GIVEN_MINP = 8 };
+typedef struct cli_common {
+    st_sampler_params sp;
+    unsigned sp_given; /* CLI_GIVEN_*: the sampling flags given */
+    long threads;      /* 0: the library's default */
+    uint32_t type_k, type_v;
+    int no_bos, match_ggml, mlock;
+    st_load_mode load;
+    st_spec_params spec; /* spec.draft_model: set by cli_common_load */
+    const char *draft_path;
+    int draft_type; /* --speculative-draft-type (-1: auto) */
+    int spec_flags; /* a speculative flag other than the algorithm and the path was given */
+} cli_common;
+extern const char cli_common_help[];
+void cli_common_init(cli_common *o);
+/* A malloc'd option table: own's entries (up to its zero entry), then the shared ones. */
+struct option *cli_common_options(const struct option *own);
+/* Rewrites llama.cpp's -ctk / -ctv to the long names (call before getopt_long). */
+void cli_common_argv(int argc, char **argv);
+/* 1 when getopt_long's c is a shared flag (parsed into o; a bad value exits with status 2). */
+int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o);
+/* After parsing: the draft path against the algorithm (exit 2), warnings for flags that do
+ * nothing. */
+void cli_common_check(const char *cmd, const cli_common *o);
+/* cli_model_path_ok for the model and the draft path; 0 (message printed) if one is not. */
+int cli_common_paths_ok(const cli_common *o, const char *model);
+/* Loads the target and the drafter (a draft model or an EAGLE head) as the flags say, progress
+ * of big files on stderr, and sets o->spec.draft_model; 0, or -1 with the message printed. */
+int cli_common_load(const char *cmd, cli_common *o, const char *model, st_model **m, st_model **dm);
+/* The speculation, threads, KV cache types and match_ggml into gp (not the sampler). */
+void cli_common_apply(const cli_common *o, st_gen_params *gp);
+
+#endif

@@ -1,0 +1,292 @@
+/*
+ * opts.c: the flags `spectree generate` and `spectree serve` share (common.h, cli_common):
+ * sampling, threads, the KV cache types, how the weights are loaded and every speculation flag,
+ * with one option table, one parser, one help text and one loader, so the two commands accept
+ * the same flags with the same ranges and messages.
+ */
+#include "common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    O_TEMP = CLI_OPT_BASE,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_NOBOS,
+    O_CTK,
+    O_CTV,
+    O_GGML,
+    O_MMAP,
+    O_NO_MMAP,
+    O_MLOCK,
+    O_ALGO,
+    O_DRAFT,
+    O_DRAFT_TYPE,
+    O_STEPS,
+    O_EAGLE_TOPK,
+    O_NDRAFT,
+    O_BACKEND,
+    O_NG_MIN,
+    O_NG_MAX,
+    O_NG_BREADTH
+};
+
+static const struct option common_lo[] = {
+    {"temp", required_argument, 0, O_TEMP},
+    {"top-k", required_argument, 0, O_TOPK},
+    {"top-p", required_argument, 0, O_TOPP},
+    {"min-p", required_argument, 0, O_MINP},
+    {"threads", required_argument, 0, 't'},
+    {"no-bos", no_argument, 0, O_NOBOS},
+    {"cache-type-k", required_argument, 0, O_CTK},
+    {"cache-type-v", required_argument, 0, O_CTV},
+    {"match-ggml", no_argument, 0, O_GGML},
+    {"mmap", no_argument, 0, O_MMAP},
+    {"no-mmap", no_argument, 0, O_NO_MMAP},
+    {"mlock", no_argument, 0, O_MLOCK},
+    {"speculative-algorithm", required_argument, 0, O_ALGO},
+    {"speculative-draft-model-path", required_argument, 0, O_DRAFT},
+    {"speculative-draft-type", required_argument, 0, O_DRAFT_TYPE},
+    {"speculative-num-steps", required_argument, 0, O_STEPS},
+    {"speculative-eagle-topk", required_argument, 0, O_EAGLE_TOPK},
+    {"speculative-num-draft-tokens", required_argument, 0, O_NDRAFT},
+    {"attention-backend", required_argument, 0, O_BACKEND},
+    {"ngram-min-match", required_argument, 0, O_NG_MIN},
+    {"ngram-max-match", required_argument, 0, O_NG_MAX},
+    {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
+    {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
+    {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+    {0, 0, 0, 0}};
+
+const char cli_common_help[] =
+    "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
+    "      --mmap           keep the weights in the read-only file mapping\n"
+    "      --no-mmap        copy the weights into anonymous memory in 2 MB huge pages\n"
+    "                       (default: copy files of 256 MB and more when the memory is there)\n"
+    "      --mlock          lock the weights in RAM (needs ulimit -l)\n"
+    "  -ctk, --cache-type-k {f32,f16}   KV cache type of the keys (default f32); f16 halves\n"
+    "                       its memory and rounds the queries to f16 for the scores, as\n"
+    "                       llama.cpp's default f16 cache does\n"
+    "  -ctv, --cache-type-v {f32,f16}   same for the values (the probabilities are rounded)\n"
+    "      --match-ggml     compute as llama.cpp's CPU backend does (its sums' order, exp,\n"
+    "                       K-quant dot products; with -ctk f16 -ctv f16 its greedy texts);\n"
+    "                       slower\n"
+    "      --no-bos         do not prepend BOS to the prompt\n"
+    "\n"
+    "speculative decoding (SGLang's flag names; output is identical to plain decoding):\n"
+    "      --speculative-algorithm {NONE,STANDALONE,NGRAM,EAGLE,EAGLE3}   drafter (default "
+    "NONE)\n"
+    "      --speculative-draft-model-path PATH   STANDALONE: a draft model (same vocabulary);\n"
+    "                       EAGLE / EAGLE3: an EAGLE-1/2 / EAGLE-3 head directory\n"
+    "                       (config.json, safetensors)\n"
+    "      --speculative-draft-type {auto,f32,f16,bf16,q8_0}   EAGLE / EAGLE3: the head's\n"
+    "                       matrices in this type (default auto: as stored beside an f32\n"
+    "                       target, q8_0 beside any other)\n"
+    "      --speculative-num-steps S|auto        draft depth, <= 16 (default auto)\n"
+    "      --speculative-eagle-topk K|auto       branching per node, <= 10 (default auto; K=1: "
+    "chain)\n"
+    "      --speculative-num-draft-tokens N|auto verified tree nodes incl. the root (<= 64)\n"
+    "                       auto: each step verifies as many of the best drafted nodes as\n"
+    "                       maximizes the expected tokens/s (measured costs, calibrated\n"
+    "                       acceptance), or none\n"
+    "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
+    "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 8, 8);\n"
+    "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n";
+
+void cli_common_init(cli_common *o) {
+    memset(o, 0, sizeof *o);
+    o->sp = st_sampler_default_params();
+    o->spec = st_spec_default_params();
+    o->type_k = o->type_v = ST_DTYPE_F32;
+    o->load = ST_LOAD_AUTO;
+    o->draft_type = -1;
+}
+
+struct option *cli_common_options(const struct option *own) {
+    size_t n_own = 0, n_common = sizeof common_lo / sizeof common_lo[0];
+    while (own[n_own].name)
+        n_own++;
+    struct option *lo = malloc((n_own + n_common) * sizeof *lo);
+    if (!lo) {
+        fprintf(stderr, "spectree: out of memory\n");
+        exit(1);
+    }
+    memcpy(lo, own, n_own * sizeof *lo);
+    memcpy(lo + n_own, common_lo, sizeof common_lo);
+    return lo;
+}
+
+void cli_common_argv(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* llama.cpp's short names of the cache types */
+        if (!strcmp(argv[i], "-ctk") || !strcmp(argv[i], "-ctv"))
+            argv[i] = argv[i][3] == 'k' ? "--cache-type-k" : "--cache-type-v";
+}
+
+int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o) {
+    long v;
+    switch (c) {
+    case O_TEMP:
+        o->sp.temp = cli_parse_float(cmd, "--temp", arg, 0, 1e6);
+        o->sp_given |= CLI_GIVEN_TEMP;
+        return 1;
+    case O_TOPK:
+        cli_parse_int(cmd, "--top-k", arg, 0, 1 << 30, &v);
+        o->sp.top_k = (int32_t)v;
+        o->sp_given |= CLI_GIVEN_TOPK;
+        return 1;
+    case O_TOPP:
+        o->sp.top_p = cli_parse_float(cmd, "--top-p", arg, 1e-9, 1);
+        o->sp_given |= CLI_GIVEN_TOPP;
+        return 1;
+    case O_MINP:
+        o->sp.min_p = cli_parse_float(cmd, "--min-p", arg, 0, 1);
+        o->sp_given |= CLI_GIVEN_MINP;
+        return 1;
+    case 't':
+        cli_parse_int(cmd, "-t", arg, 1, 1024, &o->threads);
+        return 1;
+    case O_NOBOS:
+        o->no_bos = 1;
+        return 1;
+    case O_CTK:
+    case O_CTV: {
+        const int f16 = strcmp(arg, "f16") == 0;
+        if (!f16 && strcmp(arg, "f32") != 0) {
+            fprintf(stderr, "spectree %s: %s must be f32 or f16, got '%s'\n", cmd,
+                    c == O_CTK ? "--cache-type-k" : "--cache-type-v", arg);
+            exit(2);
+        }
+        *(c == O_CTK ? &o->type_k : &o->type_v) = f16 ? ST_DTYPE_F16 : ST_DTYPE_F32;
+        return 1;
+    }
+    case O_GGML:
+        o->match_ggml = 1;
+        return 1;
+    case O_MMAP:
+        o->load = ST_LOAD_MMAP;
+        return 1;
+    case O_NO_MMAP:
+        o->load = ST_LOAD_COPY;
+        return 1;
+    case O_MLOCK:
+        o->mlock = 1;
+        return 1;
+    case O_ALGO:
+        if (st_spec_algo_parse(arg, &o->spec.algo) != ST_OK) {
+            fprintf(stderr, "spectree %s: %s\n", cmd, st_last_error());
+            exit(2);
+        }
+        return 1;
+    case O_DRAFT:
+        o->draft_path = arg;
+        return 1;
+    case O_DRAFT_TYPE:
+        o->draft_type = cli_parse_draft_type(cmd, arg);
+        break;
+    case O_STEPS:
+        o->spec.num_steps = cli_parse_auto(cmd, "--speculative-num-steps", arg, 1, ST_SPEC_MAX_S);
+        break;
+    case O_EAGLE_TOPK:
+        o->spec.topk = cli_parse_auto(cmd, "--speculative-eagle-topk", arg, 1, ST_SPEC_MAX_K);
+        break;
+    case O_NDRAFT:
+        o->spec.num_draft_tokens =
+            cli_parse_auto(cmd, "--speculative-num-draft-tokens", arg, 2, ST_SPEC_MAX_N);
+        break;
+    case O_BACKEND:
+        if (st_attn_backend_parse(arg, &o->spec.backend) != ST_OK) {
+            fprintf(stderr, "spectree %s: %s\n", cmd, st_last_error());
+            exit(2);
+        }
+        break;
+    case O_NG_MIN:
+        cli_parse_int(cmd, "--ngram-min-match", arg, 1, ST_NGRAM_MAX_MATCH, &v);
+        o->spec.ngram_min_match = (int32_t)v;
+        break;
+    case O_NG_MAX:
+        cli_parse_int(cmd, "--ngram-max-match", arg, 1, ST_NGRAM_MAX_MATCH, &v);
+        o->spec.ngram_max_match = (int32_t)v;
+        break;
+    case O_NG_BREADTH:
+        cli_parse_int(cmd, "--ngram-breadth", arg, 1, ST_NGRAM_MAX_BREADTH, &v);
+        o->spec.ngram_breadth = (int32_t)v;
+        break;
+    default:
+        return 0;
+    }
+    o->spec_flags = 1; /* the speculative flags other than the algorithm and the path */
+    return 1;
+}
+
+static int is_eagle(const cli_common *o) {
+    return o->spec.algo == ST_SPEC_EAGLE || o->spec.algo == ST_SPEC_EAGLE3;
+}
+
+void cli_common_check(const char *cmd, const cli_common *o) {
+    const int eagle = is_eagle(o), model_drafter = o->spec.algo == ST_SPEC_STANDALONE || eagle;
+    if (model_drafter && !o->draft_path)
+        cli_die_usage(cmd, "STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
+    if (!model_drafter && o->draft_path)
+        cli_die_usage(cmd, "--speculative-draft-model-path needs --speculative-algorithm "
+                           "STANDALONE, EAGLE or EAGLE3");
+    if (o->spec.algo == ST_SPEC_NONE && o->spec_flags)
+        fprintf(stderr, "spectree: warning: speculative flags have no effect with "
+                        "--speculative-algorithm NONE\n");
+    if (o->draft_type != -1 && o->spec.algo != ST_SPEC_NONE && !eagle)
+        fprintf(stderr, "spectree: warning: --speculative-draft-type has no effect without an "
+                        "EAGLE or EAGLE3 head\n");
+    if (o->spec.topk == 1 && o->spec.num_draft_tokens > 0 && o->spec.num_steps > 0 &&
+        o->spec.num_draft_tokens != o->spec.num_steps + 1)
+        fprintf(stderr,
+                "spectree: warning: --speculative-eagle-topk 1 drafts a chain: N = S + 1 = %d "
+                "(--speculative-num-draft-tokens %d ignored, as SGLang does)\n",
+                o->spec.num_steps + 1, o->spec.num_draft_tokens);
+}
+
+/* Load progress of files over 1 GB on stderr: bytes and seconds, on one line. */
+static void load_progress(void *user, size_t done, size_t total, double seconds) {
+    (void)user;
+    if (total < ((size_t)1 << 30))
+        return;
+    fprintf(stderr, "\rloading: %.0f / %.0f MB (%.1f s)%s", (double)done / 1e6, (double)total / 1e6,
+            seconds, done == total ? "\n" : "");
+}
+
+int cli_common_paths_ok(const cli_common *o, const char *model) {
+    return cli_model_path_ok(model, 0) &&
+           (!o->draft_path || cli_model_path_ok(o->draft_path, is_eagle(o)));
+}
+
+int cli_common_load(const char *cmd, cli_common *o, const char *model, st_model **m,
+                    st_model **dm) {
+    *m = *dm = NULL;
+    st_load_params lp = st_load_default_params();
+    lp.mode = o->load;
+    lp.mlock = o->mlock;
+    lp.progress = load_progress;
+    if (st_model_load_ex(model, &lp, m) != ST_OK ||
+        (o->draft_path && o->spec.algo == ST_SPEC_STANDALONE &&
+         st_model_load_ex(o->draft_path, &lp, dm) != ST_OK) ||
+        (o->draft_path && is_eagle(o) &&
+         (st_eagle_head_load(o->draft_path, *m, dm) != ST_OK ||
+          st_eagle_head_set_type(*dm, o->draft_type) != ST_OK))) {
+        fprintf(stderr, "spectree %s: %s\n", cmd, st_last_error());
+        st_model_free(*dm);
+        st_model_free(*m);
+        *m = *dm = NULL;
+        return -1;
+    }
+    o->spec.draft_model = *dm;
+    return 0;
+}
+
+void cli_common_apply(const cli_common *o, st_gen_params *gp) {
+    gp->spec = o->spec;
+    gp->n_threads = (int32_t)o->threads;
+    gp->type_k = o->type_k;
+    gp->type_v = o->type_v;
+    gp->match_ggml = o->match_ggml;
+}

@@ -1,0 +1,814 @@
+/*
+ * api.c: request checking, chat templates and stop strings for `spectree serve`
+ * (api.h). Request bodies are parsed by jansson; every field is checked for its type and
+ * range here so that the server only ever sees a well-formed srv_request. The chat renderers
+ * reproduce what each family's Hugging Face template renders for a list of messages with
+ * add_generation_prompt, written out by hand (no Jinja engine).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "api.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Chat template names and detection                                                         */
+
+static const struct {
+    const char *name;
+    srv_tmpl t;
+} tmpl_names[] = {
+    {"llama-2", SRV_TMPL_LLAMA2},  {"llama2", SRV_TMPL_LLAMA2}, {"llama-3", SRV_TMPL_LLAMA3},
+    {"llama3", SRV_TMPL_LLAMA3},   {"chatml", SRV_TMPL_CHATML}, {"zephyr", SRV_TMPL_ZEPHYR},
+    {"mistral", SRV_TMPL_MISTRAL},
+};
+
+int srv_tmpl_parse(const char *name, srv_tmpl *out) {
+    for (size_t i = 0; i < sizeof tmpl_names / sizeof tmpl_names[0]; i++)
+        if (!strcmp(name, tmpl_names[i].name)) {
+            *out = tmpl_names[i].t;
+            return 0;
+        }
+    return -1;
+}
+
+const char *srv_tmpl_name(srv_tmpl t) {
+    switch (t) {
+    case SRV_TMPL_LLAMA2:
+        return "llama-2";
+    case SRV_TMPL_LLAMA3:
+        return "llama-3";
+    case SRV_TMPL_CHATML:
+        return "chatml";
+    case SRV_TMPL_ZEPHYR:
+        return "zephyr";
+    case SRV_TMPL_MISTRAL:
+        return "mistral";
+    default:
+        return "none";
+    }
+}
+
+static int has(const char *s, size_t n, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = 0; i + k <= n; i++)
+        if (s[i] == needle[0] && memcmp(s + i, needle, k) == 0)
+            return 1;
+    return 0;
+}
+
+/* Each family's template names its own markers: Llama 3 its header tokens, ChatML (Qwen, Yi,
+ * OpenHermes) <|im_start|>, Zephyr its <|user|> turn marker, Llama 2 the [INST] turns with the
+ * <<SYS>> block, Mistral [INST] turns without one. */
+srv_tmpl srv_tmpl_detect(const char *s, size_t n) {
+    if (!s)
+        return SRV_TMPL_NONE;
+    if (has(s, n, "<|start_header_id|>") && has(s, n, "<|eot_id|>"))
+        return SRV_TMPL_LLAMA3;
+    if (has(s, n, "<|im_start|>"))
+        return SRV_TMPL_CHATML;
+    if (has(s, n, "<|user|>") && has(s, n, "<|assistant|>"))
+        return SRV_TMPL_ZEPHYR;
+    if (has(s, n, "[INST]") && has(s, n, "<<SYS>>"))
+        return SRV_TMPL_LLAMA2;
+    if (has(s, n, "[INST]"))
+        return SRV_TMPL_MISTRAL;
+    return SRV_TMPL_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Request parsing                                                                           */
+
+static int fail(char *err, char *param, const char *field, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, SRV_ERR_CAP, fmt, ap);
+    va_end(ap);
+    snprintf(param, SRV_ERR_CAP, "%s", field ? field : "");
+    return -1;
+}
+
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
+    }
+}
+
+/* A number field in [lo, hi]; JSON integers and reals both count. */
+static int get_number(const json_t *v, const char *k, double lo, double hi, double *out, char *err,
+                      char *param) {
+    if (!json_is_number(v))
+        return fail(err, param, k, "'%s' must be a number, not %s", k, type_name(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return fail(err, param, k, "'%s' must be in [%g, %g], got %g", k, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_int(const json_t *v, const char *k, json_int_t lo, json_int_t hi, json_int_t *out,
+                   char *err, char *param) {
+    if (!json_is_integer(v))
+        return fail(err, param, k, "'%s' must be an integer, not %s", k, type_name(v));
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return fail(err, param, k, "'%s' must be in [%lld, %lld], got %lld", k, (long long)lo,
+                    (long long)hi, (long long)x);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(const json_t *v, const char *k, int *out, char *err, char *param) {
+    if (!json_is_boolean(v))
+        return fail(err, param, k, "'%s' must be a boolean, not %s", k, type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+static char *dup_str(const json_t *v, size_t *len) {
+    size_t n = json_string_length(v);
+    char *s = malloc(n + 1);
+    if (s) {
+        memcpy(s, json_string_value(v), n);
+        s[n] = 0;
+    }
+    if (len)
+        *len = n;
+    return s;
+}
+
+/* Message content: a string, or an array of {"type": "text", "text": ...} parts, joined. */
+static int get_content(const json_t *v, srv_msg *m, char *err, char *param) {
+    if (json_is_string(v)) {
+        m->content = dup_str(v, &m->len);
+        return m->content ? 0 : fail(err, param, NULL, "out of memory");
+    }
+    if (!json_is_array(v))
+        return fail(err, param, "messages",
+                    "message 'content' must be a string or an array of "
+                    "text parts, not %s",
+                    type_name(v));
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(v, i, part) {
+        const json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
+        if (!json_is_object(part) || json_object_size(part) != 2 || !json_is_string(ty) ||
+            strcmp(json_string_value(ty), "text") != 0 || !json_is_string(tx))
+            return fail(err, param, "messages",
+                        "content parts must be {\"type\": \"text\", \"text\": STRING} (only "
+                        "text is supported)");
+        total += json_string_length(tx);
+    }
+    m->content = malloc(total + 1);
+    if (!m->content)
+        return fail(err, param, NULL, "out of memory");
+    m->len = 0;
+    json_array_foreach(v, i, part) {
+        const json_t *tx = json_object_get(part, "text");
+        memcpy(m->content + m->len, json_string_value(tx), json_string_length(tx));
+        m->len += json_string_length(tx);
+    }
+    m->content[m->len] = 0;
+    return 0;
+}
+
+static int get_messages(const json_t *v, srv_request *r, char *err, char *param) {
+    if (!json_is_array(v))
+        return fail(err, param, "messages", "'messages' must be an array, not %s", type_name(v));
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return fail(err, param, "messages", "'messages' must not be empty");
+    if (n > SRV_MAX_MESSAGES)
+        return fail(err, param, "messages", "at most %d messages", SRV_MAX_MESSAGES);
+    r->msgs = calloc(n, sizeof *r->msgs);
+    if (!r->msgs)
+        return fail(err, param, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(v, i);
+        if (!json_is_object(m))
+            return fail(err, param, "messages", "messages[%zu] must be an object, not %s", i,
+                        type_name(m));
+        const char *k;
+        const json_t *x;
+        const json_t *role = NULL, *content = NULL;
+        json_object_foreach((json_t *)m, k, x) {
+            if (!strcmp(k, "role"))
+                role = x;
+            else if (!strcmp(k, "content"))
+                content = x;
+            else if (!strcmp(k, "name")) {
+                if (!json_is_string(x))
+                    return fail(err, param, "messages", "messages[%zu].name must be a string", i);
+            } else
+                return fail(err, param, "messages", "messages[%zu]: unknown field '%s'", i, k);
+        }
+        if (!json_is_string(role))
+            return fail(err, param, "messages", "messages[%zu] needs a string 'role'", i);
+        const char *rs = json_string_value(role);
+        srv_msg *out = &r->msgs[i];
+        if (!strcmp(rs, "system") || !strcmp(rs, "developer"))
+            out->role = SRV_ROLE_SYSTEM;
+        else if (!strcmp(rs, "user"))
+            out->role = SRV_ROLE_USER;
+        else if (!strcmp(rs, "assistant"))
+            out->role = SRV_ROLE_ASSISTANT;
+        else
+            return fail(err, param, "messages",
+                        "messages[%zu].role must be system, user or assistant, not '%s'", i, rs);
+        if (!content)
+            return fail(err, param, "messages", "messages[%zu] needs 'content'", i);
+        r->n_msgs = (int)i + 1;
+        if (get_content(content, out, err, param))
+            return -1;
+    }
+    return 0;
+}
+
+static int get_prompt(const json_t *v, srv_request *r, char *err, char *param) {
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+        v = json_array_get(v, 0);
+    if (json_is_string(v)) {
+        r->prompt = dup_str(v, &r->prompt_len);
+        return r->prompt ? 0 : fail(err, param, NULL, "out of memory");
+    }
+    if (!json_is_array(v))
+        return fail(err, param, "prompt",
+                    "'prompt' must be a string or an array of token ids, not %s", type_name(v));
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return fail(err, param, "prompt", "'prompt' must not be an empty array");
+    r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
+    if (!r->prompt_ids)
+        return fail(err, param, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(v, i);
+        if (json_is_string(x))
+            return fail(err, param, "prompt", "one prompt per request (got an array of %zu)", n);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
+            return fail(err, param, "prompt", "prompt[%zu] must be a token id (an integer >= 0)",
+                        i);
+        r->prompt_ids[i] = (int32_t)json_integer_value(x);
+    }
+    r->n_prompt_ids = (int64_t)n;
+    return 0;
+}
+
+static int get_stops(const json_t *v, srv_request *r, char *err, char *param) {
+    if (json_is_null(v))
+        return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_string(v) && !json_is_array(v))
+        return fail(err, param, "stop", "'stop' must be a string or an array of strings, not %s",
+                    type_name(v));
+    if (n > SRV_MAX_STOPS)
+        return fail(err, param, "stop", "at most %d stop strings", SRV_MAX_STOPS);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(x))
+            return fail(err, param, "stop", "stop strings must be strings, not %s", type_name(x));
+        size_t len = json_string_length(x);
+        if (len == 0 || len > SRV_MAX_STOP_LEN)
+            return fail(err, param, "stop", "stop strings must have 1..%d bytes", SRV_MAX_STOP_LEN);
+        r->stops[r->n_stops] = dup_str(x, NULL);
+        if (!r->stops[r->n_stops])
+            return fail(err, param, NULL, "out of memory");
+        r->n_stops++;
+    }
+    return 0;
+}
+
+/* Fields accepted only at their neutral value (OpenAI fields this server does not implement). */
+static int neutral(const json_t *v, const char *k, char *err, char *param) {
+    int ok =
+        json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == 0);
+    if (!strcmp(k, "n"))
+        ok = json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 1);
+    if (!ok)
+        return fail(err, param, k, "'%s' is not supported by this server (only its default)", k);
+    return 0;
+}
+
+static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char *param) {
+    if (!json_is_object(root))
+        return fail(err, param, NULL, "the request body must be a JSON object, not %s",
+                    type_name(root));
+    const char *k;
+    json_t *v;
+    const json_t *stream_options = NULL;
+    int have_input = 0;
+    json_object_foreach(root, k, v) {
+        double d;
+        json_int_t i;
+        if (!strcmp(k, "model")) {
+            if (!json_is_string(v))
+                return fail(err, param, k, "'model' must be a string, not %s", type_name(v));
+        } else if (!chat && !strcmp(k, "prompt")) {
+            if (get_prompt(v, r, err, param))
+                return -1;
+            have_input = 1;
+        } else if (chat && !strcmp(k, "messages")) {
+            if (get_messages(v, r, err, param))
+                return -1;
+            have_input = 1;
+        } else if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
+            if (json_is_null(v))
+                continue;
+            if (get_int(v, k, 1, INT32_MAX, &i, err, param))
+                return -1;
+            r->max_tokens = i;
+        } else if (!strcmp(k, "temperature")) {
+            if (json_is_null(v))
+                continue;
+            if (get_number(v, k, 0, 100, &d, err, param))
+                return -1;
+            r->sp.temp = (float)d;
+            r->given |= SRV_GIVEN_TEMP;
+        } else if (!strcmp(k, "top_p")) {
+            if (json_is_null(v))
+                continue;
+            if (get_number(v, k, 1e-9, 1, &d, err, param))
+                return -1;
+            r->sp.top_p = (float)d;
+            r->given |= SRV_GIVEN_TOPP;
+        } else if (!strcmp(k, "min_p")) {
+            if (json_is_null(v))
+                continue;
+            if (get_number(v, k, 0, 1, &d, err, param))
+                return -1;
+            r->sp.min_p = (float)d;
+            r->given |= SRV_GIVEN_MINP;
+        } else if (!strcmp(k, "top_k")) {
+            if (json_is_null(v))
+                continue;
+            if (get_int(v, k, -1, INT32_MAX, &i, err, param))
+                return -1;
+            r->sp.top_k = i < 0 ? 0 : (int32_t)i; /* -1 (SGLang, vLLM) and 0: off */
+            r->given |= SRV_GIVEN_TOPK;
+        } else if (!strcmp(k, "seed")) {
+            if (json_is_null(v))
+                continue;
+            if (get_int(v, k, 0, LLONG_MAX, &i, err, param))
+                return -1;
+            r->sp.seed = (uint64_t)i;
+            r->seed_set = 1;
+        } else if (!strcmp(k, "stop")) {
+            if (get_stops(v, r, err, param))
+                return -1;
+        } else if (!strcmp(k, "stream")) {
+            if (!json_is_null(v) && get_bool(v, k, &r->stream, err, param))
+                return -1;
+        } else if (!strcmp(k, "stream_options")) {
+            stream_options = v;
+        } else if (!strcmp(k, "user")) {
+            if (!json_is_string(v))
+                return fail(err, param, k, "'user' must be a string, not %s", type_name(v));
+        } else if (!strcmp(k, "n") || !strcmp(k, "presence_penalty") ||
+                   !strcmp(k, "frequency_penalty") || !strcmp(k, "logprobs") ||
+                   (!chat && !strcmp(k, "echo"))) {
+            if (neutral(v, k, err, param))
+                return -1;
+        } else {
+            return fail(err, param, k, "unknown field '%s'", k);
+        }
+    }
+    if (!have_input)
+        return fail(err, param, chat ? "messages" : "prompt", "'%s' is required",
+                    chat ? "messages" : "prompt");
+    if (stream_options && !json_is_null(stream_options)) {
+        if (!r->stream)
+            return fail(err, param, "stream_options",
+                        "'stream_options' is only allowed with \"stream\": true");
+        if (!json_is_object(stream_options))
+            return fail(err, param, "stream_options", "'stream_options' must be an object");
+        json_object_foreach((json_t *)stream_options, k, v) {
+            if (strcmp(k, "include_usage") != 0)
+                return fail(err, param, "stream_options", "unknown field 'stream_options.%s'", k);
+            if (get_bool(v, "stream_options.include_usage", &r->include_usage, err, param))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, char *err,
+                      char *param) {
+    memset(r, 0, sizeof *r);
+    r->chat = chat;
+    r->max_tokens = -1;
+    r->sp = st_sampler_default_params();
+    r->sp.temp = 1.0f; /* OpenAI's defaults: plain sampling at temperature 1 */
+    r->sp.top_k = 0;
+    r->sp.top_p = 1.0f;
+    r->sp.min_p = 0.0f;
+    err[0] = 0;
+    param[0] = 0;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+                    je.column);
+    int rc = parse_fields(root, chat, r, err, param);
+    json_decref(root);
+    if (rc) {
+        char e[SRV_ERR_CAP], p[SRV_ERR_CAP];
+        memcpy(e, err, SRV_ERR_CAP);
+        memcpy(p, param, SRV_ERR_CAP);
+        srv_request_free(r);
+        memcpy(err, e, SRV_ERR_CAP);
+        memcpy(param, p, SRV_ERR_CAP);
+    }
+    return rc;
+}
+
+void srv_request_free(srv_request *r) {
+    if (!r)
+        return;
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_msgs; i++)
+        free(r->msgs[i].content);
+    free(r->msgs);
+    for (int i = 0; i < r->n_stops; i++)
+        free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Chat rendering                                                                            */
+
+static int32_t find_piece(const st_tokenizer *tok, const char *piece) {
+    int32_t n = st_tokenizer_n_vocab(tok);
+    size_t k = strlen(piece);
+    for (int32_t i = 0; i < n; i++) {
+        size_t len;
+        const char *p = st_tokenizer_piece(tok, i, &len);
+        if (p && len == k && !memcmp(p, piece, k))
+            return i;
+    }
+    return -1;
+}
+
+void srv_specials_find(const st_tokenizer *tok, srv_specials *out) {
+    out->bos = st_tokenizer_bos(tok);
+    out->eos = st_tokenizer_eos(tok);
+    out->im_start = find_piece(tok, "<|im_start|>");
+    out->im_end = find_piece(tok, "<|im_end|>");
+    out->start_header = find_piece(tok, "<|start_header_id|>");
+    out->end_header = find_piece(tok, "<|end_header_id|>");
+    out->eot = find_piece(tok, "<|eot_id|>");
+}
+
+static int put_text(srv_rendered *r, const char *s, size_t n) {
+    if (n == 0)
+        return 0;
+    if (r->n_text + n + 1 > r->cap_text) {
+        size_t cap = (r->n_text + n + 1) * 2;
+        char *t = realloc(r->text, cap);
+        if (!t)
+            return -1;
+        r->text = t;
+        r->cap_text = cap;
+    }
+    if (r->n_segs > 0 && r->segs[r->n_segs - 1].special < 0 &&
+        r->segs[r->n_segs - 1].off + r->segs[r->n_segs - 1].len == r->n_text) {
+        r->segs[r->n_segs - 1].len += n;
+    } else {
+        if (r->n_segs == r->cap_segs) {
+            int cap = r->cap_segs ? r->cap_segs * 2 : 16;
+            srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
+            if (!g)
+                return -1;
+            r->segs = g;
+            r->cap_segs = cap;
+        }
+        r->segs[r->n_segs++] = (srv_seg){-1, r->n_text, n};
+    }
+    memcpy(r->text + r->n_text, s, n);
+    r->n_text += n;
+    r->text[r->n_text] = 0;
+    return 0;
+}
+
+static int put(srv_rendered *r, const char *s) { return put_text(r, s, strlen(s)); }
+
+/* A special token: its id, or its text when the vocabulary lacks it (BOS: nothing). */
+static int put_special(srv_rendered *r, int32_t id, const char *text) {
+    if (id < 0)
+        return text ? put(r, text) : 0;
+    if (r->n_segs == r->cap_segs) {
+        int cap = r->cap_segs ? r->cap_segs * 2 : 16;
+        srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
+        if (!g)
+            return -1;
+        r->segs = g;
+        r->cap_segs = cap;
+    }
+    r->segs[r->n_segs++] = (srv_seg){id, r->n_text, 0};
+    return 0;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Jinja's str.strip() / |trim: without leading and trailing whitespace. */
+static int put_stripped(srv_rendered *r, const char *s, size_t n) {
+    while (n && is_space(*s))
+        s++, n--;
+    while (n && is_space(s[n - 1]))
+        n--;
+    return put_text(r, s, n);
+}
+
+static const char *role_name(srv_role r) {
+    return r == SRV_ROLE_SYSTEM ? "system" : r == SRV_ROLE_USER ? "user" : "assistant";
+}
+
+/* Llama 2 and Mistral: user/assistant turns alternating from a user turn (their templates raise
+ * an exception otherwise); an optional leading system message. */
+static int check_alternating(const srv_msg *m, int n, int first, char *err) {
+    if (first >= n) {
+        snprintf(err, SRV_ERR_CAP, "the conversation needs a user message");
+        return -1;
+    }
+    for (int i = first; i < n; i++) {
+        srv_role want = (i - first) % 2 == 0 ? SRV_ROLE_USER : SRV_ROLE_ASSISTANT;
+        if (m[i].role != want) {
+            snprintf(err, SRV_ERR_CAP,
+                     "this model's chat template needs user and assistant messages alternating "
+                     "from a user message (one optional system message first): messages[%d] is "
+                     "%s",
+                     i, role_name(m[i].role));
+            return -1;
+        }
+    }
+    if (m[n - 1].role != SRV_ROLE_USER) {
+        snprintf(err, SRV_ERR_CAP, "the last message must be a user message");
+        return -1;
+    }
+    return 0;
+}
+
+static int render_llama2(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r,
+                         char *err) {
+    int first = n > 0 && m[0].role == SRV_ROLE_SYSTEM;
+    if (check_alternating(m, n, first, err))
+        return -1;
+    int rc = 0;
+    for (int i = first; i < n && !rc; i++) {
+        if (m[i].role == SRV_ROLE_USER) {
+            rc |= put_special(r, sp->bos, NULL);
+            rc |= put(r, "[INST] ");
+            /* content.strip() of "<<SYS>>\nS\n<</SYS>>\n\nU" strips only its outer ends:
+             * the system text stays as it is, the user text loses trailing blanks */
+            if (i == first && first) {
+                rc |= put(r, "<<SYS>>\n");
+                rc |= put_text(r, m[0].content, m[0].len);
+                rc |= put(r, "\n<</SYS>>\n\n");
+                size_t n1 = m[i].len;
+                while (n1 && is_space(m[i].content[n1 - 1]))
+                    n1--;
+                rc |= put_text(r, m[i].content, n1);
+            } else {
+                rc |= put_stripped(r, m[i].content, m[i].len);
+            }
+            rc |= put(r, " [/INST]");
+        } else {
+            rc |= put(r, " ");
+            rc |= put_stripped(r, m[i].content, m[i].len);
+            rc |= put(r, " ");
+            rc |= put_special(r, sp->eos, "</s>");
+        }
+    }
+    r->has_bos = sp->bos >= 0;
+    return rc;
+}
+
+/* Mistral-7B-Instruct's template; a system message (which v0.1's template refuses) is put
+ * before the first user message's text, separated by a blank line, as v0.2+ templates do. */
+static int render_mistral(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r,
+                          char *err) {
+    int first = n > 0 && m[0].role == SRV_ROLE_SYSTEM;
+    if (check_alternating(m, n, first, err))
+        return -1;
+    int rc = put_special(r, sp->bos, NULL);
+    for (int i = first; i < n && !rc; i++) {
+        if (m[i].role == SRV_ROLE_USER) {
+            rc |= put(r, "[INST] ");
+            if (i == first && first) {
+                rc |= put_text(r, m[0].content, m[0].len);
+                rc |= put(r, "\n\n");
+            }
+            rc |= put_text(r, m[i].content, m[i].len);
+            rc |= put(r, " [/INST]");
+        } else {
+            rc |= put_text(r, m[i].content, m[i].len);
+            rc |= put_special(r, sp->eos, "</s>");
+        }
+    }
+    r->has_bos = sp->bos >= 0;
+    return rc;
+}
+
+static int render_llama3(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
+    int rc = put_special(r, sp->bos, NULL);
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= put_special(r, sp->start_header, "<|start_header_id|>");
+        rc |= put(r, role_name(m[i].role));
+        rc |= put_special(r, sp->end_header, "<|end_header_id|>");
+        rc |= put(r, "\n\n");
+        rc |= put_stripped(r, m[i].content, m[i].len);
+        rc |= put_special(r, sp->eot, "<|eot_id|>");
+    }
+    rc |= put_special(r, sp->start_header, "<|start_header_id|>");
+    rc |= put(r, "assistant");
+    rc |= put_special(r, sp->end_header, "<|end_header_id|>");
+    rc |= put(r, "\n\n");
+    r->has_bos = sp->bos >= 0;
+    return rc;
+}
+
+static int render_chatml(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= put_special(r, sp->im_start, "<|im_start|>");
+        rc |= put(r, role_name(m[i].role));
+        rc |= put(r, "\n");
+        rc |= put_text(r, m[i].content, m[i].len);
+        rc |= put_special(r, sp->im_end, "<|im_end|>");
+        rc |= put(r, "\n");
+    }
+    rc |= put_special(r, sp->im_start, "<|im_start|>");
+    rc |= put(r, "assistant\n");
+    return rc;
+}
+
+static int render_zephyr(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= put(r, m[i].role == SRV_ROLE_SYSTEM ? "<|system|>\n"
+                     : m[i].role == SRV_ROLE_USER ? "<|user|>\n"
+                                                  : "<|assistant|>\n");
+        rc |= put_text(r, m[i].content, m[i].len);
+        rc |= put_special(r, sp->eos, "</s>");
+        rc |= put(r, "\n");
+    }
+    rc |= put(r, "<|assistant|>\n");
+    return rc;
+}
+
+int srv_chat_render(srv_tmpl t, const srv_msg *msgs, int n, const srv_specials *sp,
+                    srv_rendered *out, char *err) {
+    memset(out, 0, sizeof *out);
+    int rc;
+    switch (t) {
+    case SRV_TMPL_LLAMA2:
+        rc = render_llama2(msgs, n, sp, out, err);
+        break;
+    case SRV_TMPL_MISTRAL:
+        rc = render_mistral(msgs, n, sp, out, err);
+        break;
+    case SRV_TMPL_LLAMA3:
+        rc = render_llama3(msgs, n, sp, out);
+        break;
+    case SRV_TMPL_CHATML:
+        rc = render_chatml(msgs, n, sp, out);
+        break;
+    case SRV_TMPL_ZEPHYR:
+        rc = render_zephyr(msgs, n, sp, out);
+        break;
+    default:
+        snprintf(err, SRV_ERR_CAP, "no chat template");
+        rc = -1;
+    }
+    if (rc && !err[0])
+        snprintf(err, SRV_ERR_CAP, "out of memory");
+    if (rc)
+        srv_rendered_free(out);
+    return rc;
+}
+
+void srv_rendered_free(srv_rendered *r) {
+    if (!r)
+        return;
+    free(r->text);
+    free(r->segs);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* UTF-8 and stop strings                                                                    */
+
+size_t srv_utf8_valid_prefix(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80)
+            k = 1;
+        else if (c >= 0xC2 && c <= 0xDF)
+            k = 2;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            k = 3;
+            lo = c == 0xE0 ? 0xA0 : 0x80;
+            hi = c == 0xED ? 0x9F : 0xBF;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 4;
+            lo = c == 0xF0 ? 0x90 : 0x80;
+            hi = c == 0xF4 ? 0x8F : 0xBF;
+        } else
+            return i;
+        if (i + k > n)
+            return i;
+        for (size_t j = 1; j < k; j++) {
+            unsigned b = s[i + j];
+            if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF))
+                return i;
+        }
+        i += k;
+    }
+    return n;
+}
+
+int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const char **out_ptr,
+                 size_t *out_len) {
+    *out_ptr = ""; /* never NULL, even before anything is held */
+    *out_len = 0;
+    if (s->stopped)
+        return 0;
+    if (s->n_drop) {
+        memmove(s->hold, s->hold + s->n_drop, s->n_hold - s->n_drop);
+        s->n_hold -= s->n_drop;
+        s->n_drop = 0;
+    }
+    if (s->n_hold + n > s->cap) {
+        size_t cap = (s->n_hold + n) * 2 + 64;
+        char *h = realloc(s->hold, cap);
+        if (!h)
+            return -1;
+        s->hold = h;
+        s->cap = cap;
+    }
+    if (n)
+        memcpy(s->hold + s->n_hold, txt, n);
+    s->n_hold += n;
+    *out_ptr = s->hold ? s->hold : "";
+    size_t cut = s->n_hold; /* bytes safe to release */
+    size_t first = SIZE_MAX;
+    for (int i = 0; i < s->n_stops; i++) {
+        const char *st = s->stops[i];
+        size_t ls = strlen(st);
+        for (size_t j = 0; j + ls <= s->n_hold && j < first; j++)
+            if (memcmp(s->hold + j, st, ls) == 0) {
+                first = j;
+                break;
+            }
+    }
+    if (first != SIZE_MAX) {
+        s->stopped = 1;
+        *out_len = first;
+        s->n_drop = s->n_hold;
+        return 0;
+    }
+    if (!final)
+        for (int i = 0; i < s->n_stops; i++) {
+            const char *st = s->stops[i];
+            size_t ls = strlen(st);
+            for (size_t k = ls - 1; k > 0; k--) /* longest suffix that starts the stop string */
+                if (k <= s->n_hold && memcmp(s->hold + s->n_hold - k, st, k) == 0) {
+                    if (s->n_hold - k < cut)
+                        cut = s->n_hold - k;
+                    break;
+                }
+        }
+    *out_len = cut;
+    s->n_drop = cut;
+    return 0;
+}
+
+void srv_stopper_free(srv_stopper *s) {
+    if (!s)
+        return;
+    free(s->hold);
+    s->hold = NULL;
+    s->n_hold = s->cap = s->n_drop = 0;
+}

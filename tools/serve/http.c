@@ -1,0 +1,856 @@
+/*
+ * http.c: the HTTP side of `spectree serve` on libmicrohttpd (one thread per connection):
+ * routing, the bearer check, body limits, prompts (text, token ids or a rendered chat), OpenAI
+ * responses and server-sent events (the metrics' text is metrics.c's).
+ * A connection thread waits for its job's text with a timed wait and looks at its socket
+ * between waits, so a client that goes away cancels its request within a fraction of a second.
+ */
+#define _GNU_SOURCE
+#include "serve.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { WAIT_MS = 100, SEND_BUFFER_BYTES = 64 << 10 };
+
+/* Per-connection request state (MHD's con_cls). */
+typedef struct conn_ctx {
+    char *body;
+    size_t n_body, cap_body;
+    int too_big;
+    double t_start;
+} conn_ctx;
+
+/* An open connection, for the watchdog: MHD's idle timeout restarts at every byte, so a client
+ * sending a byte a second would never time out; the watchdog closes any connection that has
+ * not delivered a whole request within --timeout seconds of starting one. */
+typedef struct srv_watch {
+    int fd;
+    double t_begin; /* when the connection opened or its last response ended */
+    int busy;       /* a whole request arrived and is being answered */
+    int shut;
+    struct srv_watch *prev, *next;
+} srv_watch;
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    srv *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        srv_watch *w = calloc(1, sizeof *w);
+        if (!w || !ci) {
+            free(w);
+            return;
+        }
+        w->fd = ci->connect_fd;
+        w->t_begin = st_time_seconds();
+        /* a bounded send buffer: Linux grows it to megabytes, which a client that stops
+         * reading would fill for seconds (its request running all the while) before the writes
+         * block and MHD's idle timeout (--timeout) ends the connection and the request */
+        int sndbuf = SEND_BUFFER_BYTES;
+        setsockopt(w->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        pthread_mutex_lock(&s->mu);
+        w->next = s->watches;
+        if (s->watches)
+            s->watches->prev = w;
+        s->watches = w;
+        pthread_mutex_unlock(&s->mu);
+        *socket_context = w;
+    } else if (*socket_context) {
+        srv_watch *w = *socket_context;
+        pthread_mutex_lock(&s->mu);
+        if (w->prev)
+            w->prev->next = w->next;
+        else
+            s->watches = w->next;
+        if (w->next)
+            w->next->prev = w->prev;
+        pthread_mutex_unlock(&s->mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+static srv_watch *watch_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void *watchdog_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop_watchdog) {
+        double now = st_time_seconds();
+        for (srv_watch *w = s->watches; w; w = w->next)
+            if (!w->busy && !w->shut && now - w->t_begin > (double)s->o.timeout_s) {
+                shutdown(w->fd, SHUT_RDWR); /* MHD sees the end of the stream and closes it */
+                w->shut = 1;
+            }
+        pthread_mutex_unlock(&s->mu);
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Responses                                                                                 */
+
+static void count_code(srv *s, unsigned code) {
+    pthread_mutex_lock(&s->mu);
+    s->metrics.requests_total++;
+    int k = code == 200   ? 0
+            : code == 400 ? 1
+            : code < 500  ? 2
+            : code == 500 ? 3
+            : code == 503 ? 4
+                          : 5;
+    s->metrics.by_code[k]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code, const char *type,
+                                const char *body, size_t len) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    pthread_mutex_lock(&s->mu);
+    if (s->draining) /* the client (or nginx) should take its next request elsewhere */
+        MHD_add_response_header(r, "Connection", "close");
+    pthread_mutex_unlock(&s->mu);
+    if (code == 401)
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result rc = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    count_code(s, code);
+    return rc;
+}
+
+static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, unsigned code, json_t *v) {
+    char *txt = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!txt)
+        return send_buf(s, c, 500, "application/json",
+                        "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}",
+                        62);
+    enum MHD_Result rc = send_buf(s, c, code, "application/json", txt, strlen(txt));
+    free(txt);
+    return rc;
+}
+
+static const char *err_type(unsigned code) {
+    switch (code) {
+    case 400:
+    case 413:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 404:
+    case 405:
+        return "not_found_error";
+    case 503:
+        return "server_overloaded";
+    default:
+        return "server_error";
+    }
+}
+
+/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
+static json_t *error_obj(unsigned code, const char *msg, const char *param) {
+    return json_pack("{s:{s:s,s:s,s:s?,s:i}}", "error", "message", msg, "type", err_type(code),
+                     "param", param && param[0] ? param : NULL, "code", (int)code);
+}
+
+static enum MHD_Result send_error(srv *s, struct MHD_Connection *c, unsigned code, const char *msg,
+                                  const char *param) {
+    return send_json(s, c, code, error_obj(code, msg, param));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Jobs from requests                                                                        */
+
+static const char *finish_reason(const srv_job *j) {
+    if (j->stopper.stopped)
+        return "stop";
+    switch (j->stats.stop_reason) {
+    case ST_STOP_LENGTH:
+    case ST_STOP_CONTEXT:
+        return "length";
+    default:
+        return "stop";
+    }
+}
+
+/* SGLang's meta_info fields for speculative decoding, per request. */
+static json_t *spec_info(const srv_job *j) {
+    const st_request_stats *st = &j->stats;
+    json_t *hist = json_array();
+    int top = 0;
+    for (int a = 0; a <= ST_SPEC_MAX_S; a++)
+        if (st->accept_hist[a])
+            top = a;
+    for (int a = 0; a <= top; a++)
+        json_array_append_new(hist, json_integer(st->accept_hist[a]));
+    return json_pack(
+        "{s:I,s:I,s:I,s:f,s:f,s:o,s:f,s:f,s:f}", "spec_verify_ct", (json_int_t)st->verify_ct,
+        "spec_steps", (json_int_t)st->spec_steps, "plain_steps", (json_int_t)st->plain_steps,
+        "spec_accept_length", st->accept_length, "spec_tau", st->tau, "spec_accept_histogram", hist,
+        "queue_time", st->queue_ms / 1e3, "ttft", st->ttft_ms >= 0 ? st->ttft_ms / 1e3 : 0.0,
+        "e2e_latency", (j->t_done - j->t_submit));
+}
+
+static json_t *usage_obj(const srv_job *j) {
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->n_prompt, "completion_tokens",
+                     (json_int_t)j->stats.gen_tokens, "total_tokens",
+                     (json_int_t)(j->n_prompt + j->stats.gen_tokens));
+}
+
+/* A JSON string of valid UTF-8 (the detokenizer writes only valid UTF-8; this is a guard). */
+static json_t *text_str(const char *t, size_t n) {
+    json_t *v = json_stringn(t, n);
+    return v ? v : json_string("\xEF\xBF\xBD");
+}
+
+static json_t *full_response(const srv_job *j) {
+    json_t *choice;
+    if (j->req.chat)
+        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
+                           "content", text_str(j->text ? j->text : "", j->n_text), "logprobs",
+                           "finish_reason", finish_reason(j));
+    else
+        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text",
+                           text_str(j->text ? j->text : "", j->n_text), "logprobs", "finish_reason",
+                           finish_reason(j));
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:o}", "id", j->id, "object",
+                     j->req.chat ? "chat.completion" : "text_completion", "created",
+                     (json_int_t)j->created, "model", j->srv->model_name, "choices", choice,
+                     "usage", usage_obj(j), "meta_info", spec_info(j));
+}
+
+/* Appends a token list. 0, or -1 out of memory. */
+static int push_ids(int32_t **ids, int64_t *n, int64_t *cap, const int32_t *add, int64_t k) {
+    if (*n + k > *cap) {
+        int64_t c = (*n + k) * 2 + 16;
+        int32_t *b = realloc(*ids, (size_t)c * sizeof *b);
+        if (!b)
+            return -1;
+        *ids = b;
+        *cap = c;
+    }
+    memcpy(*ids + *n, add, (size_t)k * sizeof *add);
+    *n += k;
+    return 0;
+}
+
+/* The prompt's token ids; 0, or an HTTP status with a message in err. */
+static unsigned build_prompt(srv *s, srv_job *j, char *err) {
+    const srv_request *r = &j->req;
+    const int add_bos = !s->o.c.no_bos && st_tokenizer_add_bos_default(s->tok);
+    int64_t cap = 0;
+    if (!r->chat && r->prompt_ids) {
+        int32_t nv = st_tokenizer_n_vocab(s->tok);
+        for (int64_t i = 0; i < r->n_prompt_ids; i++)
+            if (r->prompt_ids[i] >= nv) {
+                snprintf(err, SRV_ERR_CAP, "prompt[%" PRId64 "] = %d is not a token id (< %d)", i,
+                         r->prompt_ids[i], nv);
+                return 400;
+            }
+        if (push_ids(&j->prompt, &j->n_prompt, &cap, r->prompt_ids, r->n_prompt_ids))
+            return 500;
+    } else if (!r->chat) {
+        if (cli_tokenize_all(s->tok, r->prompt, r->prompt_len, add_bos, &j->prompt, &j->n_prompt)) {
+            snprintf(err, SRV_ERR_CAP, "prompt: %s", st_last_error());
+            return 400;
+        }
+        if (j->n_prompt == 0) { /* an empty prompt starts from BOS, as `generate` does */
+            int32_t bos = st_tokenizer_bos(s->tok);
+            if (bos < 0) {
+                snprintf(err, SRV_ERR_CAP, "the prompt is empty and the model has no BOS token");
+                return 400;
+            }
+            if (push_ids(&j->prompt, &j->n_prompt, &cap, &bos, 1))
+                return 500;
+        }
+    } else {
+        if (s->tmpl == SRV_TMPL_NONE) {
+            snprintf(err, SRV_ERR_CAP,
+                     "this model has no chat template (tokenizer.chat_template); start the "
+                     "server with --chat-template NAME to use /v1/chat/completions");
+            return 400;
+        }
+        srv_rendered rd;
+        if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err))
+            return 400;
+        if (!rd.has_bos && add_bos && st_tokenizer_bos(s->tok) >= 0) {
+            int32_t bos = st_tokenizer_bos(s->tok);
+            push_ids(&j->prompt, &j->n_prompt, &cap, &bos, 1);
+        }
+        int32_t *part = NULL;
+        for (int i = 0; i < rd.n_segs; i++) {
+            const srv_seg *g = &rd.segs[i];
+            int64_t np = 0;
+            if (g->special >= 0) {
+                if (push_ids(&j->prompt, &j->n_prompt, &cap, &g->special, 1))
+                    break;
+            } else if (cli_tokenize_all(s->tok, rd.text + g->off, g->len, 0, &part, &np) ||
+                       push_ids(&j->prompt, &j->n_prompt, &cap, part, np)) {
+                snprintf(err, SRV_ERR_CAP, "chat prompt: %s", st_last_error());
+                free(part);
+                srv_rendered_free(&rd);
+                return 400;
+            }
+        }
+        free(part);
+        srv_rendered_free(&rd);
+    }
+    if (j->n_prompt == 0) {
+        snprintf(err, SRV_ERR_CAP, "the prompt is empty");
+        return 400;
+    }
+    if (j->n_prompt > s->o.max_prompt) {
+        snprintf(err, SRV_ERR_CAP,
+                 "the prompt has %" PRId64 " tokens; this server takes at most %ld", j->n_prompt,
+                 s->o.max_prompt);
+        return 400;
+    }
+    int64_t room = s->n_ctx - j->n_prompt;
+    if (r->max_tokens > 0) {
+        if (r->max_tokens > s->o.max_tokens_limit) {
+            snprintf(err, SRV_ERR_CAP, "max_tokens is %" PRId64 "; this server allows at most %ld",
+                     r->max_tokens, s->o.max_tokens_limit);
+            return 400;
+        }
+        if (r->max_tokens > room) {
+            snprintf(err, SRV_ERR_CAP,
+                     "this model's maximum context length is %d tokens; the prompt has %" PRId64
+                     " and max_tokens asks for %" PRId64,
+                     s->n_ctx, j->n_prompt, r->max_tokens);
+            return 400;
+        }
+        j->n_predict = r->max_tokens;
+    } else {
+        int64_t d = r->chat ? room : s->o.default_max_tokens;
+        if (d > room)
+            d = room;
+        if (d > s->o.max_tokens_limit)
+            d = s->o.max_tokens_limit;
+        j->n_predict = d;
+    }
+    return 0;
+}
+
+/* Creates a job from a checked request (moved into it); 0, or an HTTP status with err. */
+static unsigned job_create(srv *s, srv_request *req, srv_job **out, char *err) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        srv_request_free(req);
+        snprintf(err, SRV_ERR_CAP, "out of memory");
+        return 500;
+    }
+    j->srv = s;
+    j->req = *req;
+    memset(req, 0, sizeof *req);
+    j->refs = 1;
+    pthread_cond_init(&j->cv, NULL);
+    j->t_submit = st_time_seconds();
+    j->created = (int64_t)time(NULL);
+    j->tok_cap = st_detok_max_bytes(s->tok);
+    j->tok_buf = malloc(j->tok_cap);
+    j->stopper.stops = (const char *const *)j->req.stops;
+    j->stopper.n_stops = j->req.n_stops;
+    pthread_mutex_lock(&s->mu);
+    s->live_jobs++;
+    uint64_t seq = ++s->next_id;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(j->id, sizeof j->id, "%s-%" PRIx64 "-%" PRIu64, j->req.chat ? "chatcmpl" : "cmpl",
+             (uint64_t)s->created, seq);
+    /* sampling: the request's fields, else the server's flags, else OpenAI's defaults */
+    unsigned code = j->tok_buf ? build_prompt(s, j, err) : 500;
+    if (code == 500 && !err[0])
+        snprintf(err, SRV_ERR_CAP, "out of memory");
+    if (!code) {
+        st_detok_init(&j->detok, s->tok);
+        st_detok_set_prev(&j->detok, j->prompt[j->n_prompt - 1]);
+        if (!j->req.seed_set) { /* a fresh seed per request */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            j->req.sp.seed = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+                             (seq * 0x9E3779B97F4A7C15ull);
+        }
+    }
+    *out = j;
+    return code;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Waiting, disconnects, streaming                                                           */
+
+/* 1 when the client has closed its side (or reset the connection). */
+static int peer_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return 1;
+    char b;
+    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Restarts the connection's idle clock: time spent waiting for the engine is not the client's
+ * idleness (MHD would otherwise drop a connection whose next token took longer than --timeout
+ * as soon as it arrived); a client that stops reading still times out. */
+static void touch(srv *s, struct MHD_Connection *c) {
+    /* MHD restarts the clock only when the timeout goes from 0 (none) to a value */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)s->o.timeout_s);
+}
+
+/* Waits (s->mu held) until the job has news or WAIT_MS pass. */
+static void wait_news(srv *s, srv_job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += WAIT_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&j->cv, &s->mu, &ts);
+}
+
+static int sse_add(srv_job *j, json_t *v) {
+    char *txt = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (!txt)
+        return -1;
+    size_t n = strlen(txt), need = j->n_sse + n + 8;
+    char *b = realloc(j->sse, need);
+    if (!b) {
+        free(txt);
+        return -1;
+    }
+    j->sse = b;
+    memcpy(j->sse + j->n_sse, "data: ", 6);
+    memcpy(j->sse + j->n_sse + 6, txt, n);
+    memcpy(j->sse + j->n_sse + 6 + n, "\n\n", 2);
+    j->n_sse += n + 8;
+    free(txt);
+    return 0;
+}
+
+static json_t *chunk(const srv_job *j, json_t *delta_or_text, const char *finish) {
+    json_t *choice;
+    if (j->req.chat)
+        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "delta", delta_or_text, "logprobs",
+                           "finish_reason", finish);
+    else
+        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "text", delta_or_text, "logprobs",
+                           "finish_reason", finish);
+    json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object",
+                          j->req.chat ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)j->created, "model", j->srv->model_name, "choices", choice);
+    if (v && j->req.include_usage)
+        json_object_set_new(v, "usage", json_null());
+    return v;
+}
+
+static json_t *text_piece(const srv_job *j, const char *t, size_t n) {
+    return j->req.chat ? json_pack("{s:o}", "content", text_str(t, n)) : text_str(t, n);
+}
+
+/* Fills j->sse with the events that are due (s->mu held); 1 when the stream is complete. */
+static int sse_fill(srv_job *j) {
+    int rc = 0;
+    if (j->req.chat && !j->sent_role) {
+        rc |=
+            sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+        j->sent_role = 1;
+    }
+    size_t avail =
+        j->text ? j->n_sent + srv_utf8_valid_prefix(j->text + j->n_sent, j->n_text - j->n_sent) : 0;
+    if (avail > j->n_sent) {
+        rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL));
+        j->n_sent = avail;
+    }
+    if (!j->done || rc)
+        return rc ? -1 : 0;
+    if (j->status != ST_OK) {
+        json_t *e = error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
+        rc |= sse_add(j, e);
+    } else {
+        json_t *last = chunk(j, j->req.chat ? json_object() : json_string(""), finish_reason(j));
+        if (last)
+            json_object_set_new(last, "meta_info", spec_info(j));
+        rc |= sse_add(j, last);
+        if (j->req.include_usage) {
+            json_t *u = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", j->id, "object",
+                                  j->req.chat ? "chat.completion.chunk" : "text_completion",
+                                  "created", (json_int_t)j->created, "model", j->srv->model_name,
+                                  "choices", "usage", usage_obj(j));
+            rc |= sse_add(j, u);
+        }
+    }
+    static const char done_line[] = "data: [DONE]\n\n";
+    char *b = realloc(j->sse, j->n_sse + sizeof done_line);
+    if (!b)
+        return -1;
+    j->sse = b;
+    memcpy(j->sse + j->n_sse, done_line, sizeof done_line - 1);
+    j->n_sse += sizeof done_line - 1;
+    j->sent_final = 1;
+    return rc ? -1 : 1;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    srv_job *j = cls;
+    srv *s = j->srv;
+    if (j->sse_off < j->n_sse) {
+        size_t k = j->n_sse - j->sse_off < max ? j->n_sse - j->sse_off : max;
+        memcpy(buf, j->sse + j->sse_off, k);
+        j->sse_off += k;
+        return (ssize_t)k;
+    }
+    if (j->sent_final)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    j->n_sse = j->sse_off = 0;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        int r = sse_fill(j);
+        if (r < 0 || j->n_sse > 0)
+            break;
+        if (peer_gone(j->conn)) {
+            srv_job_cancel(s, j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        wait_news(s, j);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (j->n_sse == 0)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    touch(s, j->conn);
+    size_t k = j->n_sse < max ? j->n_sse : max;
+    memcpy(buf, j->sse, k);
+    j->sse_off = k;
+    return (ssize_t)k;
+}
+
+/* The connection is done with the stream (complete, failed or the client left). */
+static void stream_free(void *cls) {
+    srv_job *j = cls;
+    srv *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    if (!j->done)
+        srv_job_cancel(s, j);
+    free(j->sse);
+    j->sse = NULL;
+    srv_job_release(s, j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Endpoints                                                                                 */
+
+static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, int chat) {
+    char err[SRV_ERR_CAP], param[SRV_ERR_CAP];
+    srv_request req;
+    if (srv_request_parse(cc->body ? cc->body : "", cc->n_body, chat, &req, err, param))
+        return send_error(s, c, 400, err, param);
+    /* fields a request leaves out: the server's --temp etc., else OpenAI's defaults */
+    unsigned fill = s->o.c.sp_given & ~req.given;
+    if (fill & SRV_GIVEN_TEMP)
+        req.sp.temp = s->o.c.sp.temp;
+    if (fill & SRV_GIVEN_TOPK)
+        req.sp.top_k = s->o.c.sp.top_k;
+    if (fill & SRV_GIVEN_TOPP)
+        req.sp.top_p = s->o.c.sp.top_p;
+    if (fill & SRV_GIVEN_MINP)
+        req.sp.min_p = s->o.c.sp.min_p;
+    srv_job *j = NULL;
+    err[0] = 0;
+    unsigned code = job_create(s, &req, &j, err);
+    pthread_mutex_lock(&s->mu);
+    if (!code && s->draining) {
+        code = 503;
+        snprintf(err, sizeof err, "the server is shutting down");
+    }
+    if (code) {
+        srv_job_release(s, j);
+        pthread_mutex_unlock(&s->mu);
+        return send_error(s, c, code, err, NULL);
+    }
+    if (chat)
+        s->metrics.chats++;
+    else
+        s->metrics.completions++;
+    j->conn = c;
+    srv_job_submit(s, j);
+    /* the engine's answer first (a step or so), so that a refusal gets its own status even
+     * when the response would be a stream */
+    while (!j->engine_id && !j->done) {
+        if (peer_gone(c)) {
+            srv_job_cancel(s, j);
+            srv_job_release(s, j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_NO;
+        }
+        wait_news(s, j);
+    }
+    if (j->req.stream && !j->refused) {
+        j->refs++; /* the response's, released by stream_free */
+        pthread_mutex_unlock(&s->mu);
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,
+                                                                   stream_reader, j, stream_free);
+        pthread_mutex_lock(&s->mu);
+        srv_job_release(s, j); /* the handler's */
+        pthread_mutex_unlock(&s->mu);
+        if (!r)
+            return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        touch(s, c);
+        enum MHD_Result rc = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        count_code(s, 200);
+        return rc;
+    }
+    while (!j->done) {
+        if (peer_gone(c)) {
+            srv_job_cancel(s, j);
+            srv_job_release(s, j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_NO;
+        }
+        wait_news(s, j);
+    }
+    json_t *v = NULL;
+    code = 200;
+    if (j->status == ST_ERR_BUSY) {
+        code = 503;
+        v = error_obj(code, j->error, NULL);
+    } else if (j->refused && j->status == ST_ERR_RANGE) {
+        /* it fits the context (checked above) but not the KV budget (--max-total-tokens) */
+        code = 503;
+        v = error_obj(code, j->error, NULL);
+    } else if (j->refused && j->status == ST_ERR_INVALID) {
+        code = 400;
+        v = error_obj(code, j->error, NULL);
+    } else if (j->status != ST_OK || j->oom) {
+        code = 500;
+        v = error_obj(code, j->oom ? "out of memory" : j->error, NULL);
+    } else {
+        v = full_response(j);
+    }
+    srv_job_release(s, j);
+    pthread_mutex_unlock(&s->mu);
+    touch(s, c);
+    return send_json(s, c, code, v);
+}
+
+static enum MHD_Result models(srv *s, struct MHD_Connection *c) {
+    return send_json(s, c, 200,
+                     json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data", "id",
+                               s->model_name, "object", "model", "created", (json_int_t)s->created,
+                               "owned_by", "spectree", "max_model_len", (int)s->n_ctx));
+}
+
+static int authorized(srv *s, struct MHD_Connection *c) {
+    if (!s->o.api_key)
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7) != 0)
+        return 0;
+    const char *k = h + 7, *want = s->o.api_key;
+    size_t n = strlen(k), m = strlen(want);
+    unsigned diff = (unsigned)(n ^ m); /* compare in time independent of where they differ */
+    for (size_t i = 0; i < m; i++)
+        diff |= (unsigned)(unsigned char)want[i] ^ (unsigned char)(i < n ? k[i] : 0);
+    return diff == 0;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *upload_data,
+                               size_t *upload_size, void **con_cls) {
+    (void)version;
+    srv *s = cls;
+    conn_ctx *cc = *con_cls;
+    const int post = !strcmp(method, "POST");
+    const int is_compl = !strcmp(url, "/v1/completions");
+    const int is_chat = !strcmp(url, "/v1/chat/completions");
+    if (!cc) { /* first call: headers only */
+        cc = calloc(1, sizeof *cc);
+        if (!cc)
+            return MHD_NO;
+        cc->t_start = st_time_seconds();
+        *con_cls = cc;
+        pthread_mutex_lock(&s->mu);
+        s->active_requests++;
+        pthread_mutex_unlock(&s->mu);
+        if (post && (is_compl || is_chat)) {
+            const char *cl =
+                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (cl && strtoull(cl, NULL, 10) > (unsigned long long)s->o.max_body) {
+                char msg[96];
+                snprintf(msg, sizeof msg, "the request body exceeds %ld bytes", s->o.max_body);
+                cc->too_big = 2;
+                return send_error(s, c, 413, msg, NULL);
+            }
+            return MHD_YES; /* the body follows */
+        }
+    }
+    if (cc->too_big == 2)
+        return MHD_YES; /* answered already; MHD discards the rest */
+    if (*upload_size) {
+        if (st_time_seconds() - cc->t_start > (double)s->o.timeout_s)
+            return MHD_NO; /* a client too slow to send its request: dropped */
+        if (cc->n_body + *upload_size > (size_t)s->o.max_body)
+            cc->too_big = 1;
+        if (!cc->too_big) {
+            if (cc->n_body + *upload_size + 1 > cc->cap_body) {
+                size_t cap = (cc->n_body + *upload_size + 1) * 2;
+                if (cap > (size_t)s->o.max_body + 1)
+                    cap = (size_t)s->o.max_body + 1;
+                char *b = realloc(cc->body, cap);
+                if (!b)
+                    return MHD_NO;
+                cc->body = b;
+                cc->cap_body = cap;
+            }
+            memcpy(cc->body + cc->n_body, upload_data, *upload_size);
+            cc->n_body += *upload_size;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    /* the whole request is here */
+    srv_watch *w = watch_of(c);
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        w->busy = 1;
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (!strncmp(url, "/v1/", 4) && !authorized(s, c))
+        return send_error(s, c, 401, "invalid or missing API key (Authorization: Bearer KEY)",
+                          NULL);
+    if (is_compl || is_chat) {
+        if (!post)
+            return send_error(s, c, 405, "use POST", NULL);
+        if (cc->too_big) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "the request body exceeds %ld bytes", s->o.max_body);
+            return send_error(s, c, 413, msg, NULL);
+        }
+        return generate(s, c, cc, is_chat);
+    }
+    const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics")) {
+        if (!get)
+            return send_error(s, c, 405, "use GET", NULL);
+        if (!strcmp(url, "/v1/models"))
+            return models(s, c);
+        if (!strcmp(url, "/health")) {
+            pthread_mutex_lock(&s->mu);
+            int draining = s->draining;
+            pthread_mutex_unlock(&s->mu);
+            return draining
+                       ? send_buf(s, c, 503, "application/json", "{\"status\":\"draining\"}", 21)
+                       : send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        }
+        size_t n = 0;
+        char *txt = srv_metrics_text(s, &n);
+        if (!txt)
+            return send_error(s, c, 500, "out of memory", NULL);
+        enum MHD_Result rc = send_buf(s, c, 200, "text/plain; version=0.0.4", txt, n);
+        free(txt);
+        return rc;
+    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
+    return send_error(s, c, 404, msg, NULL);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+    (void)toe;
+    srv *s = cls;
+    conn_ctx *cc = *con_cls;
+    srv_watch *w = watch_of(c);
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        w->busy = 0;
+        w->t_begin = st_time_seconds(); /* the next request's clock */
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (cc) {
+        free(cc->body);
+        free(cc);
+        *con_cls = NULL;
+        pthread_mutex_lock(&s->mu);
+        s->active_requests--;
+        pthread_cond_broadcast(&s->drain_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+int srv_http_start(srv *s) {
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)s->o.port);
+    if (inet_pton(AF_INET, s->o.host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "spectree serve: --host %s is not an IPv4 address\n", s->o.host);
+        return -1;
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+            MHD_USE_ERROR_LOG,
+        (uint16_t)s->o.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->o.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u,
+        MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "spectree serve: cannot listen on %s:%ld: %s\n", s->o.host, s->o.port,
+                strerror(errno));
+        return -1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : (int)s->o.port;
+    s->daemon = d;
+    s->watchdog_on = pthread_create(&s->watchdog, NULL, watchdog_main, s) == 0;
+    return 0;
+}
+
+void srv_http_quiesce(srv *s) {
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+}
+
+void srv_http_stop(srv *s) {
+    if (s->watchdog_on) {
+        pthread_mutex_lock(&s->mu);
+        s->stop_watchdog = 1;
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->watchdog, NULL);
+    }
+    MHD_stop_daemon(s->daemon);
+    s->daemon = NULL;
+}

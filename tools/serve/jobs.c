@@ -1,0 +1,223 @@
+/*
+ * jobs.c: a request's life between its connection and the engine. One engine thread owns the
+ * engine and makes every st_engine_* call (submissions and cancellations reach it through a
+ * list), so the engine needs no lock. A job is shared by its connection and the engine,
+ * reference-counted, its text guarded by the server mutex.
+ */
+#define _GNU_SOURCE
+#include "serve.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Jobs                                                                                      */
+
+void srv_job_release(srv *s, srv_job *j) {
+    /* called with s->mu held */
+    if (--j->refs > 0)
+        return;
+    free(j->prompt);
+    free(j->text);
+    srv_stopper_free(&j->stopper);
+    srv_request_free(&j->req);
+    pthread_cond_destroy(&j->cv);
+    free(j->tok_buf);
+    s->live_jobs--;
+    pthread_cond_broadcast(&s->drain_cv);
+    free(j);
+}
+
+static int job_append(srv_job *j, const char *t, size_t n) {
+    if (n == 0)
+        return 0;
+    if (j->n_text + n + 1 > j->cap_text) {
+        size_t cap = (j->n_text + n + 1) * 2 + 256;
+        char *b = realloc(j->text, cap);
+        if (!b)
+            return -1;
+        j->text = b;
+        j->cap_text = cap;
+    }
+    memcpy(j->text + j->n_text, t, n);
+    j->n_text += n;
+    j->text[j->n_text] = 0;
+    return 0;
+}
+
+/* Text through the stop-string matcher into the job's text; 1 when a stop string matched. */
+static int job_text(srv_job *j, const char *t, size_t n, int final) {
+    const char *out;
+    size_t n_out;
+    if (srv_stop_add(&j->stopper, t, n, final, &out, &n_out) || job_append(j, out, n_out)) {
+        j->oom = 1;
+        return 1;
+    }
+    return j->stopper.stopped;
+}
+
+_Static_assert(SRV_MAX_WAKE >= ST_GEN_MAX_BATCH, "a step's emitting jobs fit the wake list");
+
+/* Engine thread, inside st_engine_step. */
+static int on_emit(void *user, int32_t token) {
+    srv_job *j = user;
+    srv *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    int stop = j->cancelled;
+    if (!stop) {
+        double now = st_time_seconds();
+        if (j->n_gen == 0)
+            j->t_first = now;
+        j->n_gen++;
+        size_t nb = 0;
+        if (st_detok_push(&j->detok, token, j->tok_buf, j->tok_cap, &nb) != ST_OK)
+            stop = job_text(j, "\xEF\xBF\xBD", 3, 0);
+        else if (nb)
+            stop = job_text(j, j->tok_buf, nb, 0);
+        if (!j->wake_pending && s->n_wake < SRV_MAX_WAKE) { /* woken after the step */
+            s->wake[s->n_wake++] = j;
+            j->wake_pending = 1;
+        } else if (!j->wake_pending) {
+            pthread_cond_broadcast(&j->cv);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return stop;
+}
+
+static void on_finish(void *user, const st_request_stats *st) {
+    srv_job *j = user;
+    srv *s = j->srv;
+    const char *msg = st->status != ST_OK ? st_last_error() : "";
+    pthread_mutex_lock(&s->mu);
+    j->stats = *st;
+    j->status = st->status;
+    snprintf(j->error, sizeof j->error, "%s", msg);
+    if (st->status == ST_OK && !j->stopper.stopped && !j->cancelled) {
+        size_t nb = 0;
+        if (st_detok_flush(&j->detok, j->tok_buf, j->tok_cap, &nb) == ST_OK)
+            job_text(j, j->tok_buf, nb, 1);
+        else
+            job_text(j, "", 0, 1);
+    }
+    j->t_done = st_time_seconds();
+    j->done = 1;
+    if (j->wake_pending) /* woken now; it may be freed below */
+        for (int i = 0; i < s->n_wake; i++)
+            if (s->wake[i] == j) {
+                s->wake[i] = s->wake[--s->n_wake];
+                j->wake_pending = 0;
+                break;
+            }
+    srv_metrics_finish(s, j);
+    pthread_cond_broadcast(&j->cv);
+    s->n_in_engine--;
+    srv_job_release(s, j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The engine thread                                                                         */
+
+void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg) {
+    /* with s->mu held: the engine refused the job (no callback will come) */
+    j->status = rc;
+    snprintf(j->error, sizeof j->error, "%s", msg);
+    j->done = 1;
+    j->refused = 1;
+    pthread_cond_broadcast(&j->cv);
+    s->n_in_engine--;
+    srv_job_release(s, j);
+}
+
+void *srv_engine_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->pending && !s->n_cancels && s->engine_busy == 0 && !s->stop_engine)
+            pthread_cond_wait(&s->engine_cv, &s->mu);
+        if (s->stop_engine) /* what is left is cancelled by st_engine_free */
+            break;
+        srv_job *pend = s->pending;
+        s->pending = s->pending_tail = NULL;
+        s->n_pending = 0;
+        uint64_t cancels[SRV_MAX_CANCELS];
+        int n_cancels = s->n_cancels;
+        memcpy(cancels, s->cancels, (size_t)n_cancels * sizeof *cancels);
+        s->n_cancels = 0;
+        pthread_mutex_unlock(&s->mu);
+
+        while (pend) {
+            srv_job *j = pend;
+            pend = j->next;
+            st_request_params rp = {.n_predict = j->n_predict, .sampler = j->req.sp};
+            uint64_t id = 0;
+            st_status rc = st_engine_submit(s->engine, j->prompt, j->n_prompt, &rp, on_emit,
+                                            on_finish, j, &id);
+            const char *msg = rc != ST_OK ? st_last_error() : "";
+            pthread_mutex_lock(&s->mu);
+            if (rc != ST_OK)
+                srv_job_refuse(s, j, rc, msg);
+            else {
+                j->engine_id = id;
+                pthread_cond_broadcast(&j->cv);
+                if (j->cancelled && !j->done) /* cancelled before it reached the engine */
+                    st_engine_cancel(s->engine, id);
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+        for (int i = 0; i < n_cancels; i++)
+            st_engine_cancel(s->engine, cancels[i]); /* ST_ERR_RANGE: it already finished */
+
+        if (st_engine_running(s->engine) + st_engine_queued(s->engine) > 0) {
+            st_status rc = st_engine_step(s->engine);
+            if (rc != ST_OK)
+                fprintf(stderr, "spectree serve: engine step: %s\n", st_last_error());
+        }
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->n_wake; i++) {
+            s->wake[i]->wake_pending = 0;
+            pthread_cond_broadcast(&s->wake[i]->cv);
+        }
+        s->n_wake = 0;
+        s->engine_busy = st_engine_running(s->engine) + st_engine_queued(s->engine);
+        s->gauge_running = st_engine_running(s->engine);
+        s->gauge_queued = st_engine_queued(s->engine);
+        s->gauge_kv_used = st_engine_kv_used(s->engine);
+        st_engine_get_stats(s->engine, &s->engine_stats);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Hands a job to the engine thread. With s->mu held. */
+void srv_job_submit(srv *s, srv_job *j) {
+    j->refs++; /* the engine's */
+    s->n_in_engine++;
+    if (s->pending_tail)
+        s->pending_tail->next = j;
+    else
+        s->pending = j;
+    s->pending_tail = j;
+    s->n_pending++;
+    pthread_cond_signal(&s->engine_cv);
+}
+
+/* Asks the engine to drop a job (its client went away). With s->mu held. */
+void srv_job_cancel(srv *s, srv_job *j) {
+    if (j->done || j->cancelled)
+        return;
+    j->cancelled = 1;
+    s->metrics.cancelled++;
+    if (j->engine_id && s->n_cancels < SRV_MAX_CANCELS) {
+        s->cancels[s->n_cancels++] = j->engine_id;
+        pthread_cond_signal(&s->engine_cv);
+    }
+    /* else: still pending (the engine thread cancels it once submitted), or the list is full
+     * (on_emit stops it at its next token) */
+}

@@ -1,0 +1,349 @@
+/*
+ * main.c: `spectree serve`, an OpenAI-compatible HTTP server over the continuous-batching engine
+ * (st_engine_*): its flags, start-up and drain. The engine thread and the jobs are jobs.c's;
+ * the HTTP endpoints http.c's, the metrics metrics.c's; request checking, chat templates and
+ * stop strings api.c's (no sockets: unit-tested and fuzzed).
+ */
+#define _GNU_SOURCE
+#include "serve.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Flags                                                                                     */
+
+static const char *serve_help =
+    "usage: spectree serve -m MODEL [options]\n"
+    "\n"
+    "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (with\n"
+    "\"stream\": true: server-sent events ending with [DONE]), GET /v1/models, GET /health,\n"
+    "GET /metrics (Prometheus text). Requests run together, joining and leaving between steps\n"
+    "(continuous batching); a seeded request returns what `spectree generate` prints for the\n"
+    "same prompt and parameters, whatever else runs. SIGTERM or SIGINT stops accepting,\n"
+    "finishes the running requests and exits.\n"
+    "\n"
+    "  -m, --model, --model-path PATH   GGUF Llama model (required)\n"
+    "      --host ADDR      IPv4 address to listen on (default 127.0.0.1)\n"
+    "      --port N         TCP port (default 8080; 0: any free port, printed on stderr)\n"
+    "      --served-model-name NAME     the model id of the API (default: the file name)\n"
+    "      --api-key KEY    require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)\n"
+    "      --chat-template NAME   llama-2, llama-3, chatml, zephyr or mistral (default: detected\n"
+    "                       from the GGUF's tokenizer.chat_template; chat is refused without one)\n"
+    "      --max-running-requests N   sequences decoded together (default 8, <= 64)\n"
+    "      --max-queued-requests N    requests waiting for a slot; beyond: 503 (default 256)\n"
+    "      --context-length N, -c N   positions per sequence (default: the model's, <= 4096)\n"
+    "      --chunked-prefill-size N   prompt tokens prefilled per step (default 256)\n"
+    "      --max-total-tokens N       KV positions all running requests may reserve together\n"
+    "                       (default: every slot a full context)\n"
+    "      --max-connections N        open connections at once (default 256)\n"
+    "      --max-body-bytes N         largest request body (default 1048576; beyond: 413)\n"
+    "      --max-prompt-tokens N      longest prompt (default: the context length - 1)\n"
+    "      --max-tokens-limit N       largest max_tokens (default: the context length)\n"
+    "      --timeout S      drop a connection idle for S seconds or whose request takes longer\n"
+    "                       than S seconds to arrive (default 10)\n"
+    "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests\n"
+    "                       (default 60)\n"
+    "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; chat:\n"
+    "                       the rest of the context)\n"
+    "      --temp T, --top-k K, --top-p P, --min-p P   sampling defaults of requests that give\n"
+    "                       none (default OpenAI's: 1, off, 1, off)\n"
+    "  -h, --help           this help\n"
+    "\n"
+    "as `spectree generate` (--no-bos: completion prompts; chat prompts follow the template):\n";
+
+static void die(const char *msg) { cli_die_usage("serve", msg); }
+
+static void parse_flags(int argc, char **argv, srv_opts *o) {
+    enum {
+        O_HOST = 1000,
+        O_PORT,
+        O_NAME,
+        O_KEY,
+        O_TMPL,
+        O_RUNNING,
+        O_QUEUED,
+        O_CHUNK,
+        O_TOTAL,
+        O_CONNS,
+        O_BODY,
+        O_PROMPT,
+        O_MAXTOK,
+        O_TIMEOUT,
+        O_DRAIN
+    };
+    static const struct option own[] = {{"model", required_argument, 0, 'm'},
+                                        {"model-path", required_argument, 0, 'm'},
+                                        {"host", required_argument, 0, O_HOST},
+                                        {"port", required_argument, 0, O_PORT},
+                                        {"served-model-name", required_argument, 0, O_NAME},
+                                        {"api-key", required_argument, 0, O_KEY},
+                                        {"chat-template", required_argument, 0, O_TMPL},
+                                        {"max-running-requests", required_argument, 0, O_RUNNING},
+                                        {"max-queued-requests", required_argument, 0, O_QUEUED},
+                                        {"context-length", required_argument, 0, 'c'},
+                                        {"ctx-size", required_argument, 0, 'c'},
+                                        {"chunked-prefill-size", required_argument, 0, O_CHUNK},
+                                        {"max-total-tokens", required_argument, 0, O_TOTAL},
+                                        {"max-connections", required_argument, 0, O_CONNS},
+                                        {"max-body-bytes", required_argument, 0, O_BODY},
+                                        {"max-prompt-tokens", required_argument, 0, O_PROMPT},
+                                        {"max-tokens-limit", required_argument, 0, O_MAXTOK},
+                                        {"timeout", required_argument, 0, O_TIMEOUT},
+                                        {"drain-timeout", required_argument, 0, O_DRAIN},
+                                        {"n-predict", required_argument, 0, 'n'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+    struct option *lo = cli_common_options(own);
+    const char *cmd = "serve";
+    int c;
+    long v;
+    cli_common_argv(argc, argv);
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:c:n:t:h", lo, NULL)) != -1) {
+        if (cli_common_parse(cmd, c, optarg, &o->c))
+            continue;
+        switch (c) {
+        case 'm':
+            o->model = optarg;
+            break;
+        case O_HOST:
+            o->host = optarg;
+            break;
+        case O_PORT:
+            cli_parse_int(cmd, "--port", optarg, 0, 65535, &o->port);
+            break;
+        case O_NAME:
+            if (!optarg[0] || strlen(optarg) > 256)
+                die("--served-model-name needs 1..256 bytes");
+            o->model_name = optarg;
+            break;
+        case O_KEY:
+            if (!optarg[0])
+                die("--api-key needs a non-empty key");
+            o->api_key = optarg;
+            break;
+        case O_TMPL:
+            if (srv_tmpl_parse(optarg, &o->tmpl) != 0)
+                die("--chat-template expects llama-2, llama-3, chatml, zephyr or mistral");
+            break;
+        case O_RUNNING:
+            cli_parse_int(cmd, "--max-running-requests", optarg, 1, ST_GEN_MAX_BATCH, &v);
+            o->ep.max_running = (int32_t)v;
+            break;
+        case O_QUEUED:
+            cli_parse_int(cmd, "--max-queued-requests", optarg, 0, 1 << 20, &v);
+            o->ep.max_queued = (int32_t)v;
+            break;
+        case 'c':
+            cli_parse_int(cmd, "--context-length", optarg, 2, 1 << 24, &v);
+            o->ep.gen.n_ctx = (int32_t)v;
+            break;
+        case O_CHUNK:
+            cli_parse_int(cmd, "--chunked-prefill-size", optarg, 1, 1 << 20, &v);
+            o->ep.prefill_chunk = (int32_t)v;
+            break;
+        case O_TOTAL:
+            cli_parse_int(cmd, "--max-total-tokens", optarg, 1, 1L << 40, &v);
+            o->ep.kv_budget = v;
+            break;
+        case O_CONNS:
+            cli_parse_int(cmd, "--max-connections", optarg, 1, 65536, &o->max_conns);
+            break;
+        case O_BODY:
+            cli_parse_int(cmd, "--max-body-bytes", optarg, 64, 1L << 30, &o->max_body);
+            break;
+        case O_PROMPT:
+            cli_parse_int(cmd, "--max-prompt-tokens", optarg, 1, 1 << 24, &o->max_prompt);
+            break;
+        case O_MAXTOK:
+            cli_parse_int(cmd, "--max-tokens-limit", optarg, 1, 1 << 24, &o->max_tokens_limit);
+            break;
+        case O_TIMEOUT:
+            cli_parse_int(cmd, "--timeout", optarg, 1, 86400, &o->timeout_s);
+            break;
+        case O_DRAIN:
+            cli_parse_int(cmd, "--drain-timeout", optarg, 0, 86400, &o->drain_s);
+            break;
+        case 'n':
+            cli_parse_int(cmd, "-n", optarg, 1, 1 << 24, &o->default_max_tokens);
+            break;
+        case 'h':
+            fputs(serve_help, stdout);
+            fputs(cli_common_help, stdout);
+            exit(0);
+        case ':':
+            cli_die_option(cmd, argv, 1);
+            break;
+        default:
+            cli_die_option(cmd, argv, 0);
+        }
+    }
+    free(lo);
+    if (optind < argc)
+        die("unexpected argument");
+    if (!o->model)
+        die("-m MODEL is required");
+    cli_common_check(cmd, &o->c);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+/* The last component of path, trailing slashes dropped (a directory given as "dir/"), into buf. */
+static const char *base_name(const char *path, char *buf, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    snprintf(buf, cap, "%.*s", (int)(n - b), path + b);
+    return buf;
+}
+
+/* The chat template: --chat-template, else detected from the model's tokenizer.chat_template
+ * (for a Hugging Face directory, tokenizer_config.json's chat_template, which the in-memory
+ * conversion copies there). 0, or -1 with a message printed. */
+static int find_template(srv *s) {
+    if (s->o.tmpl != SRV_TMPL_NONE) {
+        s->tmpl = s->o.tmpl;
+        snprintf(s->tmpl_source, sizeof s->tmpl_source, "--chat-template");
+        return 0;
+    }
+    const st_gguf *g = st_model_gguf(s->model);
+    st_gguf_str str = {0};
+    int have = g && st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
+               st_gguf_get_str(g, "tokenizer.chat_template", &str) == ST_OK;
+    s->tmpl = have ? srv_tmpl_detect(str.ptr, (size_t)str.len) : SRV_TMPL_NONE;
+    if (have && s->tmpl == SRV_TMPL_NONE) {
+        fprintf(stderr,
+                "spectree serve: %s: tokenizer.chat_template is none of the templates this "
+                "server renders (llama-2, llama-3, chatml, zephyr, mistral); choose one with "
+                "--chat-template NAME\n",
+                s->o.model);
+        return -1;
+    }
+    snprintf(s->tmpl_source, sizeof s->tmpl_source, "%s",
+             have ? "tokenizer.chat_template" : "none");
+    return 0;
+}
+
+int serve_cmd(int argc, char **argv) {
+    static srv s; /* one server per process; the signal thread finds it here */
+    memset(&s, 0, sizeof s);
+    srv_opts *o = &s.o;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->ep = st_engine_default_params();
+    cli_common_init(&o->c);
+    o->max_conns = 256;
+    o->max_body = 1 << 20;
+    o->timeout_s = 10;
+    o->drain_s = 60;
+    o->default_max_tokens = 16;
+    parse_flags(argc, argv, o);
+
+    if (!cli_common_paths_ok(&o->c, o->model))
+        return 1;
+    st_model *dm = NULL;
+    int rc = 1;
+    if (cli_common_load("serve", &o->c, o->model, &s.model, &dm) != 0 || find_template(&s))
+        goto done;
+    cli_common_apply(&o->c, &o->ep.gen);
+    s.tok = st_model_tokenizer(s.model);
+    srv_specials_find(s.tok, &s.specials);
+    if (st_engine_create(s.model, &o->ep, &s.engine) != ST_OK) {
+        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        goto done;
+    }
+    st_engine_get_stats(s.engine, &s.engine_stats);
+    srv_metrics_init(&s.metrics);
+    s.n_ctx = s.engine_stats.n_ctx;
+    if (o->max_prompt <= 0 || o->max_prompt > s.n_ctx - 1)
+        o->max_prompt = s.n_ctx - 1;
+    if (o->max_tokens_limit <= 0 || o->max_tokens_limit > s.n_ctx)
+        o->max_tokens_limit = s.n_ctx;
+    static char name_buf[256];
+    s.model_name = o->model_name ? o->model_name : base_name(o->model, name_buf, sizeof name_buf);
+    s.created = (int64_t)time(NULL);
+    s.t_start = st_time_seconds();
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.engine_cv, NULL);
+    pthread_cond_init(&s.drain_cv, NULL);
+
+    /* SIGTERM/SIGINT reach this thread only (sigwait below); SIGPIPE is ignored (a client that
+     * goes away makes a write fail, not the process die) */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    pthread_t engine_thread;
+    if (pthread_create(&engine_thread, NULL, srv_engine_main, &s) != 0) {
+        fprintf(stderr, "spectree serve: cannot start the engine thread\n");
+        goto done;
+    }
+    if (srv_http_start(&s) != 0) {
+        pthread_mutex_lock(&s.mu);
+        s.stop_engine = 1;
+        pthread_cond_signal(&s.engine_cv);
+        pthread_mutex_unlock(&s.mu);
+        pthread_join(engine_thread, NULL);
+        goto done;
+    }
+    fprintf(stderr,
+            "spectree serve: %s as '%s' on http://%s:%d (context %d, %d slots, chat template "
+            "%s from %s, speculative %s)\n",
+            o->model, s.model_name, o->host, s.port, s.n_ctx, s.engine_stats.max_running,
+            srv_tmpl_name(s.tmpl), s.tmpl_source, st_spec_algo_name(o->ep.gen.spec.algo));
+    fflush(stderr);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT", s.live_jobs);
+    srv_http_quiesce(&s);
+    pthread_mutex_lock(&s.mu);
+    s.draining = 1;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += o->drain_s;
+    while (s.live_jobs > 0 || s.active_requests > 0)
+        if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
+            break;
+    int left = s.live_jobs > s.active_requests ? s.live_jobs : s.active_requests;
+    pthread_mutex_unlock(&s.mu);
+    if (left)
+        fprintf(stderr, "spectree serve: drain timeout: %d requests cut\n", left);
+    srv_http_stop(&s);
+    pthread_mutex_lock(&s.mu);
+    s.stop_engine = 1;
+    pthread_cond_signal(&s.engine_cv);
+    pthread_mutex_unlock(&s.mu);
+    pthread_join(engine_thread, NULL);
+    pthread_mutex_lock(&s.mu);
+    while (s.pending) { /* never reached the engine */
+        srv_job *j = s.pending;
+        s.pending = j->next;
+        srv_job_refuse(&s, j, ST_ERR_BUSY, "the server is shutting down");
+    }
+    pthread_mutex_unlock(&s.mu);
+    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests\n",
+            s.metrics.requests_total);
+    rc = 0;
+done:
+    st_engine_free(s.engine);
+    st_model_free(dm);
+    st_model_free(s.model);
+    return rc;
+}

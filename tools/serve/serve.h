@@ -1,0 +1,153 @@
+/*
+ * serve.h: what the files of `spectree serve` share: the server, its options and metrics, and
+ * the job (one request shared by its connection thread and the engine thread).
+ */
+#ifndef ST_SERVE_H
+#define ST_SERVE_H
+
+#include "api.h"
+#include "common/common.h"
+#include "serve_cmd.h"
+#include "spectree.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    SRV_MAX_CANCELS = 1024,
+    SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
+};
+
+typedef struct srv_opts {
+    const char *model, *host, *model_name, *api_key;
+    long port, max_conns, max_body, max_prompt, max_tokens_limit, timeout_s, drain_s;
+    long default_max_tokens;
+    st_engine_params ep;
+    cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
+                   * (those in c.sp_given) */
+    srv_tmpl tmpl;
+} srv_opts;
+
+/* A Prometheus histogram with fixed upper bounds. */
+enum { SRV_HIST_MAX = 20 };
+typedef struct srv_hist {
+    int n;
+    double le[SRV_HIST_MAX];
+    int64_t count[SRV_HIST_MAX + 1]; /* per bucket (not cumulative); [n]: +Inf */
+    double sum;
+    int64_t total;
+} srv_hist;
+
+typedef struct srv_metrics {
+    int64_t requests_total;     /* every HTTP request answered */
+    int64_t by_code[6];         /* 2xx .. per class: [0] 200, [1] 400, [2] 401/404/405/413,
+                                   [3] 500, [4] 503, [5] other */
+    int64_t completions, chats; /* generation requests accepted */
+    int64_t prompt_tokens, gen_tokens;
+    int64_t finished[4]; /* stop, length, cancelled (client gone), error */
+    int64_t cancelled;
+    int64_t spec_verify_steps; /* decoding passes of finished requests */
+    srv_hist ttft, tpot, e2e, accept_len;
+} srv_metrics;
+
+typedef struct srv srv;
+
+typedef struct srv_job {
+    srv *srv;
+    struct srv_job *next; /* pending list */
+    int refs;             /* the connection's and the engine's */
+    srv_request req;
+    int32_t *prompt;
+    int64_t n_prompt;
+    int64_t n_predict;
+    uint64_t engine_id;
+    char id[48]; /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;
+    /* output, under srv.mu */
+    st_detok detok;
+    char *tok_buf;
+    size_t tok_cap;
+    srv_stopper stopper;
+    char *text; /* released text (stop strings cut) */
+    size_t n_text, cap_text;
+    int64_t n_gen;
+    int done, cancelled, refused, oom;
+    int wake_pending; /* text added in this engine step, its connection not yet woken */
+    st_status status;
+    char error[256];
+    st_request_stats stats;
+    double t_submit, t_first, t_done;
+    pthread_cond_t cv;
+    /* streaming state (connection thread only) */
+    size_t n_sent;
+    int sent_role, sent_final;
+    char *sse;
+    size_t n_sse, sse_off;
+    void *conn; /* struct MHD_Connection * */
+} srv_job;
+
+struct srv {
+    srv_opts o;
+    st_model *model;
+    const st_tokenizer *tok;
+    st_engine *engine;
+    srv_specials specials;
+    srv_tmpl tmpl;
+    char tmpl_source[64];
+    const char *model_name;
+    int32_t n_ctx;
+    int port;
+    int64_t created;
+    double t_start;
+    void *daemon; /* struct MHD_Daemon * */
+    pthread_t watchdog;
+    int watchdog_on;
+
+    pthread_mutex_t mu; /* everything below, and every job's output */
+    pthread_cond_t engine_cv, drain_cv;
+    srv_job *pending, *pending_tail;
+    int n_pending;
+    uint64_t cancels[SRV_MAX_CANCELS];
+    int n_cancels;
+    /* jobs whose text grew in the engine step under way: their connections are woken once,
+     * after the step (a speculative step's tokens then go out as one event, not one each) */
+    srv_job *wake[SRV_MAX_WAKE];
+    int n_wake;
+    int engine_busy; /* running + queued in the engine after the last step */
+    int gauge_running, gauge_queued;
+    int64_t gauge_kv_used; /* KV positions committed, after the last step */
+    int n_in_engine;       /* jobs handed to the engine thread and not finished */
+    int live_jobs;
+    int active_requests;       /* HTTP requests begun and not yet answered in full */
+    struct srv_watch *watches; /* open connections (http.c) */
+    int stop_watchdog;
+    int draining, stop_engine;
+    uint64_t next_id;
+    st_engine_stats engine_stats;
+    srv_metrics metrics;
+};
+
+/* jobs.c */
+/* The engine thread (pthread entry, arg: the srv): owns the engine until s->stop_engine. */
+void *srv_engine_main(void *arg);
+void srv_job_release(srv *s, srv_job *j);
+void srv_job_submit(srv *s, srv_job *j);
+void srv_job_cancel(srv *s, srv_job *j);
+/* With s->mu held: ends a job the engine refused or never saw, with rc and msg (no engine
+ * callback will come for it). */
+void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg);
+
+/* http.c */
+int srv_http_start(srv *s);
+void srv_http_quiesce(srv *s);
+void srv_http_stop(srv *s);
+
+/* metrics.c */
+void srv_metrics_init(srv_metrics *m);
+/* With s->mu held, when a job the engine accepted finishes. */
+void srv_metrics_finish(srv *s, const srv_job *j);
+/* The Prometheus text exposition (version 0.0.4); malloc'd. */
+char *srv_metrics_text(srv *s, size_t *len);
+
+#endif
