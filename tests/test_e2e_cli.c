@@ -267,7 +267,8 @@ static void test_numeric_flags(void **state) {
             snprintf(want, sizeof want, "%s expects", flags[f]);
             expect_usage_error(args, want);
         }
-    /* `serve` parses the flags it shares with `generate` with the same code (cli_opts.c) */
+    /* `serve` parses the flags it shares with `generate` with the same code (tools/common/opts.c)
+     */
     for (size_t f = 1; f < sizeof flags / sizeof flags[0]; f++)
         for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
             if (!strcmp(flags[f], "-c") || !strcmp(flags[f], "--seed") || !strcmp(values[v], "-1"))

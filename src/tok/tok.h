@@ -79,6 +79,8 @@ static inline void st_tok_emit(st_tok_out *o, int32_t id) {
     o->n++;
 }
 
+/* Fills t->map from t's pieces (tok_vocab.c); a repeated piece maps to its last id. */
+void st_tok_build_map(st_tokenizer *t);
 /* Id of the piece with these bytes, or -1. */
 int32_t st_tok_find(const st_tokenizer *t, const char *s, size_t n);
 

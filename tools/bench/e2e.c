@@ -1,5 +1,5 @@
 /*
- * bench_e2e.c: `spectree-bench e2e`: end-to-end generation speed, plain decoding against
+ * e2e.c: `spectree-bench e2e`: end-to-end generation speed, plain decoding against
  * speculative decoding with each drafter, measured side by side in one run (runs interleaved,
  * medians of repeats after a warm-up). Greedy decoding, so every run emits the same tokens.
  */
