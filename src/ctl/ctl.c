@@ -111,10 +111,8 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     }
     c->vprobe = 0;
     /* What drafting realized at this batch size (a gate probe's loss against the budget): its
-     * drafted steps, those that ended plain included, whose proposals cost time too. (NGRAM
-     * judged by its trees alone on stories260K at 8 sequences, where its trees about broke even
-     * and a proposal cost 4% of a step: 1906 of 19,000 steps proposed, 245 trees; judged by all
-     * its drafted steps: 204 and 34.) */
+     * drafted steps, those that ended plain included, whose proposals cost time too (docs/AUTO.md,
+     * "drafting in a batch"). */
     if (drafted && (!c->model_drafter || !c->probing) && na >= 2 && na <= ST_GEN_MAX_BATCH &&
         na <= c->bs && t_step > 0.0 && c->t1 > 0.0 && c->t1b_n[na] > 0) {
         const int b = st_ctl_gate_bucket(na);
@@ -158,8 +156,7 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
     }
     /* a planned shape's realized speed-up: tokens per plain-token time of its steps (decayed
      * sums; a step counts at most 1.5 times the shape's mean step), for one sequence (a batch's
-     * drafting is judged by the gate, against plain steps of its size: a batch of 4 whose trees
-     * lost took this factor to its floor, and one request after it did not draft for 200 steps) */
+     * drafting is judged by the gate, against plain steps of its size) */
     if (drafted && c->model_drafter && !c->probing && na == 1 && c->t1 > 0.0 && t_step > 0.0 &&
         st_ctl_conv1(c) > 0.0) {
         const int64_t K = c->dk, S = c->ds;

@@ -123,11 +123,10 @@ static void track_cost(double *v, int64_t n, double x) {
 /* A plain token's time now. Plain steps are rare while drafting (one in CTL_PLAIN_EVERY), and
  * a machine whose speed changes in between (other jobs on shared cores, cold caches after the
  * prompt, a longer context) changes every step's time alike: costs measured against t1 alone
- * then follow the machine, not the tree (on a 768-wide Q8_0 target under other jobs' load, a
- * verify of 3 tokens read 2.05 plain tokens, 1.4-1.5 where plain steps are measured beside
- * it), and `auto` stopped drafting. So the verify steps of sizes measured CTL_FLOOR_N
- * times also track the machine's speed, each moving it by CTL_SPEED_RATE of how far its time is
- * from its estimate (at most 1.5 times: a preempted step); a plain step sets t1 anew. */
+ * then follow the machine, not the tree (docs/AUTO.md, "the time unit"). So the verify steps of
+ * sizes measured CTL_FLOOR_N times also track the machine's speed, each moving it by CTL_SPEED_RATE
+ * of how far its time is from its estimate (at most 1.5 times: a preempted step); a plain step sets
+ * t1 anew. */
 double st_ctl_t1_now(const st_ctl *c) { return c->t1 * c->speed; }
 
 /* One sequence's plain token now (t1 is that of the batches that ran last), the unit of the
@@ -138,11 +137,7 @@ double st_ctl_seq_unit(const st_ctl *c) { return st_ctl_t1_now(c) * st_ctl_batch
  * step is then one sequence's, as in `spectree generate`; -1 while one sequence's plain step was
  * never timed). t1 averages the plain steps of whatever batches ran, so the verify-cost curve by
  * tokens and the planned pools' realized speed-ups are kept in one sequence's plain-token times
- * (t1b[1]): in t1's, a server's curve mixed units. On the 768-wide target with EAGLE, a verify of
- * 2 tokens of the one request left at the end of a round at concurrency 4, timed while t1 was
- * still near the 4-sequence step's (0.77 ms a token, against 1.8 ms for one sequence), read 2.2
- * plain tokens, and a fresh server did not draft at all at concurrency 1 after it (1.16 is its
- * cost). */
+ * (t1b[1]): in t1's, a server's curve would mix units (docs/AUTO.md, "the time unit"). */
 double st_ctl_conv1(const st_ctl *c) {
     if (c->bs <= 1)
         return 1.0;
@@ -150,8 +145,7 @@ double st_ctl_conv1(const st_ctl *c) {
 }
 
 /* conv1 for estimates: 1 where it is not known yet. Measurements wait until it is: a server
- * whose first steps were a batch's has no plain step of one sequence to convert with, and a
- * verify of one sequence timed against the batch's t1 then read 2.85 plain tokens for 2. */
+ * whose first steps were a batch's has no plain step of one sequence to convert with. */
 static double conv1_est(const st_ctl *c) {
     const double v = st_ctl_conv1(c);
     return v > 0.0 ? v : 1.0;
@@ -166,7 +160,7 @@ static void time_verify_tokens(st_ctl *c, int64_t T, double seconds, int *cold) 
     if (T < 2 || T > c->Tmax || !(seconds > 0.0) || c->t1_n == 0)
         return;
     /* the first step of a size is not measured: it runs cold (fresh logits rows and buffers
-     * touched for the first time measured 2-3x a warm step) */
+     * touched for the first time) */
     if (!c->tv_seen[T]) {
         c->tv_seen[T] = 1;
         return;
@@ -246,9 +240,7 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t 
         return;
     }
     /* A long catch-up (a sequence's first proposal, over its prompt; a probe after plain steps)
-     * measures a row's cost above, not a drafting step's catch-up. (In a server's warm-up on a
-     * 768-wide target with EAGLE, catch-ups of 30-68 rows, 1.2 plain tokens each, were
-     * averaged into a step's catch-up of 0.2.) */
+     * measures a row's cost above, not a drafting step's catch-up. */
     if (rows < CTL_PROBE_ROWS)
         track_cost(&c->c_catch, c->c_catch_n++, catch_s);
     if (S > 1 && levels_s > 0.0) {

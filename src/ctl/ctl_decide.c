@@ -21,9 +21,8 @@ static int budget_ok(const st_ctl *c) {
 enum { GATE_OPEN, GATE_CLOSED, GATE_UNKNOWN, GATE_STALE };
 
 /* The evidence of drafting is shared by batch sizes 2, 3-4, 5-8, ..., 33-64 (a server's batch
- * moves between nearby sizes all the time: judged per size, each of 25..32 sequences was probed
- * anew, and trees ran on 14% of the steps at concurrency 32); its steps are in plain-token times
- * of their own batch size. */
+ * moves between nearby sizes all the time); its steps are in plain-token times of their own
+ * batch size. */
 int st_ctl_gate_bucket(int32_t na) {
     int b = 1;
     while ((1 << b) < na)
@@ -67,9 +66,7 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     if (!c->autotune || c->probing)
         return 1;
     /* a drafter without a model proposes where its trees may be verified: not where they were
-     * judged to lose, and where they are not judged yet as a probe (on stories260K at 8
-     * sequences, proposing and ranking cost 28% of a plain step: 1127 proposals that ended
-     * plain cost 2.4% of the time) */
+     * judged to lose, and where they are not judged yet as a probe */
     if (!c->model_drafter) {
         const int gt = gate(c, na);
         if (gt == GATE_UNKNOWN) { /* proposals that may become a probe: within the budget */
@@ -85,9 +82,7 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     const int gt = gate(c, na);
     /* Where drafting lost at this batch size, plain steps; where it is not known, a probe within
      * the probes' budget. Drafting is per sequence, so at a larger batch its cost does not
-     * shrink per token as a forward's does: on a 768-wide Q8_0 target an EAGLE head that paid
-     * 1.3x for one sequence drafted every other step at 8 and verified a quarter of them, and
-     * the server lost 12%. */
+     * shrink per token as a forward's does. */
     if (gt == GATE_UNKNOWN) {
         c->gprobe = 1;
         return budget_ok(c);
@@ -109,8 +104,7 @@ static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
      * proposing is cheap beside the forward: a large model); the proposals still calibrate the
      * acceptance, and a speculative choice drafts every step again. Not a model drafter: its
      * plan already weighs what drafting costs against what the pool pays on average, steps that
-     * end plain included (on a 768-wide Q8_0 target, two plain choices in a row stopped a
-     * paying 1/2/3 for 16 steps at a time: 3 of 62 steps drafted). */
+     * end plain included. */
     if (!c->model_drafter && na >= 1 && na <= ST_GEN_MAX_BATCH && c->idle[na] >= CTL_IDLE_AFTER) {
         double k = ceil(c->prop_frac / CTL_PROP_SHARE);
         k = k < 1.0 ? 1.0 : k > CTL_PROP_SKIP_MAX ? CTL_PROP_SKIP_MAX : k;
@@ -121,7 +115,7 @@ static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
         return 1;
     /* a model drafter only drafts once t1 is known (its drafts cost time before they can be
      * judged), from two plain steps: the first after the prompt runs cold (fresh KV rows and
-     * buffers: on a 768-wide target it measured 1.3x the later ones) and every cost is a ratio
+     * buffers) and every cost is a ratio
      * to t1 (the smallest of the first measurements). Its first CTL_FIRST proposals (chains of
      * at most 4, in a row) measure what drafting costs and start the calibration. */
     if (c->t1_n < CTL_T1_FIRST)
@@ -129,8 +123,8 @@ static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     c->probing = 0;
     /* (the first, cold proposal is not measured) A batch's first steps of one sequence start
      * the same way: the verify costs of one sequence are measured only from them (see conv1),
-     * and a server warmed up by a batch has none. Left to probes, 2-4 sizes measured twice each
-     * took most of the first 1,000 steps at concurrency 1 (T with EAGLE, traced). Not before
+     * and a server warmed up by a batch has none (left to probes, measuring them takes most of a
+     * thousand steps). Not before
      * one sequence's plain step is timed: nothing could be measured. */
     c->first1_now = c->c_catch_n >= CTL_FIRST - 1 && na == 1 && c->bs > 1 &&
                     c->first1 < CTL_FIRST - 1 && st_ctl_conv1(c) > 0.0;
@@ -156,12 +150,9 @@ static int want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
      * far. A probe first catches each sequence's drafter up on every token since its last
      * proposal (a new request's: its whole text), so on one long text a drafter whose rows
      * cost more than the budget's share of a token (a head as wide as a small target) is not
-     * probed again; a server's requests end, and their catch-ups with them. (Counted as every
-     * step since the last draft, a 768-wide head whose row cost 1.8% of a plain token was never
-     * probed again after a warm-up at 4 sequences planned it at 0.99x: 1.00x at concurrency 1
-     * in 2 of 8 serving runs, 1.3x in the others.) The first probe, CTL_PROBE_ROWS steps after
-     * the last draft, measures what a caught-up row costs. A drafter predicted far from paying
-     * (below CTL_PROBE_MIN_GAIN) is not probed. */
+     * probed again; a server's requests end, and their catch-ups with them. The first probe,
+     * CTL_PROBE_ROWS steps after the last draft, measures what a caught-up row costs. A drafter
+     * predicted far from paying (below CTL_PROBE_MIN_GAIN) is not probed. */
     const int64_t since = c->step - c->last_draft;
     if (c->pgain < CTL_PROBE_MIN_GAIN || since < (c->c_row_n ? CTL_PROBE_EVERY : CTL_PROBE_ROWS))
         return 0;
@@ -248,9 +239,7 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         return alt;
     }
     /* A drafter without a model is judged by what its drafted steps realized: where they
-     * realized less than plain steps at this batch size (on stories260K at 16 sequences, trees
-     * of 16 x 2-3 tokens took 5-8% more forward time for what they emitted), plain steps, but
-     * for the probes. */
+     * realized less than plain steps at this batch size, plain steps, but for the probes. */
     if (best > 1 && !c->model_drafter) {
         const int gt = gate(c, na);
         if (gt == GATE_CLOSED || gt == GATE_STALE)

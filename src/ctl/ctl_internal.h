@@ -53,7 +53,7 @@ struct st_ctl {
     /* draft costs per sequence in one sequence's plain-token times (seq_unit: drafting is per
      * sequence, so unlike a forward's its time does not shrink per token with the batch; a
      * ratio to t1, the plain token of whatever batch ran last, read at another batch size is
-     * wrong by their ratio: measured at 1 and read at 8, 3.5x too cheap on a 768-wide target) */
+     * wrong by their ratio) */
     double c_row; /* a caught-up row (catch-ups of >= 16 rows) */
     int64_t c_row_n;
     int64_t pk, ps; /* the last plan: pool, tree size, predicted speed-up */
@@ -110,8 +110,7 @@ struct st_ctl {
     double t_total, vprobe_loss;
     /* ... and both faded (CTL_BUDGET_FADE): the budget holds for the recent time too, so that
      * it is never a stash that a long paying stretch builds up and a new batch size spends at
-     * once (after 1500 steps of one and two sequences, a server's first round at 4 spent 13%
-     * of its time on probes) */
+     * once */
     double t_recent, loss_recent;
     int vprobe;
     /* per batch size: realized drafting (see CTL_GATE_DECAY); whether this step's drafting

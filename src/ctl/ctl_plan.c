@@ -78,9 +78,7 @@ void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32
 /* Realized over predicted tokens of the planned pools of depth S, in [0.5, 1.5]: shrunk
  * towards that of all planned pools (1 before any) by the evidence of depth S. Errors grow
  * with depth (an acceptance too high at one level is too high at every level below it), so a
- * deeper pool's shortfall says little about a shallower one: on a 768-wide Q8_0 target, 1/4/5
- * and 1/3/4 falling short took the factor of all to 0.78-0.84 and stopped `auto` from drafting
- * 1/2/3, predicted 1.24x and measured 1.205x when drafted. A depth never drafted takes the
+ * deeper pool's shortfall says little about a shallower one. A depth never drafted takes the
  * factor of all (a pool not measured must not look better than those measured). */
 static double rho(const st_ctl *c, int64_t S) {
     const double g = (c->rho_tok[0] + CTL_RHO_PRIOR) / (c->rho_pred[0] + CTL_RHO_PRIOR),
