@@ -472,9 +472,10 @@ int st_bench_e2e_main(int argc, char **argv) {
         n_drafts = n;
     }
     st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
-    static prompts pr;
+    static prompts pr; /* static: about 40 KB */
     tokens run = {0};
     int rc = 1;
+    memset(&pr, 0, sizeof pr);
     if (st_model_load(model_path, &m) != ST_OK) {
         fprintf(stderr, "spectree-bench: %s\n", st_last_error());
         return 1;
