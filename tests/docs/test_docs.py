@@ -5,7 +5,8 @@
    bash -e in a scratch folder that holds the repository's models/, tests/, tools/, train/,
    scripts/, docs/ and the build as build/ (links), so that what it writes stays there; it must
    exit 0 within its time limit.
-2. Every command line of every shell block (```sh, ```bash, ```console) is checked against the
+2. Every command line of every shell block (```sh, ```bash, ```console), and every command quoted
+   in the prose (`build/spectree ...`, `python3 train/...`, `bash scripts/...`), is checked against the
    programs it names: build/spectree (its subcommand), build/spectree-bench (its benchmark),
    build/spectree-mkmodel, python3 SCRIPT and bash SCRIPT must exist, and every --long-option
    on the line must appear in that program's --help; every path into the repository
@@ -114,7 +115,7 @@ def check_command(where, line):
         if not toks:
             continue
         prog = toks[0]
-        flags = [t.split("=", 1)[0] for t in toks[1:] if re.match(r"^--[a-z0-9][a-z0-9-]*", t)]
+        flags = [t.split("=", 1)[0] for t in toks[1:] if re.match(r"^--[a-z0-9][a-z0-9-]*(=\S*)?$", t)]
         if prog.startswith("build/spectree"):
             exe = os.path.join(BUILD, os.path.basename(prog))
             if not check(os.path.exists(exe), "%s: %s is built" % (where, prog)) and \
@@ -170,6 +171,11 @@ def main():
                 run_block(where, text)
             for cmd in command_lines(text):
                 check_command(where, cmd)
+        # commands quoted in the prose: `build/spectree ...`, `python3 train/...`, `bash scripts/...`
+        prose = re.sub(r"```.*?```", "", open(path, encoding="utf-8").read(), flags=re.S)
+        for m in re.finditer(r"`((?:build/spectree|python3 [a-z]|bash [a-z])[^`]*)`", prose, re.S):
+            line = prose[:m.start()].count("\n") + 1
+            check_command("%s:%d (prose)" % (rel, line), " ".join(m.group(1).split()))
     check(n_run >= 3, "README and docs mark %d blocks runnable (at least 3)" % n_run)
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
