@@ -5,6 +5,8 @@
  */
 #include "draft/drafter.h"
 
+#include <stdio.h>
+#include <string.h>
 #include <strings.h>
 
 static st_status make_ngram(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
@@ -56,9 +58,12 @@ st_status st_spec_algo_parse(const char *name, st_spec_algo *out) {
             *out = algos[i].algo;
             return ST_OK;
         }
-    return st_fail(ST_ERR_INVALID,
-                   "unknown speculative algorithm '%s' (NONE, STANDALONE, NGRAM, EAGLE, EAGLE3)",
-                   name ? name : "(null)");
+    char names[128] = "";
+    for (int i = 0; i < N_ALGOS; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                 algos[i].name);
+    return st_fail(ST_ERR_INVALID, "unknown speculative algorithm '%s' (%s)",
+                   name ? name : "(null)", names);
 }
 
 const char *st_spec_algo_name(st_spec_algo a) { return st_draft_algo_of(a)->name; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_docs.py: the commands of README.md and docs/*.md, as printed.
+"""test_docs.py: the commands of README.md, docs/*.md and the folders' READMEs, as printed.
 
 1. Every shell block whose fence is marked `sh runnable` (README.md and docs/*.md) runs with
    bash -e in a scratch folder that holds the repository's models/, tests/, tools/, train/,
@@ -157,7 +157,11 @@ def run_block(where, text):
 
 
 def main():
-    docs = [os.path.join(SRC, "README.md")] + sorted(glob.glob(os.path.join(SRC, "docs", "*.md")))
+    docs = [os.path.join(SRC, "README.md")] + sorted(
+        glob.glob(os.path.join(SRC, "docs", "*.md")) +
+        glob.glob(os.path.join(SRC, "tools", "*", "README.md")) +
+        glob.glob(os.path.join(SRC, "models", "*", "README.md")) +
+        glob.glob(os.path.join(SRC, "tests", "data", "**", "README.md"), recursive=True))
     n_run = 0
     for path in docs:
         rel = os.path.relpath(path, SRC)
