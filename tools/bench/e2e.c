@@ -296,18 +296,29 @@ static int parse_num(const char *flag, const char *v, long lo, long hi, long *ou
     return 1;
 }
 
-int st_bench_e2e_main(int argc, char **argv) {
-    const char *model_path = "models/stories260K.gguf", *ptext[MAX_PROMPTS];
-    int n_ptext = 0;
-    double temp = 0.0;
+/* The command line. */
+typedef struct e2e_opts {
+    const char *model_path, *ptext[MAX_PROMPTS];
+    int n_ptext;
+    double temp;
     const char *drafts[MAX_DRAFTS];
-    int n_drafts = 0, json = 0, reps = 7, threads = 0, ng_min = 0, ng_max = 0, no_self = 0,
-        topk = 0, nsteps = 0, no_ngram = 0, sweep = 0, sweep_reps = 0, n_shapes = 0;
+    int n_drafts, json, reps, threads, ng_min, ng_max, no_self, topk, nsteps, no_ngram, sweep,
+        sweep_reps, n_shapes;
     int shapes[MAX_SHAPES][3];
-    long corrupt_at = -1, num;
-    int is_eagle[MAX_DRAFTS] = {0}, dtype[MAX_DRAFTS], types[MAX_DRAFTS] = {-1}, n_types = 1;
+    long corrupt_at, n_gen;
+    int is_eagle[MAX_DRAFTS], dtype[MAX_DRAFTS], types[MAX_DRAFTS], n_types;
     char names[MAX_DRAFTS][600];
-    long n_gen = 256;
+} e2e_opts;
+
+static int bad_ngram(const char *flag, int v) {
+    if (v >= 1 && v <= ST_NGRAM_MAX_MATCH)
+        return 0;
+    fprintf(stderr, "spectree-bench e2e: %s must be 1..%d\n", flag, ST_NGRAM_MAX_MATCH);
+    return 1;
+}
+
+/* Parses argv into o; -1 to go on, else the exit status (0 after --help, 2 on a usage error). */
+static int parse_opts(int argc, char **argv, e2e_opts *o) {
     static const struct option lo[] = {{"model", required_argument, 0, 'm'},
                                        {"prompt", required_argument, 0, 'p'},
                                        {"reps", required_argument, 0, 'r'},
@@ -328,93 +339,86 @@ int st_bench_e2e_main(int argc, char **argv) {
                                        {"debug-corrupt-spec", required_argument, 0, 'X'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
+    long num;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", lo, NULL)) != -1) {
         switch (c) {
         case 'm':
-            model_path = optarg;
+            o->model_path = optarg;
             break;
         case 'p':
-            if (n_ptext == MAX_PROMPTS) {
+            if (o->n_ptext == MAX_PROMPTS) {
                 fprintf(stderr, "spectree-bench e2e: at most %d prompts\n", MAX_PROMPTS);
                 return 2;
             }
-            ptext[n_ptext++] = optarg;
+            o->ptext[o->n_ptext++] = optarg;
             break;
         case 'T':
-            temp = atof(optarg);
+            o->temp = atof(optarg);
             break;
         case 'n':
-            n_gen = strtol(optarg, NULL, 10);
+            o->n_gen = strtol(optarg, NULL, 10);
             break;
         case 't':
-            threads = atoi(optarg);
+            o->threads = atoi(optarg);
             break;
         case 'r':
-            reps = atoi(optarg);
+            o->reps = atoi(optarg);
             break;
         case 'd':
         case 'E':
-            if (n_drafts == MAX_DRAFTS) {
+            if (o->n_drafts == MAX_DRAFTS) {
                 fprintf(stderr, "spectree-bench e2e: at most %d --draft models and --eagle heads\n",
                         MAX_DRAFTS);
                 return 2;
             }
-            is_eagle[n_drafts] = c == 'E';
-            drafts[n_drafts++] = optarg;
+            o->is_eagle[o->n_drafts] = c == 'E';
+            o->drafts[o->n_drafts++] = optarg;
             break;
         case 'D':
-            if ((n_types = parse_types(optarg, types)) < 1)
+            if ((o->n_types = parse_types(optarg, o->types)) < 1)
                 return 2;
             break;
         case 'N':
-            no_ngram = 1;
+            o->no_ngram = 1;
             break;
         case 'W':
-            sweep = 1;
+            o->sweep = 1;
             break;
         case 'R':
             if (!parse_num("--sweep-reps", optarg, MIN_SWEEP_REPS, MAX_REPS, &num))
                 return 2;
-            sweep_reps = (int)num;
+            o->sweep_reps = (int)num;
             break;
         case 'H':
-            if ((n_shapes = parse_shapes(optarg, shapes)) < 1)
+            if ((o->n_shapes = parse_shapes(optarg, o->shapes)) < 1)
                 return 2;
-            sweep = 1;
+            o->sweep = 1;
             break;
         case 'X':
-            if (!parse_num("--debug-corrupt-spec", optarg, 0, 99999, &corrupt_at))
+            if (!parse_num("--debug-corrupt-spec", optarg, 0, 99999, &o->corrupt_at))
                 return 2;
             break;
         case 'j':
-            json = 1;
+            o->json = 1;
             break;
         case 'g':
-            ng_min = atoi(optarg);
-            if (ng_min < 1 || ng_min > ST_NGRAM_MAX_MATCH) {
-                fprintf(stderr, "spectree-bench e2e: --ngram-min-match must be 1..%d\n",
-                        ST_NGRAM_MAX_MATCH);
+            if (bad_ngram("--ngram-min-match", o->ng_min = atoi(optarg)))
                 return 2;
-            }
             break;
         case 'G':
-            ng_max = atoi(optarg);
-            if (ng_max < 1 || ng_max > ST_NGRAM_MAX_MATCH) {
-                fprintf(stderr, "spectree-bench e2e: --ngram-max-match must be 1..%d\n",
-                        ST_NGRAM_MAX_MATCH);
+            if (bad_ngram("--ngram-max-match", o->ng_max = atoi(optarg)))
                 return 2;
-            }
             break;
         case 's':
-            no_self = 1;
+            o->no_self = 1;
             break;
         case 'k':
-            topk = atoi(optarg);
+            o->topk = atoi(optarg);
             break;
         case 'S':
-            nsteps = atoi(optarg);
+            o->nsteps = atoi(optarg);
             break;
         case 'h':
             fputs(help, stdout);
@@ -424,189 +428,229 @@ int st_bench_e2e_main(int argc, char **argv) {
             return 2;
         }
     }
-    if (n_gen < 1 || n_gen > 100000 || reps < 1 || reps > MAX_REPS || threads < 0 || topk < 0 ||
-        topk > ST_SPEC_MAX_K || nsteps < 0 || nsteps > ST_SPEC_MAX_S || !(temp >= 0.0)) {
+    if (o->n_gen < 1 || o->n_gen > 100000 || o->reps < 1 || o->reps > MAX_REPS || o->threads < 0 ||
+        o->topk < 0 || o->topk > ST_SPEC_MAX_K || o->nsteps < 0 || o->nsteps > ST_SPEC_MAX_S ||
+        !(o->temp >= 0.0)) {
         fprintf(stderr,
                 "spectree-bench e2e: -n must be 1..100000, --reps 1..%d, --topk 0..%d, --steps "
                 "0..%d, --temp >= 0\n",
                 MAX_REPS, ST_SPEC_MAX_K, ST_SPEC_MAX_S);
         return 2;
     }
-    if (n_ptext == 0)
-        ptext[n_ptext++] = "Once upon a time";
+    if (o->n_ptext == 0)
+        o->ptext[o->n_ptext++] = "Once upon a time";
     /* one repetition per shape lets a machine whose speed flips between configurations pick
      * the best shape by accident */
-    if (sweep && reps < MIN_SWEEP_REPS)
-        reps = MIN_SWEEP_REPS;
-    if (!sweep_reps)
-        sweep_reps = reps;
-    if (!n_shapes) {
-        n_shapes = (int)(sizeof default_shapes / sizeof default_shapes[0]);
-        memcpy(shapes, default_shapes, sizeof default_shapes);
+    if (o->sweep && o->reps < MIN_SWEEP_REPS)
+        o->reps = MIN_SWEEP_REPS;
+    if (!o->sweep_reps)
+        o->sweep_reps = o->reps;
+    if (!o->n_shapes) {
+        o->n_shapes = (int)(sizeof default_shapes / sizeof default_shapes[0]);
+        memcpy(o->shapes, default_shapes, sizeof default_shapes);
     }
-    /* each head once per --draft-type */
-    {
-        int n = 0, ok = 1;
-        const char *path[MAX_DRAFTS];
-        int eg[MAX_DRAFTS];
-        for (int i = 0; i < n_drafts && ok; i++)
-            for (int t = 0; t < (is_eagle[i] ? n_types : 1) && ok; t++) {
-                if (n == MAX_DRAFTS) {
-                    fprintf(stderr, "spectree-bench e2e: at most %d heads and types\n", MAX_DRAFTS);
-                    ok = 0;
-                    break;
-                }
-                path[n] = drafts[i];
-                eg[n] = is_eagle[i];
-                dtype[n] = is_eagle[i] ? types[t] : -1;
-                snprintf(names[n], sizeof names[n], "%s%s%s%s", drafts[i], n_types > 1 ? " [" : "",
-                         n_types > 1 ? type_name(types[t]) : "", n_types > 1 ? "]" : "");
-                n++;
+    return -1;
+}
+
+/* Each head once per --draft-type; 0, or 2 past MAX_DRAFTS. */
+static int expand_drafts(e2e_opts *o) {
+    int n = 0;
+    const char *path[MAX_DRAFTS];
+    int eg[MAX_DRAFTS];
+    for (int i = 0; i < o->n_drafts; i++)
+        for (int t = 0; t < (o->is_eagle[i] ? o->n_types : 1); t++) {
+            if (n == MAX_DRAFTS) {
+                fprintf(stderr, "spectree-bench e2e: at most %d heads and types\n", MAX_DRAFTS);
+                return 2;
             }
-        if (!ok)
-            return 2;
-        for (int i = 0; i < n; i++) {
-            drafts[i] = path[i];
-            is_eagle[i] = eg[i];
+            const int many = o->n_types > 1;
+            path[n] = o->drafts[i];
+            eg[n] = o->is_eagle[i];
+            o->dtype[n] = o->is_eagle[i] ? o->types[t] : -1;
+            snprintf(o->names[n], sizeof o->names[n], "%s%s%s%s", o->drafts[i], many ? " [" : "",
+                     many ? type_name(o->types[t]) : "", many ? "]" : "");
+            n++;
         }
-        n_drafts = n;
+    for (int i = 0; i < n; i++) {
+        o->drafts[i] = path[i];
+        o->is_eagle[i] = eg[i];
     }
+    o->n_drafts = n;
+    return 0;
+}
+
+/* Tokenizes the prompts and records plain decoding's tokens after each (the reference every
+ * run is checked against); 0, or 1 with the message printed. */
+static int make_references(const e2e_opts *o, const st_model *m, const st_gen_params *gp_plain,
+                           prompts *pr, tokens *run) {
+    const st_tokenizer *tok = st_model_tokenizer(m);
+    const int32_t n_vocab = st_model_get_hparams(m)->n_vocab;
+    pr->n = o->n_ptext;
+    run->cap = o->n_gen;
+    run->n_vocab = n_vocab;
+    run->t = malloc((size_t)o->n_gen * sizeof *run->t);
+    for (int i = 0; i < pr->n; i++) {
+        pr->text[i] = o->ptext[i];
+        if (st_tokenize(tok, o->ptext[i], strlen(o->ptext[i]), st_tokenizer_add_bos_default(tok),
+                        pr->ids[i], 512, &pr->n_ids[i]) != ST_OK ||
+            pr->n_ids[i] < 1) {
+            fprintf(stderr, "spectree-bench: prompt %d: %s\n", i + 1, st_last_error());
+            return 1;
+        }
+        tokens *ref = &pr->ref[i];
+        ref->cap = o->n_gen;
+        ref->corrupt_at = -1;
+        ref->n_vocab = n_vocab;
+        ref->t = malloc((size_t)o->n_gen * sizeof *ref->t);
+        if (!ref->t || !run->t) {
+            fprintf(stderr, "spectree-bench e2e: out of memory for %ld tokens\n", o->n_gen);
+            return 1;
+        }
+        if (st_generate(m, pr->ids[i], pr->n_ids[i], gp_plain, record, ref, NULL) != ST_OK) {
+            fprintf(stderr, "spectree-bench: %s\n", st_last_error());
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* --sweep for one drafter: every fixed shape, then the best of them against auto's result e
+ * (auto_got: auto's mismatches). The number of mismatching shapes, or -1 on an engine error. */
+static int sweep_shapes(const e2e_opts *o, e2e_case *ec, st_gen_params *gp_spec,
+                        const e2e_result *e, int auto_got) {
+    e2e_result best = {0};
+    char best_shape[32] = "", shape[32];
+    int mismatches = 0;
+    ec->shape = shape;
+    for (int k = 0; k < o->n_shapes; k++) {
+        gp_spec->spec.topk = o->shapes[k][0];
+        gp_spec->spec.num_steps = o->shapes[k][1];
+        gp_spec->spec.num_draft_tokens = o->shapes[k][2];
+        snprintf(shape, sizeof shape, "%d/%d/%d", o->shapes[k][0], o->shapes[k][1],
+                 o->shapes[k][2]);
+        e2e_result f;
+        const int got = measure(ec, o->sweep_reps, &f);
+        if (got < 0)
+            return -1;
+        mismatches += got;
+        if (got)
+            continue;
+        report(o->json, o->model_path, ec->name, shape, o->n_gen, o->sweep_reps, &f);
+        if (f.ratio > best.ratio) {
+            best = f;
+            snprintf(best_shape, sizeof best_shape, "%s", shape);
+        }
+    }
+    /* the summary compares auto with shapes whose tokens all matched */
+    if (auto_got || !best_shape[0])
+        return mismatches;
+    if (!o->json)
+        printf("%-28s best fixed K/S/N %s: speculative %.1f tok/s (plain %.1f), speed-up "
+               "%.3fx; auto %.1f tok/s (plain %.1f), %.3fx = %.1f%% of it (%d reps auto, %d "
+               "per shape)\n",
+               ec->name, best_shape, best.spec, best.plain, best.ratio, e->spec, e->plain, e->ratio,
+               100.0 * e->ratio / best.ratio, o->reps, o->sweep_reps);
+    else
+        printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"best_fixed\": \"%s\", "
+               "\"best_fixed_speedup\": %.3f, \"best_fixed_spec_tok_s\": %.1f, "
+               "\"best_fixed_plain_tok_s\": %.1f, \"auto_speedup\": %.3f, "
+               "\"auto_spec_tok_s\": %.1f, \"auto_plain_tok_s\": %.1f, \"reps\": %d, "
+               "\"sweep_reps\": %d}\n",
+               o->model_path, ec->name, best_shape, best.ratio, best.spec, best.plain, e->ratio,
+               e->spec, e->plain, o->reps, o->sweep_reps);
+    fflush(stdout);
+    return mismatches;
+}
+
+/* One drafter, configuration cfg (0 NGRAM, 1 the target drafting for itself, 2.. the --draft
+ * models): auto (or the given shape), then --sweep. Mismatching measurements, or -1. */
+static int run_config(const e2e_opts *o, int cfg, st_model *m, st_model *const *dm,
+                      const prompts *pr, const st_gen_params *gp_plain, tokens *run) {
+    st_spec_params spec = st_spec_default_params();
+    if (o->ng_min)
+        spec.ngram_min_match = o->ng_min;
+    if (o->ng_max)
+        spec.ngram_max_match = o->ng_max;
+    spec.topk = o->topk;
+    spec.num_steps = o->nsteps;
+    if (spec.ngram_max_match < spec.ngram_min_match)
+        spec.ngram_max_match = spec.ngram_min_match;
+    st_eagle_info ei = {0};
+    if (cfg >= 2)
+        st_eagle_head_info(dm[cfg - 2], &ei);
+    spec.algo = cfg == 0                           ? ST_SPEC_NGRAM
+                : cfg >= 2 && ei.version == 3      ? ST_SPEC_EAGLE3
+                : cfg >= 2 && o->is_eagle[cfg - 2] ? ST_SPEC_EAGLE
+                                                   : ST_SPEC_STANDALONE;
+    spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
+    st_gen_params gp_spec = *gp_plain;
+    gp_spec.spec = spec;
+    e2e_case ec = {.m = m,
+                   .pr = pr,
+                   .plain = gp_plain,
+                   .spec = &gp_spec,
+                   .name = cfg == 0   ? "NGRAM"
+                           : cfg == 1 ? "STANDALONE(self)"
+                                      : o->names[cfg - 2],
+                   .shape = o->topk || o->nsteps ? "given" : "auto",
+                   .run = run,
+                   .corrupt_at = o->corrupt_at};
+    e2e_result e;
+    const int got = measure(&ec, o->reps, &e);
+    if (got < 0)
+        return -1;
+    if (!got)
+        report(o->json, o->model_path, ec.name, ec.shape, o->n_gen, o->reps, &e);
+    if (!o->sweep)
+        return got;
+    const int swept = sweep_shapes(o, &ec, &gp_spec, &e, got);
+    return swept < 0 ? -1 : got + swept;
+}
+
+int st_bench_e2e_main(int argc, char **argv) {
+    static e2e_opts o; /* static: about 6 KB */
+    memset(&o, 0, sizeof o);
+    o.model_path = "models/stories260K.gguf";
+    o.reps = 7;
+    o.corrupt_at = -1;
+    o.n_gen = 256;
+    o.types[0] = -1;
+    o.n_types = 1;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc >= 0 || (rc = expand_drafts(&o)))
+        return rc;
     st_model *m = NULL, *dm[MAX_DRAFTS] = {0};
     static prompts pr; /* static: about 40 KB */
     tokens run = {0};
-    int rc = 1;
+    rc = 1;
     memset(&pr, 0, sizeof pr);
-    if (st_model_load(model_path, &m) != ST_OK) {
+    if (st_model_load(o.model_path, &m) != ST_OK) {
         fprintf(stderr, "spectree-bench: %s\n", st_last_error());
         return 1;
     }
-    for (int i = 0; i < n_drafts; i++)
-        if ((is_eagle[i] ? st_eagle_head_load(drafts[i], m, &dm[i]) ||
-                               st_eagle_head_set_type(dm[i], dtype[i])
-                         : st_model_load(drafts[i], &dm[i])) != ST_OK) {
+    for (int i = 0; i < o.n_drafts; i++)
+        if ((o.is_eagle[i] ? st_eagle_head_load(o.drafts[i], m, &dm[i]) ||
+                                 st_eagle_head_set_type(dm[i], o.dtype[i])
+                           : st_model_load(o.drafts[i], &dm[i])) != ST_OK) {
             fprintf(stderr, "spectree-bench: %s\n", st_last_error());
             goto done;
         }
-    const st_tokenizer *tok = st_model_tokenizer(m);
-    pr.n = n_ptext;
-    for (int i = 0; i < n_ptext; i++) {
-        pr.text[i] = ptext[i];
-        if (st_tokenize(tok, ptext[i], strlen(ptext[i]), st_tokenizer_add_bos_default(tok),
-                        pr.ids[i], 512, &pr.n_ids[i]) != ST_OK ||
-            pr.n_ids[i] < 1) {
-            fprintf(stderr, "spectree-bench: prompt %d: %s\n", i + 1, st_last_error());
-            goto done;
-        }
-    }
-    st_sampler_params sp = st_sampler_default_params();
-    sp.temp = (float)temp;
-    sp.seed = 1234;
     st_gen_params gp_plain = st_gen_default_params();
-    gp_plain.n_predict = n_gen;
-    gp_plain.sampler = sp;
-    gp_plain.n_threads = threads;
-    /* the reference: plain decoding's tokens for each prompt (a first warm-up too) */
-    const int32_t n_vocab = st_model_get_hparams(m)->n_vocab;
-    run.cap = n_gen;
-    run.n_vocab = n_vocab;
-    run.t = malloc((size_t)n_gen * sizeof *run.t);
-    for (int i = 0; i < pr.n; i++) {
-        tokens *ref = &pr.ref[i];
-        ref->cap = n_gen;
-        ref->corrupt_at = -1;
-        ref->n_vocab = n_vocab;
-        ref->t = malloc((size_t)n_gen * sizeof *ref->t);
-        if (!ref->t || !run.t) {
-            fprintf(stderr, "spectree-bench e2e: out of memory for %ld tokens\n", n_gen);
-            goto done;
-        }
-        if (st_generate(m, pr.ids[i], pr.n_ids[i], &gp_plain, record, ref, NULL) != ST_OK) {
-            fprintf(stderr, "spectree-bench: %s\n", st_last_error());
-            goto done;
-        }
-    }
-    /* configurations: 0 NGRAM, 1 self-draft, 2.. the --draft models */
-    int n_cfg = 2 + n_drafts, mismatches = 0;
-    for (int cfg = 0; cfg < n_cfg; cfg++) {
-        if ((cfg == 1 && no_self) || (cfg == 0 && no_ngram))
+    gp_plain.n_predict = o.n_gen;
+    gp_plain.sampler = st_sampler_default_params();
+    gp_plain.sampler.temp = (float)o.temp;
+    gp_plain.sampler.seed = 1234;
+    gp_plain.n_threads = o.threads;
+    if (make_references(&o, m, &gp_plain, &pr, &run))
+        goto done;
+    int mismatches = 0;
+    for (int cfg = 0; cfg < 2 + o.n_drafts; cfg++) {
+        if ((cfg == 1 && o.no_self) || (cfg == 0 && o.no_ngram))
             continue;
-        st_spec_params spec = st_spec_default_params();
-        if (ng_min)
-            spec.ngram_min_match = ng_min;
-        if (ng_max)
-            spec.ngram_max_match = ng_max;
-        spec.topk = topk;
-        spec.num_steps = nsteps;
-        if (spec.ngram_max_match < spec.ngram_min_match)
-            spec.ngram_max_match = spec.ngram_min_match;
-        st_eagle_info ei = {0};
-        if (cfg >= 2)
-            st_eagle_head_info(dm[cfg - 2], &ei);
-        spec.algo = cfg == 0                        ? ST_SPEC_NGRAM
-                    : cfg >= 2 && ei.version == 3   ? ST_SPEC_EAGLE3
-                    : cfg >= 2 && is_eagle[cfg - 2] ? ST_SPEC_EAGLE
-                                                    : ST_SPEC_STANDALONE;
-        spec.draft_model = cfg == 0 ? NULL : cfg == 1 ? m : dm[cfg - 2];
-        st_gen_params gp_spec = gp_plain;
-        gp_spec.spec = spec;
-        e2e_case ec = {.m = m,
-                       .pr = &pr,
-                       .plain = &gp_plain,
-                       .spec = &gp_spec,
-                       .name = cfg == 0   ? "NGRAM"
-                               : cfg == 1 ? "STANDALONE(self)"
-                                          : names[cfg - 2],
-                       .shape = topk || nsteps ? "given" : "auto",
-                       .run = &run,
-                       .corrupt_at = corrupt_at};
-        e2e_result e;
-        int got = measure(&ec, reps, &e);
+        const int got = run_config(&o, cfg, m, dm, &pr, &gp_plain, &run);
         if (got < 0)
             goto done;
         mismatches += got;
-        if (!got)
-            report(json, model_path, ec.name, ec.shape, n_gen, reps, &e);
-        if (!sweep)
-            continue;
-        e2e_result best = {0};
-        char best_shape[32] = "", shape[32];
-        ec.shape = shape;
-        for (int k = 0; k < n_shapes; k++) {
-            gp_spec.spec.topk = shapes[k][0];
-            gp_spec.spec.num_steps = shapes[k][1];
-            gp_spec.spec.num_draft_tokens = shapes[k][2];
-            snprintf(shape, sizeof shape, "%d/%d/%d", shapes[k][0], shapes[k][1], shapes[k][2]);
-            e2e_result f;
-            const int fgot = measure(&ec, sweep_reps, &f);
-            if (fgot < 0)
-                goto done;
-            mismatches += fgot;
-            if (fgot)
-                continue;
-            report(json, model_path, ec.name, shape, n_gen, sweep_reps, &f);
-            if (f.ratio > best.ratio) {
-                best = f;
-                snprintf(best_shape, sizeof best_shape, "%s", shape);
-            }
-        }
-        /* the summary compares auto with shapes whose tokens all matched */
-        if (got || !best_shape[0])
-            continue;
-        if (!json)
-            printf("%-28s best fixed K/S/N %s: speculative %.1f tok/s (plain %.1f), speed-up "
-                   "%.3fx; auto %.1f tok/s (plain %.1f), %.3fx = %.1f%% of it (%d reps auto, %d "
-                   "per shape)\n",
-                   ec.name, best_shape, best.spec, best.plain, best.ratio, e.spec, e.plain, e.ratio,
-                   100.0 * e.ratio / best.ratio, reps, sweep_reps);
-        else
-            printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"best_fixed\": \"%s\", "
-                   "\"best_fixed_speedup\": %.3f, \"best_fixed_spec_tok_s\": %.1f, "
-                   "\"best_fixed_plain_tok_s\": %.1f, \"auto_speedup\": %.3f, "
-                   "\"auto_spec_tok_s\": %.1f, \"auto_plain_tok_s\": %.1f, \"reps\": %d, "
-                   "\"sweep_reps\": %d}\n",
-                   model_path, ec.name, best_shape, best.ratio, best.spec, best.plain, e.ratio,
-                   e.spec, e.plain, reps, sweep_reps);
-        fflush(stdout);
     }
     if (mismatches) {
         fprintf(stderr,
@@ -621,7 +665,7 @@ done:
     for (int i = 0; i < MAX_PROMPTS; i++)
         free(pr.ref[i].t);
     free(run.t);
-    for (int i = 0; i < n_drafts; i++)
+    for (int i = 0; i < o.n_drafts; i++)
         st_model_free(dm[i]);
     st_model_free(m);
     return rc;
