@@ -115,7 +115,7 @@ typedef struct st_tok_pair {
     int32_t res;
 } st_tok_pair;
 
-/* The merge queue both BPEs share (tok.c): a min-heap of pairs by (key, left) over the core
+/* The merge queue both BPEs share (tok_heap.c): a min-heap of pairs by (key, left) over the core
  * heap; push needs capacity for one more, pop needs *n > 0. */
 void st_tok_heap_push(st_tok_pair *h, int64_t *n, st_tok_pair x);
 st_tok_pair st_tok_heap_pop(st_tok_pair *h, int64_t *n);

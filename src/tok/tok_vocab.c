@@ -1,6 +1,6 @@
 /*
  * tok_vocab.c: the piece -> id hash table (FNV-1a, open addressing) that the tokenizer's loader
- * builds (tok.c) and both algorithms look pieces up in (tok_spm.c, tok_bpe.c).
+ * builds (tokenizer.c) and both algorithms look pieces up in (tok_spm.c, tok_bpe.c).
  */
 #include "tok/tok.h"
 

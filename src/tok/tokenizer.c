@@ -1,12 +1,12 @@
 /*
- * tok.c: loading a tokenizer from the tokenizer.ggml.* keys of a GGUF file (FORMATS.md b.4),
+ * tokenizer.c: loading a tokenizer from the tokenizer.ggml.* keys of a GGUF file (FORMATS.md b.4),
  * the piece -> id hash table (tok_vocab.c), special tokens, and st_tokenize, which splits the text
  * around user-defined tokens and hands each text fragment to the SentencePiece (tok_spm.c) or
  * byte-level BPE (tok_bpe.c) algorithm. Every value read from the file is checked; bad data
  * gives an error naming the file and the key.
  */
-#include "tok/tok.h"
 #include "io/gguf_internal.h"
+#include "tok/tok.h"
 
 #include <inttypes.h>
 #include <stdio.h>
