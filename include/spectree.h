@@ -270,6 +270,13 @@ enum {
  * (Q4_K .. Q6_K), F16 when not even 32 divides them. Norms are F32. Errors name the file and
  * the field or tensor at fault. */
 st_status st_convert_hf(const char *dir, const char *out_path, int type);
+/* Progress of st_convert_hf_ex, called after each tensor is written: tensors and data bytes
+ * written so far, and their totals (the same function type as the GGUF writer's). */
+typedef void (*st_convert_progress_fn)(void *user, int64_t tensors_done, int64_t n_tensors,
+                                       size_t bytes_done, size_t total_bytes);
+/* st_convert_hf with a progress callback (may be NULL; user is passed to it). */
+st_status st_convert_hf_ex(const char *dir, const char *out_path, int type,
+                           st_convert_progress_fn progress, void *user);
 /* Loads a GGUF Llama model from a caller-owned buffer of `size` bytes holding the whole file, with
  * the same checks as st_model_load (for tests, fuzzers and embedded models). The weights are not
  * copied: the buffer must stay valid and unchanged until st_model_free. `name` (NULL: "<memory>")

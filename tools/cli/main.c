@@ -20,7 +20,8 @@ static const char *main_help =
     "  convert    write a Hugging Face checkpoint as a GGUF file\n"
     "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
     "\n"
-    "'spectree COMMAND --help' describes each command.\n";
+    "'spectree COMMAND --help' describes each command; 'spectree --version' prints the version,\n"
+    "the commit it was built from and the kernel table this CPU gets.\n";
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -30,6 +31,10 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         fputs(main_help, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("spectree %s (commit %s), kernels %s\n", ST_VERSION, ST_COMMIT, st_kernels_name());
         return 0;
     }
     if (!strcmp(cmd, "generate"))
