@@ -1,6 +1,6 @@
 /*
- * main.c: the `spectree` command's dispatch: generate, tokenize, info and convert (one file each
- * in this folder) and serve (tools/serve/, linked in when the build has libmicrohttpd).
+ * main.c: the `spectree` command's dispatch: generate, chat, tokenize, info and convert (one file
+ * each in this folder) and serve (tools/serve/, linked in when the build has libmicrohttpd).
  */
 #include "cli.h"
 
@@ -15,6 +15,7 @@ static const char *main_help =
     "\n"
     "commands:\n"
     "  generate   generate text from a prompt\n"
+    "  chat       a conversation in the terminal with the model's chat template\n"
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
     "  convert    write a Hugging Face checkpoint as a GGUF file\n"
@@ -39,6 +40,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "generate"))
         return cli_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat"))
+        return cli_cmd_chat(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize"))
         return cli_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))

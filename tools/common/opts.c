@@ -106,7 +106,7 @@ static const struct {
                   {"-fa", "--flash-attn"},    {"-sm", "--split-mode"},
                   {"-mg", "--main-gpu"},      {"-ts", "--tensor-split"},
                   {"-md", "--model-draft"},   {"-np", "--parallel"},
-                  {"-tb", "--threads-batch"}};
+                  {"-tb", "--threads-batch"}, {"-sys", "--system-prompt"}};
 
 /* The GPU-only flags (O_GPU_LAYERS on, in order) as the warning names them; then SGLang's
  * GPU attention backends, which --attention-backend accepts for the default. */
