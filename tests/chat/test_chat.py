@@ -3,7 +3,8 @@
 - two turns, the first on two lines ('\\' at a line's end): each answer is what `spectree
   generate` prints for the conversation rendered with ChatML (stories260K has no template:
   ChatML is the default, with a warning);
-- /stats (tokens/s, tau, speculative steps of the last turn), /regen (the same greedy answer),
+- /stats (tokens/s, tau, speculative steps of the last turn; the KV cache kept across turns:
+  only the new turn is prefilled), /regen (the same greedy answer),
   /clear (a new conversation answers as the first did), an unknown command;
 - Ctrl-C mid-answer stops it and returns to the prompt; Ctrl-D leaves with status 0; Ctrl-C at
   the prompt leaves too;
@@ -107,9 +108,14 @@ def test_turns_and_commands():
     want = generate(BUILD, MODEL, chatml(msgs), 30)
     check(a2 == want, "turn 2: %r != generate %r" % (a2, want))
     stats = c.turn("/stats\n")
-    check(re.search(r"^last turn: prompt \d+ tokens, first token after [0-9.]+ ms; 30 tokens at "
-                    r"[0-9.]+ tok/s, stopped: length; NGRAM: \d+ speculative steps \(\+\d+ "
-                    r"plain\), tau [0-9.]+$", stats), "/stats: %r" % stats)
+    m = re.search(r"^last turn: prompt (\d+) tokens \((\d+) prefilled, the rest kept from the "
+                  r"last turn\), first token after [0-9.]+ ms; 30 tokens at [0-9.]+ tok/s, "
+                  r"stopped: length; NGRAM: \d+ speculative steps \(\+\d+ plain\), tau "
+                  r"[0-9.]+$", stats)
+    check(m, "/stats: %r" % stats)
+    # the KV cache kept across turns: the new turn is prefilled, not the conversation
+    check(int(m.group(2)) < int(m.group(1)) // 2, "/stats: the whole conversation prefilled: %r"
+          % stats)
     check(c.turn("/regen\n") == a2, "/regen gave another greedy answer")
     check(c.turn("/clear\n") == "(a new conversation)", "/clear")
     want = generate(BUILD, MODEL, chatml([("system", "Be kind"), ("user", "Hello")]), 30)
@@ -129,8 +135,8 @@ def test_ctrl_c():
     os.write(c.fd, b"\x03")  # Ctrl-C mid-answer: back to the prompt
     c.read_until(r"\n> ", seconds=30, start=start)
     stats = c.turn("/stats\n")
-    m = re.search(r"prompt \d+ tokens, first token after [0-9.]+ ms; (\d+) tokens at [0-9.]+ "
-                  r"tok/s, stopped: stop", stats)
+    m = re.search(r"prompt \d+ tokens \(.*\), first token after [0-9.]+ ms; (\d+) tokens at "
+                  r"[0-9.]+ tok/s, stopped: stop", stats)
     check(m and 50 < int(m.group(1)) < 29000, "/stats after Ctrl-C: %r" % stats)
     os.write(c.fd, b"\x03")  # Ctrl-C at the prompt: leave
     rc = c.wait()

@@ -2,8 +2,9 @@
  * chat.c: `spectree chat`, a conversation in the terminal with the model's chat template (the
  * server's renderers, tools/serve/api.c), answers streamed as they are generated, multi-line
  * input, /clear, /regen and /stats. One engine serves every turn, so the drafter and the `auto`
- * controller keep what they measured; each turn submits the whole conversation (the public API
- * has no call that continues a finished request on its KV cache).
+ * controller keep what they measured. Each turn submits the whole conversation, and the engine
+ * (reuse_prefix) keeps the KV cache of the last: only the new turn is prefilled (EAGLE heads,
+ * which read every position's state, prefill it whole).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
@@ -221,10 +222,11 @@ static void print_stats(const chat *c, st_spec_algo algo) {
     }
     const st_request_stats *st = &c->last;
     const double decode_s = (st->total_ms - st->ttft_ms) / 1e3;
-    printf("last turn: prompt %" PRId64 " tokens, first token after %.1f ms; %" PRId64
-           " tokens at %.1f tok/s, stopped: %s; %s: %" PRId64 " speculative steps (+%" PRId64
-           " plain), tau %.2f\n",
-           c->last_prompt, st->ttft_ms < 0 ? 0.0 : st->ttft_ms, st->gen_tokens,
+    printf("last turn: prompt %" PRId64 " tokens (%" PRId64 " prefilled, the rest kept from "
+           "the last turn), first token after %.1f ms; %" PRId64 " tokens at %.1f tok/s, "
+           "stopped: %s; %s: %" PRId64 " speculative steps (+%" PRId64 " plain), tau %.2f\n",
+           c->last_prompt, c->last_prompt - st->reused_tokens, st->ttft_ms < 0 ? 0.0 : st->ttft_ms,
+           st->gen_tokens,
            st->gen_tokens > 1 && decode_s > 0 ? (double)(st->gen_tokens - 1) / decode_s : 0.0,
            st_stop_reason_name(st->stop_reason), st_spec_algo_name(algo), st->spec_steps,
            st->plain_steps, st->tau);
@@ -386,6 +388,7 @@ int cli_cmd_chat(int argc, char **argv) {
     ep.gen.n_ctx = (int32_t)ctx;
     ep.max_running = 1;
     ep.prefill_chunk = 1 << 20;
+    ep.reuse_prefix = 1;
     if (st_engine_create(m, &ep, &ch.e) != ST_OK) {
         fprintf(stderr, "spectree chat: %s\n", st_last_error());
         goto done;
