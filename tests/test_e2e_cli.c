@@ -712,6 +712,9 @@ static void test_llama_flags(void **state) {
         snprintf(args, sizeof args, "generate -m %s -p hi %s", m, named[i][0]);
         expect_usage_error(args, named[i][1]);
     }
+    expect_usage_error("info -ngl 1", "unknown option '-ngl'");
+    expect_usage_error("tokenize -mx hi", "unknown option '-mx'");
+    expect_usage_error("convert -xyz a b", "unknown option '-xyz'");
     expect_usage_error("serve -m x -np 0", "--parallel expects");
     expect_usage_error("serve -m x -cnv", "unknown option '-cnv'");
     expect_usage_error("serve -m x --log-level loud", "--log-level takes error, warn, info");

@@ -79,6 +79,7 @@ int cli_cmd_convert(int argc, char **argv) {
                  {"q5_k_m", ST_CONVERT_Q5_K_M}};
     int type = -1, c;
     const char *type_name = "as stored";
+    argc = cli_common_argv("convert", argc, argv, "h", lo);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {

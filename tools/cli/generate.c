@@ -62,7 +62,8 @@ static const char *generate_help =
     "usage: spectree generate -m MODEL (-p PROMPT | -f FILE) [options]\n"
     "\n"
     "Generates a continuation of PROMPT and streams it (not the prompt) to stdout.\n"
-    "Prompt and generation speed go to stderr.\n"
+    "Prompt and generation speed go to stderr. Ctrl-C stops the generation: the statistics\n"
+    "of what was generated are printed and the exit status is 130.\n"
     "\n"
     "  -m, --model PATH     GGUF Llama model (required)\n"
     "  -p, --prompt TEXT    prompt text (may be empty); '-p -' reads it from standard input\n"
@@ -77,11 +78,7 @@ static const char *generate_help =
     "  -c, --ctx-size N     context length (default: the model's)\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
-    "  -h, --help           this help\n"
-    "\n"
-    "Ctrl-C stops the generation: the statistics of what was generated are printed and the\n"
-    "exit status is 130.\n"
-    "\n";
+    "  -h, --help           this help\n";
 
 enum { MAX_STOPS = 16 };
 
