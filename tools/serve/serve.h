@@ -19,10 +19,14 @@ enum {
     SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
 };
 
+/* --log-level: what stderr gets (the line with the address is always printed). */
+enum { SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
+
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
     long port, max_conns, max_body, max_prompt, max_tokens_limit, timeout_s, drain_s;
     long default_max_tokens;
+    int log_level; /* SRV_LOG_* (default info) */
     st_engine_params ep;
     cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
                    * (those in c.sp_given) */
