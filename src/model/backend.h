@@ -23,8 +23,8 @@ struct st_backend {
     void (*buf_free)(void *buf, size_t bytes);
 
     /* copy rows */
-    /* y[i*ldy + j] = row ids[i] of w as float (dequantized), for i < n, j < w->n_in: the
-     * embedding lookup. */
+    /* y[i*ldy + j] = element j of row ids[i] of w as float (dequantized), for i < n,
+     * j < n_embd of the session's model: the embedding lookup. */
     void (*get_rows)(st_session *s, const st_wt *w, const int32_t *ids, int64_t n, float *y,
                      int64_t ldy);
     /* y[i*ldy + j] = x[i*ldx + j] for i < rows, j < n. Either side may be caller memory (the

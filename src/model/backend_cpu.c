@@ -54,10 +54,9 @@ static st_status cpu_kv_move(st_session *s, int32_t seq, int64_t pos, int64_t n,
 
 static void cpu_get_rows(st_session *s, const st_wt *w, const int32_t *ids, int64_t n, float *y,
                          int64_t ldy) {
-    (void)s;
     for (int64_t i = 0; i < n; i++)
         st_dequant_row(w->type, (const char *)w->data + (size_t)ids[i] * w->row_bytes, y + i * ldy,
-                       w->n_in);
+                       s->m->hp.n_embd);
 }
 
 static void cpu_copy_rows(st_session *s, float *y, int64_t ldy, const float *x, int64_t ldx,
