@@ -92,7 +92,8 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
                      : NULL;
 }
 
-/* shared: NULL, or the session whose pool this one borrows (its n_threads then) */
+/* shared: NULL, or the session whose pool this one borrows (its n_threads then); be: the backend
+ * its buffers come from and it computes through */
 static st_status session_create(const st_model *m, const st_session_params *pp, st_session *shared,
                                 const st_backend *be, st_session **out) {
     if (!out || !m)
