@@ -1,10 +1,11 @@
 /*
- * attn.c: grouped-query attention of one layer for the tokens of a forward pass, each over its
- * own key list (a prefix of its sequence's KV rows, optionally masked, then extra rows: a tree
- * node's ancestors). Keys are visited in increasing position with the same arithmetic as
- * sequential decoding, and a shared prefix is streamed once for a group of tokens.
+ * attn.c: the CPU backend's attention (backend.h): grouped-query attention of one layer for the
+ * tokens of a forward pass, each over its own key list (a prefix of its sequence's KV rows,
+ * optionally masked, then extra rows: a tree node's ancestors). Keys are visited in increasing
+ * position with the same arithmetic as sequential decoding, and a shared prefix is streamed once
+ * for a group of tokens.
  */
-#include "model/model.h"
+#include "model/backend.h"
 
 #include <math.h>
 #include <string.h>
@@ -299,6 +300,9 @@ static void attn_task(void *ctx, int ith, int nth) {
 }
 
 void st_attn_layer(st_session *s, const st_fwd *f, int32_t layer) {
+    if (s->p.type_k == ST_DTYPE_F16) /* the scores multiply f16 by f16 (ggml) */
+        for (int64_t e = 0; e < (int64_t)f->n * s->m->hp.n_head * s->m->hp.head_dim; e++)
+            s->q[e] = st_fp16_to_f32(st_f32_to_fp16(s->q[e]));
     attn_job aj = {s, f, layer};
     int64_t macs = 0; /* scores and values: 2 x keys x n_head x head_dim */
     for (int32_t i = 0; i < f->n; i++)

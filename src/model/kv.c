@@ -1,11 +1,12 @@
 /*
  * kv.c: the session's speculative entry points. st_session_verify lays out every tree node's key
- * list from the verify-mask owner's mask (the prefix, unmasked or through FULL_MASK rows, then
- * the node's ancestors) and runs one forward pass over all the trees of a batch;
- * st_session_commit moves the accepted nodes' KV rows into place; st_session_decode_batch runs
- * one plain step of several sequences in one pass; st_session_seq_truncate drops rows.
+ * list from the verify-mask owner's mask, read as the session's backend says its attention reads
+ * it (the prefix, unmasked or through FULL_MASK rows, then the node's ancestors), and runs one
+ * forward pass over all the trees of a batch; st_session_commit has the backend move the
+ * accepted nodes' KV rows into place; st_session_decode_batch runs one plain step of several
+ * sequences in one pass.
  */
-#include "model/model.h"
+#include "model/backend.h"
 #include "tree/tree.h"
 
 #include <string.h>
@@ -20,17 +21,39 @@ static st_status check_seq(const st_session *s, const char *fn, const int32_t *s
     return ST_OK;
 }
 
+/* What a backend must read to use a mask of this layout. */
+static st_attn_reads layout_reads(st_mask_layout layout) {
+    return layout == ST_MASK_NONE   ? ST_READS_NOTHING
+           : layout == ST_MASK_FULL ? ST_READS_FULL_ROWS
+                                    : ST_READS_TREE_BLOCK;
+}
+
+static const char *reads_name(st_attn_reads r) {
+    return r == ST_READS_NOTHING     ? "nothing"
+           : r == ST_READS_FULL_ROWS ? "full rows"
+                                     : "the tree block";
+}
+
 st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
                             const int32_t *seqs, const st_tree *tree, float *logits) {
     if (!s || !vm || !seqs || !tree || !tree->tokens || !tree->positions)
         return st_fail(ST_ERR_INVALID, "verify: NULL argument");
-    int64_t mbs = 0, mn = 0;
-    const st_tree_mask *mask = st_verify_mask_view(vm, &mbs, &mn);
+    int64_t mbs = 0, mn = 0, topk = 0;
+    st_attn_backend attn = ST_ATTN_CASCADE;
+    const st_tree_mask *mask = st_verify_mask_view(vm, &mbs, &mn, &attn, &topk);
     if (!mask || mbs != bs || mn != n)
         return st_fail(ST_ERR_INVALID,
                        "verify: the mask was prepared for %lld requests x %lld nodes, not %lld x "
                        "%lld (call st_verify_mask_prepare and st_tree_build for this step)",
                        (long long)mbs, (long long)mn, (long long)bs, (long long)n);
+    /* the backend's attention reads the mask as it declares, in the layout laid out for that */
+    const st_attn_reads reads = s->be->attn_reads(attn, topk);
+    if (reads != layout_reads(mask->layout))
+        return st_fail(ST_ERR_INVALID,
+                       "verify: the mask is laid out for %s attention at topk %lld as %s, but "
+                       "backend %s reads %s there",
+                       st_attn_backend_name(attn), (long long)topk,
+                       reads_name(layout_reads(mask->layout)), s->be->name, reads_name(reads));
     if (bs < 1 || n < 1 || bs * n > s->p.n_batch)
         return st_fail(ST_ERR_INVALID, "verify: %lld requests x %lld nodes exceed the batch of %d",
                        (long long)bs, (long long)n, s->p.n_batch);
@@ -64,13 +87,13 @@ st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs,
             s->b_row[i] = L + (int32_t)t;
             const uint8_t *row_tree = NULL; /* FULL_MASK: the tree part of the row */
             s->b_pmask[i] = NULL;
-            if (mask->layout == ST_MASK_FULL) {
+            if (reads == ST_READS_FULL_ROWS) {
                 const uint8_t *row = (const uint8_t *)mask->data + base + t * (L + n);
                 s->b_pmask[i] = row;
                 row_tree = row + L;
             }
             int32_t k = off[i];
-            if (mask->layout == ST_MASK_NONE) {
+            if (reads == ST_READS_NOTHING) {
                 s->b_prefix[i] = L + (int32_t)t + 1; /* a chain: causal over prefix + nodes */
             } else {
                 s->b_prefix[i] = L;
@@ -95,7 +118,7 @@ st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs,
                 .seq = s->b_seq,
                 .kv_row = s->b_row,
                 .n_prefix = s->b_prefix,
-                .prefix_mask = mask->layout == ST_MASK_FULL ? s->b_pmask : NULL,
+                .prefix_mask = reads == ST_READS_FULL_ROWS ? s->b_pmask : NULL,
                 .extra_off = off,
                 .extra_rows = s->b_extra,
                 .logits_from = 0,
@@ -110,20 +133,11 @@ st_status st_session_commit(st_session *s, int32_t seq, int64_t n, const int64_t
         return st_fail(ST_ERR_INVALID, "commit: NULL argument");
     if (seq < 0 || seq >= s->p.n_seq)
         return st_fail(ST_ERR_INVALID, "commit: sequence %d out of range", seq);
-    const st_model_hparams *hp = &s->m->hp;
     int64_t L = s->seq_len[seq];
     if (L + n > s->p.n_ctx)
         return st_fail(ST_ERR_RANGE, "commit: %lld + %lld rows exceed the context", (long long)L,
                        (long long)n);
-    const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
-    st_status st = ST_OK;
-    for (int c = 0; c < 2 && !st; c++) { /* K, then V */
-        const size_t elem = c ? s->v_elem : s->k_elem, row = KV * elem;
-        const size_t stride = (size_t)s->kv_layer_stride * elem;
-        const size_t bytes = (size_t)(hp->n_layer - 1) * stride + (size_t)(L + n) * row;
-        st = st_tree_commit_rows(c ? st_kv_v(s, seq, 0) : st_kv_k(s, seq, 0), bytes, row,
-                                 hp->n_layer, stride, L, n, accept_nodes, n_accept);
-    }
+    st_status st = s->be->kv_move(s, seq, L, n, accept_nodes, n_accept);
     if (st)
         return st;
     s->seq_len[seq] = (int32_t)(L + n_accept);

@@ -2,8 +2,9 @@
  * model.h: the Llama model as plain structs of pointers into the mapped GGUF (llama2.c style),
  * the session (KV cache, scratch, thread pool) and the batched forward pass with an explicit
  * attention description, shared by plain decoding and tree verification. Files: llama.c
- * (loading), session.c (session, prompt evaluation), forward.c (the pass), attn.c (attention),
- * kv.c (verify forward, KV commit, batched decode).
+ * (loading), session.c (session, prompt evaluation), forward.c (the pass), kv.c (verify forward,
+ * KV commit, batched decode), which compute through the backend seam (backend.h), and the CPU
+ * backend: backend_cpu.c, attn.c (attention).
  */
 #ifndef ST_MODEL_H
 #define ST_MODEL_H
@@ -126,10 +127,10 @@ typedef struct st_fwd {
  * with two threads as with one. */
 enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
 
-/* A session over m that runs on `with`'s thread pool (its n_threads, whatever p says) instead of
- * its own: a drafter's session beside its target's, so that the two never hold more threads
- * than the target was given. The two must never run at the same time (the pool runs one job
- * at a time), and `with` must outlive it. */
+/* A session over m that runs on `with`'s backend and thread pool (its n_threads, whatever p
+ * says) instead of its own: a drafter's session beside its target's, so that the two never hold
+ * more threads than the target was given. The two must never run at the same time (the pool runs
+ * one job at a time), and `with` must outlive it. */
 st_status st_session_create_shared(const st_model *m, const st_session_params *p, st_session *with,
                                    st_session **out);
 
@@ -138,10 +139,14 @@ enum { ST_ATTN_TOKENS = 16 };
 /* Floats per thread of f16 KV rows converted for the attention kernels (at least one row). */
 enum { ST_KV_CONV_FLOATS = 2048 };
 
+/* The backend seam (backend.h). */
+typedef struct st_backend st_backend;
+
 struct st_session {
     const st_model *m;
     st_session_params p;
-    const st_kernels *kern;
+    const st_backend *be;   /* every forward, verify and commit computes through it */
+    const st_kernels *kern; /* the CPU backend's kernel table */
     st_pool *pool;
     bool pool_borrowed; /* another session's pool (st_session_create_shared): not freed here */
     int32_t *seq_len;   /* (n_seq) */
@@ -207,10 +212,6 @@ typedef st_status (*st_state_fn)(void *user, int64_t pos, const float *state);
  * chunk by chunk in increasing position order, before the next chunk's forward pass. */
 st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
                                  float *logits, int32_t n_logits, st_state_fn fn, void *user);
-
-/* Attention of layer `layer` for the f->n tokens of a forward pass: reads s->q and the KV cache,
- * writes s->att (attn.c). */
-void st_attn_layer(st_session *s, const st_fwd *f, int32_t layer);
 
 /* K/V rows of sequence seq, layer l (elements of k_elem / v_elem bytes). */
 static inline uint8_t *st_kv_k(const st_session *s, int32_t seq, int32_t l) {

@@ -2,10 +2,11 @@
  * session.c: a session over a model: the KV cache of n_seq sequences and the attention scores,
  * sized for the whole context but committed by the OS only as the tokens use them (st_lazy_alloc),
  * and the scratch of a batch of n_batch tokens in one planned block; all sized and allocated at
- * creation (nothing is allocated while decoding or verifying). Also the sequences' lengths and
- * prompt evaluation. The verify forward and the KV commit are in kv.c.
+ * creation (nothing is allocated while decoding or verifying), the region from the session's
+ * backend (backend.h). Also the sequences' lengths and prompt evaluation. The verify forward and
+ * the KV commit are in kv.c.
  */
-#include "model/model.h"
+#include "model/backend.h"
 
 #include <math.h>
 
@@ -30,7 +31,7 @@ void st_session_free(st_session *s) {
         return;
     if (!s->pool_borrowed)
         st_pool_free(s->pool);
-    st_lazy_free(s->lazy, s->lazy_bytes);
+    s->be->buf_free(s->lazy, s->lazy_bytes);
     st_free(s->cap);
     st_free_aligned(s); /* the struct heads the one block that holds every other buffer */
 }
@@ -91,9 +92,10 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
                      : NULL;
 }
 
-/* shared: NULL, or the session whose pool this one borrows (its n_threads then) */
+/* shared: NULL, or the session whose pool this one borrows (its n_threads then); be: the backend
+ * its buffers come from and it computes through */
 static st_status session_create(const st_model *m, const st_session_params *pp, st_session *shared,
-                                st_session **out) {
+                                const st_backend *be, st_session **out) {
     if (!out || !m)
         return st_fail(ST_ERR_INVALID, "st_session_create: NULL argument");
     *out = NULL;
@@ -145,7 +147,7 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
     st_plan pl = {0};
     session_layout(&pl, &sizing, m, &p);
     st_session *s = st_plan_alloc(&pl);
-    void *lazy = s ? st_lazy_alloc(lz.off) : NULL;
+    void *lazy = s ? be->buf_alloc(lz.off) : NULL;
     if (!s || !lazy) {
         st_free_aligned(s);
         if (!shared)
@@ -161,6 +163,7 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
     s->lazy = lazy;
     s->lazy_bytes = lz.off;
     s->m = m;
+    s->be = be;
     s->kern = st_kernels_get();
     s->pool = pool;
     s->pool_borrowed = shared != NULL;
@@ -174,14 +177,21 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
 }
 
 st_status st_session_create(const st_model *m, const st_session_params *p, st_session **out) {
-    return session_create(m, p, NULL, out);
+    return session_create(m, p, NULL, st_backend_cpu(), out);
+}
+
+st_status st_session_create_backend(const st_model *m, const st_session_params *p,
+                                    const st_backend *be, st_session **out) {
+    if (!be)
+        return st_fail(ST_ERR_INVALID, "st_session_create_backend: NULL backend");
+    return session_create(m, p, NULL, be, out);
 }
 
 st_status st_session_create_shared(const st_model *m, const st_session_params *p, st_session *with,
                                    st_session **out) {
     if (!with)
         return st_fail(ST_ERR_INVALID, "st_session_create_shared: NULL session");
-    return session_create(m, p, with, out);
+    return session_create(m, p, with, with->be, out);
 }
 
 st_status st_session_set_capture(st_session *s, int32_t n, const int32_t *layers) {

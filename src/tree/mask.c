@@ -26,6 +26,8 @@ st_status st_attn_backend_parse(const char *name, st_attn_backend *out) {
     return ST_OK;
 }
 
+/* What the CPU backend's attention reads (its attn_reads, src/model/backend.h); a session on
+ * another backend verifies a mask only where that backend gives the same answer. */
 st_attn_reads st_attn_backend_reads(st_attn_backend b, int64_t topk) {
     if (b == ST_ATTN_DENSE)
         return ST_READS_FULL_ROWS;
@@ -40,6 +42,7 @@ struct st_verify_mask {
     /* the step of the last st_verify_mask_prepare, which st_session_verify reads */
     st_tree_mask cur;
     int64_t cur_bs, cur_n; /* 0 until prepared */
+    int64_t cur_topk;
 };
 
 st_status st_verify_mask_create(st_attn_backend backend, int64_t max_bs, int64_t max_n,
@@ -111,14 +114,18 @@ st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, i
     vm->cur = *out;
     vm->cur_bs = bs;
     vm->cur_n = n;
+    vm->cur_topk = topk;
     return ST_OK;
 }
 
-const st_tree_mask *st_verify_mask_view(const st_verify_mask *vm, int64_t *bs, int64_t *n) {
+const st_tree_mask *st_verify_mask_view(const st_verify_mask *vm, int64_t *bs, int64_t *n,
+                                        st_attn_backend *attn, int64_t *topk) {
     if (!vm || vm->cur_bs == 0)
         return NULL;
     *bs = vm->cur_bs;
     *n = vm->cur_n;
+    *attn = vm->backend;
+    *topk = vm->cur_topk;
     return &vm->cur;
 }
 

@@ -7,8 +7,10 @@
 #include "core/core.h"
 
 /* The mask of the step laid out by the last st_verify_mask_prepare of vm, with that step's bs
- * and n; NULL before the first prepare. */
-const st_tree_mask *st_verify_mask_view(const st_verify_mask *vm, int64_t *bs, int64_t *n);
+ * and n, and the attention backend and topk it was laid out for; NULL before the first
+ * prepare. */
+const st_tree_mask *st_verify_mask_view(const st_verify_mask *vm, int64_t *bs, int64_t *n,
+                                        st_attn_backend *attn, int64_t *topk);
 
 /* Whether node t of request b (of n nodes) sees node j, in any layout; full_row_tree is the tree
  * part of t's FULL_MASK row (used only for ST_MASK_FULL). ST_MASK_NONE: a chain, j <= t. */
