@@ -2,14 +2,17 @@
 // through playwright-core: fills the system prompt, temperature, max tokens and seed, types a
 // message, sends it and waits for the streamed answer, which must equal the answer of the same
 // seeded request made to /v1/chat/completions directly (not streamed); the statistics row must
-// show the API's token count and accepted-length histogram. Two turns (the second carries the
-// first), a screenshot, then Stop. Run by test_page.py with SPECTREE_URL (the server),
-// SPECTREE_CHROMIUM (the browser) and SPECTREE_SHOT (the screenshot's path). Exits non-zero with
-// a message on the first failed check.
+// show the API's token count, tau and accepted-length histogram. Two turns (the second carries
+// the first), a screenshot, Stop, New chat, then the API key field on a server that wants one.
+// Run by test_page.py with SPECTREE_URL (the server), SPECTREE_CHROMIUM (the browser),
+// SPECTREE_SHOT (the screenshot's path), SPECTREE_KEY_URL and SPECTREE_KEY (a server with
+// --api-key). Exits non-zero with a message on the first failed check.
 import { chromium } from "playwright-core";
 
 const url = process.env.SPECTREE_URL;
 const shot = process.env.SPECTREE_SHOT;
+const keyUrl = process.env.SPECTREE_KEY_URL; // a server with --api-key KEY, named "keyed"
+const key = process.env.SPECTREE_KEY;
 const settings = { system: "You are a storyteller.", temperature: 0.8, max_tokens: 48, seed: 12 };
 
 function check(cond, what) {
@@ -48,7 +51,7 @@ async function turn(page, text, n) {
   const answer = page.locator(".msg.assistant").nth(n);
   await answer.and(page.locator("[data-done]")).waitFor({ timeout: 60000 });
   await page.locator("body[data-state=idle]").waitFor({ timeout: 10000 });
-  const updates = await page.evaluate(() => window.__updates.length);
+  const updates = await page.evaluate(() => (window.__updates || []).length);
   return {
     text: await answer.locator(".content").textContent(),
     stats: answer.locator(".stats"),
@@ -88,7 +91,8 @@ try {
   page.on("pageerror", (e) => problems.push("page error: " + e.message));
   page.on("console", (m) => { if (m.type() === "error") problems.push("console: " + m.text()); });
   page.on("request", (r) => {
-    if (!r.url().startsWith(url + "/")) problems.push("a request off the server: " + r.url());
+    if (!r.url().startsWith(url + "/") && !(keyUrl && r.url().startsWith(keyUrl + "/")))
+      problems.push("a request off the server: " + r.url());
   });
   const res = await page.goto(url + "/");
   check(res.status() === 200, "GET /: " + res.status());
@@ -149,6 +153,30 @@ try {
   check(a4.text === want1, "New chat: the first answer did not come again");
   check(problems.length === 0, problems.join("; "));
   console.log("stop and new chat: ok");
+
+  // A server with --api-key: the page loads without it, a message sent without the key shows
+  // the server's error and leaves the conversation as it was, one sent with it is answered.
+  if (keyUrl) {
+    await page.goto(keyUrl + "/");
+    await page.locator("#seed").fill(String(settings.seed));
+    await page.locator("#input").fill("Hello.");
+    await page.locator("#input").press("Enter");
+    const bad = page.locator(".msg.assistant.error");
+    await bad.waitFor({ timeout: 30000 });
+    const err = await bad.locator(".content").textContent();
+    check(/API key/.test(err), "no key: the page shows " + JSON.stringify(err));
+    await page.locator("body[data-state=idle]").waitFor({ timeout: 10000 });
+    await page.locator("#api-key").fill(key);
+    await page.locator("#api-key").press("Tab"); // "change": the model's name comes
+    await page.locator("#model", { hasText: "keyed" }).waitFor({ timeout: 10000 });
+    await page.locator("#clear").click();
+    const a = await turn(page, "Hello.", 0);
+    check(a.text.length > 0 && !(await page.locator(".msg.error").count()), "with the key: no answer");
+    console.log("api key: ok");
+  }
+  // the 401 of the keyed server's first /v1/models is the one console error expected
+  const unexpected = problems.filter((p) => !(keyUrl && p.includes("401")));
+  check(unexpected.length === 0, unexpected.join("; "));
 } catch (e) {
   console.error("page test failed: " + e.message);
   failed = true;

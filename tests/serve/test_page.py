@@ -1,7 +1,8 @@
 """test_page.py: the chat page of `spectree serve` (GET /, tools/serve/page.html compiled in):
 how it is served, then the page itself in Debian's headless chromium (page_test.mjs through
 playwright-core, both installed by scripts/deps.sh): a message typed and sent, the streamed answer
-equal to the API's for the same seeded request, the statistics, Stop, New chat, a screenshot.
+equal to the API's for the same seeded request, the statistics, Stop, New chat, a screenshot, the
+API key field.
 Usage: test_page.py BUILD_DIR SOURCE_DIR"""
 import os
 import re
@@ -74,9 +75,10 @@ def test_browser():
                    "scripts/deps.sh")
     if os.path.exists(SHOT):
         os.unlink(SHOT)
-    with Server(BUILD, MODEL, *EAGLE) as s:
+    with Server(BUILD, MODEL, *EAGLE) as s, Server(BUILD, MODEL, api_key="k3y",
+                                                   name="keyed") as ks:
         env = dict(os.environ, SPECTREE_URL=s.url, SPECTREE_CHROMIUM=chromium,
-                   SPECTREE_SHOT=SHOT)
+                   SPECTREE_SHOT=SHOT, SPECTREE_KEY_URL=ks.url, SPECTREE_KEY="k3y")
         try:
             r = subprocess.run(["node", os.path.join(node_dir, "page_test.mjs")], env=env,
                                capture_output=True, timeout=200)
