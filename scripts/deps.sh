@@ -3,7 +3,7 @@
 # As root it runs apt-get; otherwise it prints the command to run.
 set -euo pipefail
 pkgs=(cmake make gcc clang libclang-rt-14-dev clang-format libcmocka-dev libjansson-dev libmicrohttpd-dev
-      nginx-light curl nodejs python3
+      nginx-light curl nodejs python3 chromium
       python3-numpy python3-torch python3-regex)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -28,13 +28,17 @@ if ! command -v npm >/dev/null; then
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm >/dev/null
 fi
-# The official openai client for the server's tests (tests/serve/package.json pins it), from the
-# npm registry; a failure here is fatal: the tests need it and never skip.
+# The official openai client and playwright-core (which drives Debian's chromium on the chat
+# page) for the server's tests, pinned by tests/serve/package.json, from the npm registry; a
+# failure here is fatal: the tests need them and never skip.
 cd "$(dirname "$0")/../tests/serve"
-if [ ! -f node_modules/openai/package.json ] ||
-    ! grep -q "\"version\": \"$(sed -n 's/.*"openai": "\(.*\)".*/\1/p' package.json)\"" \
-        node_modules/openai/package.json; then
-    echo "spectree: npm install (tests/serve: the openai client)" >&2
+stale=0
+for m in openai playwright-core; do
+    want=$(sed -n "s/.*\"$m\": \"\(.*\)\".*/\1/p" package.json)
+    grep -qs "\"version\": \"$want\"" "node_modules/$m/package.json" || stale=1
+done
+if [ $stale -eq 1 ]; then
+    echo "spectree: npm install (tests/serve: the openai client, playwright-core)" >&2
     npm install --no-audit --no-fund --loglevel=error >/dev/null ||
         { echo "spectree: npm install failed: the npm registry is needed for the server tests" >&2; exit 1; }
 fi

@@ -754,6 +754,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return generate(s, c, cc, is_chat);
     }
     const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
+        return get ? send_buf(s, c, 200, "text/html; charset=utf-8", (const char *)srv_page_html,
+                              srv_page_html_len)
+                   : send_error(s, c, 405, "use GET", NULL);
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics")) {
         if (!get)
             return send_error(s, c, 405, "use GET", NULL);

@@ -154,4 +154,8 @@ void srv_metrics_finish(srv *s, const srv_job *j);
 /* The Prometheus text exposition (version 0.0.4); malloc'd. */
 char *srv_metrics_text(srv *s, size_t *len);
 
+/* The chat page of GET / (tools/serve/page.html, compiled in by tools/serve/embed.cmake). */
+extern const unsigned char srv_page_html[];
+extern const size_t srv_page_html_len;
+
 #endif
