@@ -296,7 +296,7 @@ static double measure_loop(st_pool *pool, st_peak_id id, double seconds, int rep
 typedef struct read_job {
     const char *p;
     size_t bytes;
-    int avx2;
+    int avx2, passes;
     volatile uint64_t sink[1024];
 } read_job;
 
@@ -306,10 +306,14 @@ static void read_task(void *ctx, int ith, int nth) {
     st_split((int64_t)(j->bytes / 256), ith, nth, &b, &e);
     const char *p = j->p + b * 256;
     const size_t n = (size_t)(e - b) * 256;
-    j->sink[ith & 1023] = j->avx2 ? st_peak_read_avx2(p, n) : st_peak_read_base(p, n);
+    uint64_t r = 0;
+    for (int k = 0; k < j->passes; k++)
+        r ^= j->avx2 ? st_peak_read_avx2(p, n) : st_peak_read_base(p, n);
+    j->sink[ith & 1023] = r;
 }
 
-/* Bytes per second of the read-only stream over buf; the median of reps after one untimed. */
+/* Bytes per second of the read-only stream over buf (a buffer under 64 MB read over and over
+ * for 64 MB per timing); the median of reps after one untimed. */
 static double read_bps(st_pool *pool, const char *buf, size_t bytes, int reps) {
     read_job *j = calloc(1, sizeof *j);
     if (!j)
@@ -317,6 +321,7 @@ static double read_bps(st_pool *pool, const char *buf, size_t bytes, int reps) {
     j->p = buf;
     j->bytes = bytes;
     j->avx2 = st_peak_has(PEAK_ISA_AVX2);
+    j->passes = bytes < ((size_t)64 << 20) ? (int)(((size_t)64 << 20) / bytes) : 1;
     st_pool_run(pool, read_task, j);
     double ts[64];
     const int n = reps < 64 ? reps : 64;
@@ -325,8 +330,9 @@ static double read_bps(st_pool *pool, const char *buf, size_t bytes, int reps) {
         st_pool_run(pool, read_task, j);
         ts[r] = st_time_seconds() - t0;
     }
+    const double passes = j->passes;
     free(j);
-    return (double)bytes / st_bench_median(ts, n);
+    return (double)bytes * passes / st_bench_median(ts, n);
 }
 
 /* The L3 size of cpu0 from sysfs (glibc's sysconf reports 256 MB on some virtual machines
@@ -356,11 +362,11 @@ size_t st_peak_stream_bytes(void) {
 }
 
 int st_peak_measure(int n, const int *threads, double seconds, int reps, const int *want,
-                    int streams, st_peak_rates *out) {
+                    size_t stream_bytes, st_peak_rates *out) {
     memset(out, 0, (size_t)n * sizeof *out);
-    const size_t bytes = st_peak_stream_bytes();
-    char *buf = streams ? malloc(bytes) : NULL;
-    if (streams && !buf)
+    const size_t bytes = stream_bytes < 512 ? 512 : stream_bytes / 512 * 512;
+    char *buf = stream_bytes ? malloc(bytes) : NULL;
+    if (stream_bytes && !buf)
         return 1;
     if (buf)
         memset(buf, 1, bytes);
@@ -458,7 +464,7 @@ int st_bench_peak_main(int argc, char **argv) {
         threads = st_n_cores();
     st_peak_rates r[2];
     const int nts[2] = {1, threads};
-    if (st_peak_measure(2, nts, seconds, reps, NULL, 1, r)) {
+    if (st_peak_measure(2, nts, seconds, reps, NULL, st_peak_stream_bytes(), r)) {
         fprintf(stderr, "peak: out of memory for the %zu MB stream buffer\n",
                 st_peak_stream_bytes() >> 20);
         return 1;

@@ -102,9 +102,10 @@ typedef struct st_peak_rates {
 size_t st_peak_stream_bytes(void);
 
 /* For each of n thread counts threads[c]: out[c] gets the rates of the loops with want[id] != 0
- * (all when want is NULL) and, if streams, both stream bandwidths (one buffer for all counts).
+ * (all when want is NULL) and, unless stream_bytes is 0, both stream bandwidths over one buffer
+ * of stream_bytes (rounded down to 512; st_peak_stream_bytes() for memory) for all counts.
  * Returns nonzero when out of memory. */
 int st_peak_measure(int n, const int *threads, double seconds, int reps, const int *want,
-                    int streams, st_peak_rates *out);
+                    size_t stream_bytes, st_peak_rates *out);
 
 #endif
