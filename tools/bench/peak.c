@@ -511,8 +511,8 @@ int st_bench_peak_main(int argc, char **argv) {
             continue;
         }
         char what[80];
-        snprintf(what, sizeof what, "%s (%.0f %s)", L->instr, L->ops_per_step,
-                 strcmp(L->unit, "mac") ? "elements" : "MACs");
+        snprintf(what, sizeof what, "%s (%.0f %s%s)", L->instr, L->ops_per_step,
+                 strcmp(L->unit, "mac") ? "element" : "MAC", L->ops_per_step > 1 ? "s" : "");
         if (avail)
             printf("  %-18s %-42s %-13s %10.2f %10.2f\n", L->name, what, unit_text(L),
                    one.op_s[id] / 1e9, all.op_s[id] / 1e9);

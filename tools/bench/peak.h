@@ -85,7 +85,8 @@ extern const st_peak_loop st_peak_loops[PEAK_N_LOOPS];
 enum { PEAK_TYPE_ATTN = -1 };
 int st_peak_kernel_loop(const char *table, int type, int n, int packed, int amx);
 
-/* Prints the table above, one row per kernel table and weight type (`peak --help`). */
+/* Prints the table above, one row per kernel table and group of weight types (the end of
+ * `peak`'s report). */
 void st_peak_print_table(void);
 
 /* Rates measured on `threads` threads at once (each runs the loop; ops per second in all), the
