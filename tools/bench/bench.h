@@ -12,6 +12,7 @@ int st_bench_verify_main(int argc, char **argv);
 int st_bench_threads_main(int argc, char **argv);
 int st_bench_gguf_main(int argc, char **argv);
 int st_bench_engine_main(int argc, char **argv);
+int st_bench_peak_main(int argc, char **argv);
 
 /* Median of n values (sorts v in place). */
 double st_bench_median(double *v, int n);
@@ -40,6 +41,11 @@ int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_mo
 /* Seconds for n greedy decode steps of sequence 0 after a fresh one-token prompt; logits holds
  * n_vocab floats. Nonzero on an engine error (st_last_error says which). */
 int st_bench_decode_run(st_session *s, float *logits, int32_t n_vocab, int32_t n, double *sec);
+
+/* GB/s of bytes read by a memcpy of `bytes` from src to dst (as many written), split by
+ * 64-byte lines over the pool's threads: the median of reps after one untimed copy. */
+struct st_pool;
+double st_bench_copy_gbps(struct st_pool *pool, char *dst, const char *src, size_t bytes, int reps);
 
 /* The usage lines of the load options, for each subcommand's --help. */
 #define ST_BENCH_LOAD_USAGE                                                                        \

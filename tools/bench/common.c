@@ -1,6 +1,10 @@
 /* common.c: what the benchmarks of spectree-bench share: medians, the common flags, loading a
- * model with progress, and the descriptions of a load and a weight type for the report lines. */
+ * model with progress, the copy bandwidth, and the descriptions of a load and a weight type for
+ * the report lines. */
 #include "bench.h"
+
+/* The thread pool is internal; the copy runs on it. */
+#include "core/core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +98,33 @@ int st_bench_open(const char *name, const st_bench_opts *o, int32_t n_ctx, st_mo
         return 1;
     }
     return 0;
+}
+
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t bytes;
+} copy_job;
+
+static void copy_task(void *ctx, int ith, int nth) {
+    const copy_job *j = ctx;
+    int64_t b, e;
+    st_split((int64_t)(j->bytes / 64), ith, nth, &b, &e);
+    memcpy(j->dst + b * 64, j->src + b * 64, (size_t)(e - b) * 64);
+}
+
+double st_bench_copy_gbps(struct st_pool *pool, char *dst, const char *src, size_t bytes,
+                          int reps) {
+    copy_job j = {dst, src, bytes};
+    st_pool_run(pool, copy_task, &j); /* warm-up */
+    double t[64];
+    const int n = reps < 64 ? reps : 64;
+    for (int r = 0; r < n; r++) {
+        double t0 = st_time_seconds();
+        st_pool_run(pool, copy_task, &j);
+        t[r] = st_time_seconds() - t0;
+    }
+    return (double)bytes / st_bench_median(t, n) / 1e9;
 }
 
 void st_bench_load_progress(void *user, size_t done, size_t total, double seconds) {

@@ -26,19 +26,6 @@ static const char *usage =
     "  measured in the same run; and the thread pool's dispatch cost per parallel "
     "region\n" ST_BENCH_LOAD_USAGE;
 
-typedef struct copy_job {
-    char *dst;
-    const char *src;
-    size_t bytes;
-} copy_job;
-
-static void copy_task(void *ctx, int ith, int nth) {
-    const copy_job *j = ctx;
-    int64_t b, e;
-    st_split((int64_t)(j->bytes / 64), ith, nth, &b, &e);
-    memcpy(j->dst + b * 64, j->src + b * 64, (size_t)(e - b) * 64);
-}
-
 static void empty_task(void *ctx, int ith, int nth) {
     (void)ctx;
     (void)ith;
@@ -53,15 +40,7 @@ static double copy_gbps(st_pool *pool) {
     if (a && b) {
         memset(a, 1, bytes);
         memset(b, 2, bytes);
-        copy_job j = {b, a, bytes};
-        st_pool_run(pool, copy_task, &j); /* warm-up */
-        double t[COPY_REPS];
-        for (int r = 0; r < COPY_REPS; r++) {
-            double t0 = st_time_seconds();
-            st_pool_run(pool, copy_task, &j);
-            t[r] = st_time_seconds() - t0;
-        }
-        gbps = 2.0 * (double)bytes / st_bench_median(t, COPY_REPS) / 1e9;
+        gbps = 2.0 * st_bench_copy_gbps(pool, b, a, bytes, COPY_REPS);
     }
     free(a);
     free(b);

@@ -25,6 +25,8 @@ static const char *help =
     "  gguf    st_gguf_open on hostile 100 MB headers it writes itself (--mb M)\n"
     "  engine  the continuous-batching engine under a closed-loop load at each\n"
     "          concurrency, plain vs speculative (-m MODEL, --algo, --json)\n"
+    "  peak    the machine's roofline: copy and read bandwidth, and each kernel\n"
+    "          instruction's peak rate, per thread and on all threads (--json)\n"
     "\n"
     "'spectree-bench COMMAND --help' describes each command.\n";
 
@@ -51,6 +53,8 @@ int main(int argc, char **argv) {
         return st_bench_gguf_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "engine"))
         return st_bench_engine_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "peak"))
+        return st_bench_peak_main(argc - 1, argv + 1);
     fprintf(stderr, "spectree-bench: unknown command '%s' (see --help)\n", argv[1]);
     return 2;
 }
