@@ -8,6 +8,8 @@
   /clear (a new conversation answers as the first did), an unknown command;
 - Ctrl-C mid-answer stops it and returns to the prompt; Ctrl-D leaves with status 0; Ctrl-C at
   the prompt leaves too;
+- a seeded conversation (sampling at temperature 0.8, NGRAM speculating): both answers equal the
+  server's /v1/chat/completions answers for the same messages, seed and sampling;
 - bad flags: one line naming the flag, exit 2.
 Usage: test_chat.py BUILD_DIR SOURCE_DIR"""
 import os
@@ -20,7 +22,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
-from serve_util import Fail, check, generate, run_tests  # noqa: E402
+from serve_util import Fail, Server, check, curl, generate, run_tests  # noqa: E402
+import json  # noqa: E402
 
 BUILD, SRC = sys.argv[1:3]
 MODEL = os.path.join(SRC, "models", "stories260K.gguf")
@@ -126,6 +129,29 @@ def test_turns_and_commands():
     check(rc == 0, "exit status %d after Ctrl-D" % rc)
 
 
+def test_seeded_like_server():
+    sampling = ["--temp", "0.8", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05"]
+    c = Chat(*sampling, "--seed", "7", "-n", "24", "--system", "Be kind",
+             "--speculative-algorithm", "NGRAM")
+    c.read_until(r"> ")
+    a1 = c.turn("Tell me a story\n")
+    a2 = c.turn("And then?\n")
+    os.write(c.fd, b"\x04")
+    check(c.wait() == 0, "chat did not leave on Ctrl-D")
+    with Server(BUILD, MODEL, "--speculative-algorithm", "NGRAM") as srv:
+        msgs = [{"role": "system", "content": "Be kind"},
+                {"role": "user", "content": "Tell me a story"}]
+        for turn, answer in ((1, a1), (2, a2)):
+            code, body = curl(srv.url + "/v1/chat/completions",
+                              {"messages": msgs, "max_tokens": 24, "seed": 7, "temperature": 0.8,
+                               "top_k": 40, "top_p": 0.95, "min_p": 0.05})
+            check(code == 200, "server: %d %s" % (code, body))
+            want = json.loads(body)["choices"][0]["message"]["content"]
+            check(answer == want, "turn %d: chat %r != server %r" % (turn, answer, want))
+            msgs += [{"role": "assistant", "content": want},
+                     {"role": "user", "content": "And then?"}]
+
+
 def test_ctrl_c():
     # an answer that would run for minutes (greedy stories260K finds no end of text)
     c = Chat("--temp", "0", "-n", "-1", "-c", "30000")
@@ -164,6 +190,7 @@ def test_bad_flags():
 
 def main():
     run_tests([("two turns and the commands", test_turns_and_commands),
+               ("a seeded conversation equals the server's", test_seeded_like_server),
                ("Ctrl-C", test_ctrl_c), ("bad flags", test_bad_flags)])
     print("all chat tests passed")
 
