@@ -7,7 +7,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
   bodies and prompts each get their status and an OpenAI error object;
-- faults: a client that disconnects mid-stream frees its sequence; a client that sends its
+- faults: a client that disconnects mid-stream frees its sequence, one that only half-closes
+  after its request gets its answer; a client that sends its
   request a byte at a time is dropped without taking a slot; a client that stops reading a
   stream has its request cancelled --timeout after the socket buffers fill, while other streams
   run; SIGTERM lets running requests finish, then the server exits 0;
@@ -29,8 +30,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import (Fail, Server, check, curl, generate, gguf_with_template, metrics,  # noqa
-                        run_tests, sse_events)
+from serve_util import (Conn, Fail, Server, check, curl, generate, gguf_with_template,  # noqa
+                        http_request, metrics, run_tests, sse_events)
 
 BUILD, SRC = sys.argv[1:3]
 MODEL = os.path.join(SRC, "models", "stories260K.gguf")
@@ -263,6 +264,31 @@ def test_disconnect():
     s.close()
     wait_metric(key, lambda v: v >= before + 2, 10)
     wait_metric("spectree_running_sequences", lambda v: v == 0, 10)
+
+
+def test_half_close():
+    # a client that closes its write side after a whole request (nc -N, socat, some proxies)
+    # still reads: it gets its answer, streamed or not, and its request is not cancelled
+    key = 'spectree_requests_finished_total{reason="cancelled"}'
+    before = metrics(srv.url).get(key, 0)
+    want = generate(BUILD, MODEL, PROMPT, 200)
+    for stream in (False, True):
+        c = Conn(srv.port)
+        c.send(http_request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 200,
+                                                        "temperature": 0, "stream": stream},
+                            key=KEY))
+        c.sock.shutdown(socket.SHUT_WR)
+        try:
+            code, _, body = c.response()
+        except (EOFError, OSError) as e:
+            raise Fail("half-closed client, stream %s: no answer (%s)" % (stream, e))
+        c.close()
+        check(code == 200, "half-closed client, stream %s: %d" % (stream, code))
+        text = body.decode()
+        got = ("".join(e["choices"][0]["text"] for e in sse_events(text)) if stream
+               else json.loads(text)["choices"][0]["text"])
+        check(got == want, "half-closed client, stream %s: the text differs" % stream)
+    check(metrics(srv.url).get(key, 0) == before, "a half-closed client's request was cancelled")
 
 
 def test_slow_client():
@@ -598,7 +624,9 @@ def main():
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),
                        ("openai npm client", test_openai_client),
-                       ("disconnect cancels", test_disconnect), ("slow client", test_slow_client),
+                       ("disconnect cancels", test_disconnect),
+                       ("a client that half-closes", test_half_close),
+                       ("slow client", test_slow_client),
                        ("SIGTERM drains", test_sigterm_drain)])
         finally:
             if s.proc.poll() is None or s.proc.returncode not in (0, None):

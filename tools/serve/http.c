@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ typedef struct conn_ctx {
     char *body;
     size_t n_body, cap_body;
     int too_big;
+    int http11; /* the request is HTTP/1.1 (not 1.0) */
     double t_start;
 } conn_ctx;
 
@@ -401,15 +403,33 @@ static unsigned job_create(srv *s, srv_request *req, srv_job **out, char *err) {
 /* ---------------------------------------------------------------------------------------- */
 /* Waiting, disconnects, streaming                                                           */
 
-/* 1 when the client has closed its side (or reset the connection). */
-static int peer_gone(struct MHD_Connection *c) {
+/* 1 when the client has gone: its connection was reset. A client that closed only its write
+ * side (nc -N, socat and some proxies do after a whole request) still reads the answer, and a
+ * socket's end of stream looks the same whether the client half-closed or closed it: the first
+ * time the end is seen, an HTTP/1.1 client is sent "100 Continue" (an interim answer every
+ * HTTP/1.1 client skips) or, on a stream, an SSE comment; a closed socket answers it with a
+ * reset, which the next look sees. An HTTP/1.0 client's end of stream is not looked into. */
+static int peer_gone(srv_job *j, int *probe_stream) {
     const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci)
+        MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct tcp_info ti;
+    socklen_t n = sizeof ti;
+    if (!ci || getsockopt(ci->connect_fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0)
         return 1;
-    char b;
-    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (ti.tcpi_state == TCP_ESTABLISHED)
+        return 0;
+    if (ti.tcpi_state != TCP_CLOSE_WAIT) /* reset */
+        return 1;
+    if (j->probed || !j->http11)
+        return 0;
+    j->probed = 1;
+    if (probe_stream) { /* the stream's reader sends the comment */
+        *probe_stream = 1;
+        return 0;
+    }
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    return send(ci->connect_fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+           errno != EAGAIN && errno != EWOULDBLOCK;
 }
 
 /* Restarts the connection's idle clock: time spent waiting for the engine is not the client's
@@ -531,13 +551,19 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     j->n_sse = j->sse_off = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        int r = sse_fill(j);
+        int r = sse_fill(j), probe = 0;
         if (r < 0 || j->n_sse > 0)
             break;
-        if (peer_gone(j->conn)) {
+        if (peer_gone(j, &probe)) {
             srv_job_cancel(s, j);
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (probe) {
+            pthread_mutex_unlock(&s->mu);
+            static const char comment[] = ":\n\n";
+            memcpy(buf, comment, sizeof comment - 1);
+            return (ssize_t)(sizeof comment - 1);
         }
         wait_news(s, j);
     }
@@ -600,11 +626,12 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     else
         s->metrics.completions++;
     j->conn = c;
+    j->http11 = cc->http11;
     srv_job_submit(s, j);
     /* the engine's answer first (a step or so), so that a refusal gets its own status even
      * when the response would be a stream */
     while (!j->engine_id && !j->done) {
-        if (peer_gone(c)) {
+        if (peer_gone(j, NULL)) {
             srv_job_cancel(s, j);
             srv_job_release(s, j);
             pthread_mutex_unlock(&s->mu);
@@ -632,7 +659,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         return rc;
     }
     while (!j->done) {
-        if (peer_gone(c)) {
+        if (peer_gone(j, NULL)) {
             srv_job_cancel(s, j);
             srv_job_release(s, j);
             pthread_mutex_unlock(&s->mu);
@@ -688,7 +715,6 @@ static int authorized(srv *s, struct MHD_Connection *c) {
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload_data,
                                size_t *upload_size, void **con_cls) {
-    (void)version;
     srv *s = cls;
     conn_ctx *cc = *con_cls;
     const int post = !strcmp(method, "POST");
@@ -699,6 +725,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!cc)
             return MHD_NO;
         cc->t_start = st_time_seconds();
+        cc->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         *con_cls = cc;
         pthread_mutex_lock(&s->mu);
         s->active_requests++;

@@ -85,6 +85,8 @@ typedef struct srv_job {
     char *sse;
     size_t n_sse, sse_off;
     void *conn; /* struct MHD_Connection * */
+    int http11; /* the client speaks HTTP/1.1 (its end of stream may be probed) */
+    int probed; /* its end of stream was probed (http.c's peer_gone) */
 } srv_job;
 
 struct srv {
