@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test_serve.py: `spectree serve` end to end on stories260K, driven with curl and with the
 official `openai` npm package (tests/serve/openai_client.mjs under Debian's nodejs):
-- the endpoints: /health, /v1/models, /metrics (Prometheus names), the bearer check;
+- the endpoints: /health, /v1/models, /metrics (Prometheus names), the bearer check; keep-alive
+  and pipelining after every kind of answer;
 - completions and chat, greedy and seeded sampling, stop strings, token-id prompts: the text
   equals `spectree generate` with the same parameters (the server speculates with NGRAM);
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
@@ -72,6 +73,29 @@ def test_endpoints():
     check(code == 405, "GET /v1/completions: %d" % code)
     code, text = curl(srv.url + "/health", method="POST", raw=b"{}")
     check(code == 405, "POST /health: %d" % code)
+
+
+def test_keep_alive():
+    # every answer keeps the connection open: 1,000 GETs on one connection, then a GET with
+    # three requests pipelined after it (a GET, a completion and a 404) are all answered
+    c = Conn(srv.port)
+    paths = ["/health", "/metrics", "/v1/models", "/nowhere"]
+    for i in range(1000):
+        path = paths[i % 4]
+        c.send(http_request("GET", path, key=KEY))
+        code, h, _ = c.response()
+        check(code == (404 if path == "/nowhere" else 200), "GET %s #%d: %d" % (path, i, code))
+        check(h.get("connection", "").lower() != "close", "GET %s #%d closes" % (path, i))
+    c.send(http_request("POST", "/health", {}))  # 405
+    check(c.response()[0] == 405, "POST /health on a kept connection")
+    c.send(http_request("GET", "/health") + http_request("GET", "/v1/models", key=KEY) +
+           http_request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                    "temperature": 0}, key=KEY) +
+           http_request("GET", "/nowhere"))
+    codes = [c.response()[0] for _ in range(4)]
+    check(codes == [200, 200, 200, 404], "pipelined after a GET: %s" % codes)
+    check(not c.closed(0.3), "the connection closed after the pipelined requests")
+    c.close()
 
 
 def test_auth():
@@ -619,7 +643,8 @@ def main():
                 name="stories") as s:
         srv = s
         try:
-            run_tests([("endpoints", test_endpoints), ("auth", test_auth),
+            run_tests([("endpoints", test_endpoints), ("keep-alive and pipelining", test_keep_alive),
+                       ("auth", test_auth),
                        ("completions equal generate", test_completions_equal_generate),
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),

@@ -739,8 +739,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                 cc->too_big = 2;
                 return send_error(s, c, 413, msg, NULL);
             }
-            return MHD_YES; /* the body follows */
         }
+        /* answered on a later call, once MHD has read the whole request (a response queued
+         * with the headers closes the connection, dropping the requests pipelined after it) */
+        return MHD_YES;
     }
     if (cc->too_big == 2)
         return MHD_YES; /* answered already; MHD discards the rest */
