@@ -12,7 +12,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   after its request gets its answer; a client that sends its
   request a byte at a time is dropped without taking a slot; a client that stops reading a
   stream has its request cancelled --timeout after the socket buffers fill, while other streams
-  run; SIGTERM lets running requests finish, then the server exits 0;
+  run; SIGTERM lets running requests finish, then the server exits 0; requests still running at
+  --drain-timeout are answered 503 (a stream: an error event and [DONE]);
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error;
 - limits: a full queue or a request over the KV budget answers 503, connections past
@@ -391,6 +392,48 @@ def test_sigterm_drain():
     check(m and int(m.group(1)) >= 1, "nothing was in flight at SIGTERM: %s" % srv.log_text())
 
 
+def test_drain_cut():
+    # requests still running at --drain-timeout are answered: 503 with an error object, or a
+    # stream's error event and [DONE]; /metrics and the last log line count them
+    with Server(BUILD, MODEL, "--drain-timeout", "1", "--max-running-requests", "2", "-c",
+                "32768") as s:
+        results = {}
+
+        def run(i):
+            results[i] = curl(s.url + "/v1/completions",
+                              {"prompt": PROMPT, "max_tokens": 30000, "temperature": 0.9,
+                               "seed": i, "stream": i == 0})
+
+        check(metrics(s.url).get("spectree_requests_cut_total", 0) == 0, "cut before the drain")
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = metrics(s.url)
+            if (m["spectree_running_sequences"] == 2 and
+                    m['spectree_requests_total{endpoint="completions"}'] == 3):
+                break
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        check(s.stop(timeout=30) == 0, "exit status after the drain timeout")
+        code, text = results[0]
+        check(code == 200, "the cut stream: %d" % code)
+        ev = sse_events(text)
+        check(ev[-1].get("error", {}).get("code") == 503 and ev[-1]["error"]["message"],
+              "the cut stream's last event: %r" % ev[-1])
+        for i in (1, 2):
+            code, text = results[i]
+            check(code == 503, "cut request %d: %d %s" % (i, code, text[:200]))
+            e = json.loads(text)["error"]
+            check(e["type"] == "server_overloaded" and "drain timeout" in e["message"],
+                  "cut request %d: %s" % (i, text))
+        log = s.log_text()
+        check("drain timeout: 3 requests cut" in log and "requests (3 cut)" in log, log)
+
+
 def test_startup_errors():
     r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--chat-template",
                         "vicuna"], capture_output=True, timeout=60)
@@ -657,6 +700,7 @@ def main():
             if s.proc.poll() is None or s.proc.returncode not in (0, None):
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
     run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
+               ("requests cut at the drain timeout", test_drain_cut),
                ("waits longer than --timeout", test_long_waits),
                ("a client that stops reading", test_stalled_reader),
                ("templates from a Hugging Face directory", test_hf_dir_templates)])

@@ -453,6 +453,21 @@ static void wait_news(srv *s, srv_job *j) {
     pthread_cond_timedwait(&j->cv, &s->mu, &ts);
 }
 
+/* With s->mu held: ends a job the drain timeout cut (its answer: 503, or an SSE error event). */
+static void cut_job(srv *s, srv_job *j) {
+    j->cut = 1;
+    srv_job_cancel(s, j);
+    s->metrics.cut++;
+}
+
+static json_t *cut_error(const srv *s) {
+    char msg[128];
+    snprintf(msg, sizeof msg,
+             "the server shut down before this request finished (drain timeout, %ld s)",
+             s->o.drain_s);
+    return error_obj(503, msg, NULL);
+}
+
 static int sse_add(srv_job *j, json_t *v) {
     char *txt = json_dumps(v, JSON_COMPACT);
     json_decref(v);
@@ -507,9 +522,11 @@ static int sse_fill(srv_job *j) {
         rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL));
         j->n_sent = avail;
     }
-    if (!j->done || rc)
+    if ((!j->done && !j->cut) || rc)
         return rc ? -1 : 0;
-    if (j->status != ST_OK) {
+    if (j->cut) {
+        rc |= sse_add(j, cut_error(j->srv));
+    } else if (j->status != ST_OK) {
         json_t *e = error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
         rc |= sse_add(j, e);
     } else {
@@ -551,6 +568,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     j->n_sse = j->sse_off = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
+        if (s->cut && !j->done && !j->cut)
+            cut_job(s, j);
         int r = sse_fill(j), probe = 0;
         if (r < 0 || j->n_sse > 0)
             break;
@@ -630,7 +649,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     srv_job_submit(s, j);
     /* the engine's answer first (a step or so), so that a refusal gets its own status even
      * when the response would be a stream */
-    while (!j->engine_id && !j->done) {
+    while (!j->engine_id && !j->done && !s->cut) {
         if (peer_gone(j, NULL)) {
             srv_job_cancel(s, j);
             srv_job_release(s, j);
@@ -639,7 +658,9 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         }
         wait_news(s, j);
     }
-    if (j->req.stream && !j->refused) {
+    if (!j->done && s->cut)
+        cut_job(s, j);
+    if (j->req.stream && !j->refused && !j->cut) {
         j->refs++; /* the response's, released by stream_free */
         pthread_mutex_unlock(&s->mu);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,
@@ -658,7 +679,11 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         count_code(s, 200);
         return rc;
     }
-    while (!j->done) {
+    while (!j->done && !j->cut) {
+        if (s->cut) {
+            cut_job(s, j);
+            break;
+        }
         if (peer_gone(j, NULL)) {
             srv_job_cancel(s, j);
             srv_job_release(s, j);
@@ -669,7 +694,10 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     }
     json_t *v = NULL;
     code = 200;
-    if (j->status == ST_ERR_BUSY) {
+    if (j->cut) {
+        code = 503;
+        v = cut_error(s);
+    } else if (j->status == ST_ERR_BUSY) {
         code = 503;
         v = error_obj(code, j->error, NULL);
     } else if (j->refused && j->status == ST_ERR_RANGE) {

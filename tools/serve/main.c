@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+enum { CUT_GRACE_S = 2 }; /* after the drain timeout, for the cut requests' answers */
+
 /* ---------------------------------------------------------------------------------------- */
 /* Flags                                                                                     */
 
@@ -322,9 +324,18 @@ int serve_cmd(int argc, char **argv) {
         if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
             break;
     int left = s.live_jobs > s.active_requests ? s.live_jobs : s.active_requests;
-    pthread_mutex_unlock(&s.mu);
-    if (left)
+    if (left) {
+        /* the connections answer what is left with 503 (a stream: an error event and [DONE])
+         * within a wait or two; a client that does not read its answer is not waited for */
         fprintf(stderr, "spectree serve: drain timeout: %d requests cut\n", left);
+        s.cut = 1;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += CUT_GRACE_S;
+        while (s.active_requests > 0)
+            if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
+                break;
+    }
+    pthread_mutex_unlock(&s.mu);
     srv_http_stop(&s);
     pthread_mutex_lock(&s.mu);
     s.stop_engine = 1;
@@ -338,8 +349,8 @@ int serve_cmd(int argc, char **argv) {
         srv_job_refuse(&s, j, ST_ERR_BUSY, "the server is shutting down");
     }
     pthread_mutex_unlock(&s.mu);
-    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests\n",
-            s.metrics.requests_total);
+    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests (%" PRId64 " cut)\n",
+            s.metrics.requests_total, s.metrics.cut);
     rc = 0;
 done:
     st_engine_free(s.engine);

@@ -45,8 +45,10 @@ typedef struct srv_metrics {
                                    [3] 500, [4] 503, [5] other */
     int64_t completions, chats; /* generation requests accepted */
     int64_t prompt_tokens, gen_tokens;
-    int64_t finished[4]; /* stop, length, cancelled (client gone), error */
+    int64_t finished[4]; /* stop, length, cancelled (client gone or cut at the
+                            drain timeout), error */
     int64_t cancelled;
+    int64_t cut;               /* requests cut at the drain timeout */
     int64_t spec_verify_steps; /* decoding passes of finished requests */
     srv_hist ttft, tpot, e2e, accept_len;
 } srv_metrics;
@@ -73,6 +75,7 @@ typedef struct srv_job {
     size_t n_text, cap_text;
     int64_t n_gen;
     int done, cancelled, refused, oom;
+    int cut;          /* cut at the drain timeout (answered 503 or with an SSE error event) */
     int wake_pending; /* text added in this engine step, its connection not yet woken */
     st_status status;
     char error[256];
@@ -125,6 +128,7 @@ struct srv {
     struct srv_watch *watches; /* open connections (http.c) */
     int stop_watchdog;
     int draining, stop_engine;
+    int cut; /* the drain timed out: unfinished requests are answered 503 and cancelled */
     uint64_t next_id;
     st_engine_stats engine_stats;
     srv_metrics metrics;
