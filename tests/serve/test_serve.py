@@ -17,7 +17,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error;
 - limits: a full queue or a request over the KV budget answers 503, connections past
-  --max-connections are closed.
+  --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
+  silent sockets are closed after 2 s, a spare connection answers /health on a full server.
 Usage: test_serve.py BUILD_DIR SOURCE_DIR"""
 import json
 import os
@@ -678,6 +679,77 @@ def test_limits():
         check(s2.stop() == 0, "exit status")
 
 
+def test_connection_limits():
+    # one address cannot fill --max-connections (256): of 256 silent sockets from 127.0.0.1,
+    # those past --max-connections-per-ip (default 64) are closed at once, the others 2 s after
+    # they opened, though --timeout is 30 s; another address is served meanwhile
+    with Server(BUILD, MODEL, "--timeout", "30") as s:
+        idle = []
+        for _ in range(256):
+            k = socket.socket()
+            k.bind(("127.0.0.1", 0))
+            k.connect(("127.0.0.1", s.port))
+            idle.append(k)
+        t0 = time.time()
+        time.sleep(0.3)
+        shut = 0
+        for k in idle:
+            k.settimeout(0.001)
+            try:
+                shut += k.recv(1) == b""
+            except socket.timeout:
+                pass
+            except OSError:
+                shut += 1
+        check(shut == 256 - 64, "%d of 256 silent sockets from one address closed at once" % shut)
+        c = Conn(s.port, source="127.0.0.2", timeout=5)
+        c.send(http_request("GET", "/health"))
+        try:
+            code = c.response()[0]
+        except (EOFError, OSError) as e:
+            raise Fail("/health from another address beside 256 idle sockets: %s" % e)
+        check(code == 200, "/health beside 256 idle sockets: %d" % code)
+        c.close()
+        for k in idle:
+            k.settimeout(max(0.1, t0 + 6 - time.time()))
+            try:
+                gone = k.recv(1) == b""
+            except socket.timeout:
+                gone = False
+            except OSError:
+                gone = True
+            check(gone, "a silent socket still open %.1f s after it opened" % (time.time() - t0))
+            k.close()
+        check(time.time() - t0 < 6, "the silent sockets took %.1f s to close" % (time.time() - t0))
+        check(s.stop() == 0, "exit status")
+    # with --max-connections open (4 from each of two addresses, past their first request),
+    # a spare connection answers /health and /metrics, other requests 503
+    with Server(BUILD, MODEL, "--timeout", "30", "--max-connections", "8",
+                "--max-connections-per-ip", "4") as s:
+        held = []
+        for src in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(4):
+                c = Conn(s.port, source=src)
+                c.send(http_request("GET", "/health"))
+                check(c.response()[0] == 200, "a connection below the limits")
+                held.append(c)
+        for path, want in (("/health", 200), ("/metrics", 200), ("/v1/models", 503)):
+            c = Conn(s.port, source="127.0.0.4", timeout=5)
+            c.send(http_request("GET", path))
+            try:
+                code, h, body = c.response()
+            except (EOFError, OSError) as e:
+                raise Fail("GET %s on a full server: %s" % (path, e))
+            check(code == want, "GET %s on a full server: %d %s" % (path, code, body[:200]))
+            check(h.get("connection") == "close", "a spare connection kept open")
+            if want == 503:
+                check(b"--max-connections" in body, "the 503's message: %s" % body)
+            c.close()
+        for c in held:
+            c.close()
+        check(s.stop() == 0, "exit status")
+
+
 def main():
     global srv
     with Server(BUILD, MODEL, "--chat-template", "llama-2", "--speculative-algorithm", "NGRAM",
@@ -701,6 +773,7 @@ def main():
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
     run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
+               ("connection limits", test_connection_limits),
                ("waits longer than --timeout", test_long_waits),
                ("a client that stops reading", test_stalled_reader),
                ("templates from a Hugging Face directory", test_hf_dir_templates)])

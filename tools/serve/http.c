@@ -18,11 +18,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-enum { WAIT_MS = 100, SEND_BUFFER_BYTES = 64 << 10 };
+enum {
+    WAIT_MS = 100,
+    SEND_BUFFER_BYTES = 64 << 10,
+    FIRST_LINE_S = 2, /* the longest silence before a connection's first request line */
+    SPARE_CONNS = 8   /* connections past --max-connections, for /health and /metrics only */
+};
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_ctx {
@@ -38,11 +44,28 @@ typedef struct conn_ctx {
  * not delivered a whole request within --timeout seconds of starting one. */
 typedef struct srv_watch {
     int fd;
+    uint32_t addr;  /* the client's IPv4 address */
     double t_begin; /* when the connection opened or its last response ended */
+    int spoke;      /* a request line arrived on it */
     int busy;       /* a whole request arrived and is being answered */
     int shut;
+    int spare; /* opened while --max-connections were open: only /health and /metrics */
     struct srv_watch *prev, *next;
 } srv_watch;
+
+/* With s->mu held: 1 when the address holds --max-connections-per-ip connections that have not
+ * sent a request line and have no byte waiting to be read (one client holding sockets open; a
+ * busy one is not limited). */
+static int addr_full(const srv *s, uint32_t addr) {
+    long n = 0;
+    for (const srv_watch *w = s->watches; w; w = w->next) {
+        int pending = 0;
+        if (w->addr == addr && !w->spoke && !w->shut &&
+            (ioctl(w->fd, FIONREAD, &pending) != 0 || pending == 0))
+            n++;
+    }
+    return n >= s->o.max_conns_per_ip;
+}
 
 static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode code) {
@@ -50,19 +73,33 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         srv_watch *w = calloc(1, sizeof *w);
-        if (!w || !ci) {
+        if (!w || !ci || !ai) {
             free(w);
             return;
         }
         w->fd = ci->connect_fd;
+        if (ai->client_addr->sa_family == AF_INET)
+            w->addr = ((const struct sockaddr_in *)(const void *)ai->client_addr)->sin_addr.s_addr;
         w->t_begin = st_time_seconds();
         /* a bounded send buffer: Linux grows it to megabytes, which a client that stops
          * reading would fill for seconds (its request running all the while) before the writes
          * block and MHD's idle timeout (--timeout) ends the connection and the request */
         int sndbuf = SEND_BUFFER_BYTES;
         setsockopt(w->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        /* a connection silent for FIRST_LINE_S before its first request line is closed (MHD's
+         * idle timeout; --timeout from the request line on, see request_line): idle sockets
+         * cannot hold the server's connections for --timeout */
+        unsigned first = s->o.timeout_s < FIRST_LINE_S ? (unsigned)s->o.timeout_s : FIRST_LINE_S;
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, first);
         pthread_mutex_lock(&s->mu);
+        w->spare = ++s->n_conns > s->o.max_conns;
+        if (addr_full(s, w->addr)) { /* closed at once: MHD sees the end of the stream */
+            shutdown(w->fd, SHUT_RDWR);
+            w->shut = 1;
+        }
         w->next = s->watches;
         if (s->watches)
             s->watches->prev = w;
@@ -72,6 +109,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
     } else if (*socket_context) {
         srv_watch *w = *socket_context;
         pthread_mutex_lock(&s->mu);
+        s->n_conns--;
         if (w->prev)
             w->prev->next = w->next;
         else
@@ -88,6 +126,20 @@ static srv_watch *watch_of(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+/* MHD's URI log callback, called once a request line has arrived: --timeout from now on. */
+static void *request_line(void *cls, const char *uri, struct MHD_Connection *c) {
+    (void)uri;
+    srv *s = cls;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.timeout_s);
+    srv_watch *w = watch_of(c);
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        w->spoke = 1;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
 }
 
 static void *watchdog_main(void *arg) {
@@ -132,8 +184,11 @@ static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code,
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    const srv_watch *w = watch_of(c);
     pthread_mutex_lock(&s->mu);
-    if (s->draining) /* the client (or nginx) should take its next request elsewhere */
+    /* draining: the client (or nginx) should take its next request elsewhere; a spare
+     * connection serves one request */
+    if (s->draining || (w && w->spare))
         MHD_add_response_header(r, "Connection", "close");
     pthread_mutex_unlock(&s->mu);
     if (code == 401)
@@ -803,6 +858,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         w->busy = 1;
         pthread_mutex_unlock(&s->mu);
     }
+    const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    const int probe = get && (!strcmp(url, "/health") || !strcmp(url, "/metrics"));
+    if (w && w->spare && !probe) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the server has --max-connections (%ld) connections open; this spare one "
+                 "answers only GET /health and /metrics",
+                 s->o.max_conns);
+        return send_error(s, c, 503, msg, NULL);
+    }
     if (!strncmp(url, "/v1/", 4) && !authorized(s, c))
         return send_error(s, c, 401, "invalid or missing API key (Authorization: Bearer KEY)",
                           NULL);
@@ -816,7 +881,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         }
         return generate(s, c, cc, is_chat);
     }
-    const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics")) {
         if (!get)
             return send_error(s, c, 405, "use GET", NULL);
@@ -879,10 +943,10 @@ int srv_http_start(srv *s) {
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
             MHD_USE_ERROR_LOG,
         (uint16_t)s->o.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)s->o.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u,
-        MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->o.max_conns + SPARE_CONNS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.timeout_s, MHD_OPTION_URI_LOG_CALLBACK,
+        request_line, s, MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "spectree serve: cannot listen on %s:%ld: %s\n", s->o.host, s->o.port,
                 strerror(errno));

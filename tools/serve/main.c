@@ -45,12 +45,17 @@ static const char *serve_help =
     "      --chunked-prefill-size N   prompt tokens prefilled per step (default 256)\n"
     "      --max-total-tokens N       KV positions all running requests may reserve together\n"
     "                       (default: every slot a full context)\n"
-    "      --max-connections N        open connections at once (default 256)\n"
+    "      --max-connections N        open connections at once (default 256); 8 more answer\n"
+    "                       only GET /health and /metrics (others: 503)\n"
+    "      --max-connections-per-ip N connections one address may hold open before their\n"
+    "                       first request line; more are closed at once (default: a quarter\n"
+    "                       of --max-connections, at least 8 or all of them)\n"
     "      --max-body-bytes N         largest request body (default 1048576; beyond: 413)\n"
     "      --max-prompt-tokens N      longest prompt (default: the context length - 1)\n"
     "      --max-tokens-limit N       largest max_tokens (default: the context length)\n"
     "      --timeout S      drop a connection idle for S seconds or whose request takes longer\n"
-    "                       than S seconds to arrive (default 10)\n"
+    "                       than S seconds to arrive (default 10); one silent for 2 s before\n"
+    "                       its first request line is dropped then\n"
     "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests\n"
     "                       (default 60)\n"
     "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; chat:\n"
@@ -75,6 +80,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_CHUNK,
         O_TOTAL,
         O_CONNS,
+        O_PER_IP,
         O_BODY,
         O_PROMPT,
         O_MAXTOK,
@@ -95,6 +101,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
                                         {"chunked-prefill-size", required_argument, 0, O_CHUNK},
                                         {"max-total-tokens", required_argument, 0, O_TOTAL},
                                         {"max-connections", required_argument, 0, O_CONNS},
+                                        {"max-connections-per-ip", required_argument, 0, O_PER_IP},
                                         {"max-body-bytes", required_argument, 0, O_BODY},
                                         {"max-prompt-tokens", required_argument, 0, O_PROMPT},
                                         {"max-tokens-limit", required_argument, 0, O_MAXTOK},
@@ -160,6 +167,9 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         case O_CONNS:
             cli_parse_int(cmd, "--max-connections", optarg, 1, 65536, &o->max_conns);
             break;
+        case O_PER_IP:
+            cli_parse_int(cmd, "--max-connections-per-ip", optarg, 1, 65536, &o->max_conns_per_ip);
+            break;
         case O_BODY:
             cli_parse_int(cmd, "--max-body-bytes", optarg, 64, 1L << 30, &o->max_body);
             break;
@@ -194,6 +204,10 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         die("unexpected argument");
     if (!o->model)
         die("-m MODEL is required");
+    if (!o->max_conns_per_ip) {
+        long floor = o->max_conns < 8 ? o->max_conns : 8;
+        o->max_conns_per_ip = o->max_conns / 4 > floor ? o->max_conns / 4 : floor;
+    }
     cli_common_check(cmd, &o->c);
 }
 

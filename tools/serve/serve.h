@@ -21,7 +21,8 @@ enum {
 
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
-    long port, max_conns, max_body, max_prompt, max_tokens_limit, timeout_s, drain_s;
+    long port, max_conns, max_conns_per_ip, max_body, max_prompt, max_tokens_limit, timeout_s;
+    long drain_s;
     long default_max_tokens;
     st_engine_params ep;
     cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
@@ -126,6 +127,7 @@ struct srv {
     int live_jobs;
     int active_requests;       /* HTTP requests begun and not yet answered in full */
     struct srv_watch *watches; /* open connections (http.c) */
+    long n_conns;
     int stop_watchdog;
     int draining, stop_engine;
     int cut; /* the drain timed out: unfinished requests are answered 503 and cancelled */
