@@ -7,7 +7,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   equals `spectree generate` with the same parameters (the server speculates with NGRAM);
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
-  bodies and prompts each get their status and an OpenAI error object;
+  bodies and prompts each get their status and an OpenAI error object; so do malformed request
+  lines, a %00 in the path, a missing Host and two different Content-Length headers (400);
 - faults: a client that disconnects mid-stream frees its sequence, one that only half-closes
   after its request gets its answer; a client that sends its
   request a byte at a time is dropped without taking a slot; a client that stops reading a
@@ -108,6 +109,47 @@ def test_auth():
         check(e["type"] == "authentication_error" and "API key" in e["message"], text)
     code, _ = curl(srv.url + "/v1/models")
     check(code == 401, "/v1/models without a key: %d" % code)
+
+
+def test_bad_requests():
+    # what HTTP refuses and MHD lets through: 400 with an error object, the connection closed
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    cases = [
+        ("two different Content-Length headers",
+         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 32\r\n"
+         b"Content-Length: 30\r\n\r\n" + body, "Content-Length"),
+        ("a method that is not a token", b"G@T /health HTTP/1.1\r\nHost: x\r\n\r\n", "method"),
+        ("control bytes for a method", b"\x01\x02 /health HTTP/1.1\r\nHost: x\r\n\r\n",
+         "method"),
+        ("a target that is not a path", b"GET health HTTP/1.1\r\nHost: x\r\n\r\n", "target"),
+        ("%00 in the path", b"GET /health%00 HTTP/1.1\r\nHost: x\r\n\r\n", "NUL"),
+        ("%00 inside the path", b"GET /v1/mo%00dels HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n",
+         "NUL"),
+        ("HTTP/1.1 without Host", b"GET /health HTTP/1.1\r\n\r\n", "Host"),
+    ]
+    for what, raw, word in cases:
+        c = Conn(srv.port, timeout=10)
+        c.send(raw)
+        try:
+            code, _, text = c.response()
+        except (EOFError, OSError) as e:
+            raise Fail("%s: no answer (%s)" % (what, e))
+        check(code == 400, "%s: %d %s" % (what, code, text[:200]))
+        e = json.loads(text)["error"]
+        check(e["type"] == "invalid_request_error" and word in e["message"], "%s: %s" % (what, e))
+        check(c.closed(5), "%s: the connection stays open" % what)
+        c.close()
+    # the same Content-Length twice, HTTP/1.0 without Host: served
+    c = Conn(srv.port)
+    c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 32\r\n"
+           b"Content-Length: 32\r\n\r\n" + body)
+    check(c.response()[0] == 200, "the same Content-Length twice")
+    c.close()
+    c = Conn(srv.port)
+    c.send(b"GET /health HTTP/1.0\r\n\r\n")
+    check(c.response()[0] == 200, "HTTP/1.0 without Host")
+    c.close()
 
 
 def test_completions_equal_generate():
@@ -759,7 +801,7 @@ def main():
         srv = s
         try:
             run_tests([("endpoints", test_endpoints), ("keep-alive and pipelining", test_keep_alive),
-                       ("auth", test_auth),
+                       ("auth", test_auth), ("malformed requests", test_bad_requests),
                        ("completions equal generate", test_completions_equal_generate),
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -47,6 +48,7 @@ typedef struct srv_watch {
     uint32_t addr;  /* the client's IPv4 address */
     double t_begin; /* when the connection opened or its last response ended */
     int spoke;      /* a request line arrived on it */
+    int nul_target; /* the last request line's target holds "%00" */
     int busy;       /* a whole request arrived and is being answered */
     int shut;
     int spare; /* opened while --max-connections were open: only /health and /metrics */
@@ -108,6 +110,12 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         *socket_context = w;
     } else if (*socket_context) {
         srv_watch *w = *socket_context;
+        if (!w->spoke) {
+            static const char m[] =
+                "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+            ssize_t k = send(w->fd, m, sizeof m - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            fprintf(stderr, "CLOSED probe %zd %s\n", k, k < 0 ? strerror(errno) : "");
+        }
         pthread_mutex_lock(&s->mu);
         s->n_conns--;
         if (w->prev)
@@ -128,15 +136,16 @@ static srv_watch *watch_of(struct MHD_Connection *c) {
     return ci ? ci->socket_context : NULL;
 }
 
-/* MHD's URI log callback, called once a request line has arrived: --timeout from now on. */
+/* MHD's URI log callback, called with each request line's target as sent (MHD then decodes
+ * it, and a %00 would cut it short): --timeout from the first on. */
 static void *request_line(void *cls, const char *uri, struct MHD_Connection *c) {
-    (void)uri;
     srv *s = cls;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.timeout_s);
     srv_watch *w = watch_of(c);
     if (w) {
         pthread_mutex_lock(&s->mu);
         w->spoke = 1;
+        w->nul_target = strstr(uri, "%00") != NULL;
         pthread_mutex_unlock(&s->mu);
     }
     return NULL;
@@ -795,6 +804,43 @@ static int authorized(srv *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
+/* MHD_get_connection_values iterator: counts Content-Length headers, and those whose value
+ * differs from the first. */
+static enum MHD_Result content_lengths(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value) {
+    (void)kind;
+    const char **first = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0)
+        return MHD_YES;
+    if (!first[0])
+        first[0] = value;
+    else if (strcmp(first[0], value) != 0)
+        first[1] = value;
+    return MHD_YES;
+}
+
+/* What MHD lets through and HTTP refuses (RFC 9110, 9112): NULL, or the 400's message. */
+static const char *bad_request(struct MHD_Connection *c, const char *url, const char *method,
+                               int http11) {
+    static const char tchar[] = "!#$%&'*+-.^_`|~";
+    for (const char *m = method; *m; m++)
+        if (!((*m >= 'a' && *m <= 'z') || (*m >= 'A' && *m <= 'Z') || (*m >= '0' && *m <= '9') ||
+              strchr(tchar, *m)))
+            return "the request line is malformed: the method is not a token";
+    if (url[0] != '/' && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
+        return "the request line is malformed: the target is neither a path nor a URL";
+    const srv_watch *w = watch_of(c);
+    if (w && w->nul_target)
+        return "the request target holds a NUL byte (%00)";
+    if (http11 && !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
+        return "an HTTP/1.1 request needs a Host header";
+    const char *cl[2] = {NULL, NULL};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, content_lengths, cl);
+    if (cl[1])
+        return "the request has two different Content-Length headers";
+    return NULL;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload_data,
                                size_t *upload_size, void **con_cls) {
@@ -813,6 +859,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         pthread_mutex_lock(&s->mu);
         s->active_requests++;
         pthread_mutex_unlock(&s->mu);
+        const char *bad = bad_request(c, url, method, cc->http11);
+        if (bad) { /* answered now: MHD closes the connection, whose framing is in doubt */
+            cc->too_big = 2;
+            return send_error(s, c, 400, bad, NULL);
+        }
         if (post && (is_compl || is_chat)) {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -828,7 +879,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     if (cc->too_big == 2)
-        return MHD_YES; /* answered already; MHD discards the rest */
+        return MHD_YES; /* answered already (413, 400); MHD discards the rest */
     if (*upload_size) {
         if (st_time_seconds() - cc->t_start > (double)s->o.timeout_s)
             return MHD_NO; /* a client too slow to send its request: dropped */
