@@ -109,6 +109,9 @@ def test_auth():
         check(e["type"] == "authentication_error" and "API key" in e["message"], text)
     code, _ = curl(srv.url + "/v1/models")
     check(code == 401, "/v1/models without a key: %d" % code)
+    for scheme in ("bearer", "BEARER", "Bearer "):  # the scheme is case-insensitive
+        code, text = curl(srv.url + "/v1/models", headers=["Authorization: %s %s" % (scheme, KEY)])
+        check(code == 200, "Authorization: %s KEY: %d %s" % (scheme, code, text))
 
 
 def test_bad_requests():

@@ -794,9 +794,11 @@ static int authorized(srv *s, struct MHD_Connection *c) {
     if (!s->o.api_key)
         return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0)
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) /* the scheme is case-insensitive */
         return 0;
     const char *k = h + 7, *want = s->o.api_key;
+    while (*k == ' ')
+        k++;
     size_t n = strlen(k), m = strlen(want);
     unsigned diff = (unsigned)(n ^ m); /* compare in time independent of where they differ */
     for (size_t i = 0; i < m; i++)
