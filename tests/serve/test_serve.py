@@ -490,6 +490,10 @@ def test_startup_errors():
     r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "x"],
                        capture_output=True, timeout=60)
     check(r.returncode == 2 and b"--port" in r.stderr, r.stderr.decode())
+    r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "0",
+                        "--max-queued-requests", "0"], capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"--max-queued-requests expects an integer in [1," in r.stderr,
+          "--max-queued-requests 0: %d %s" % (r.returncode, r.stderr.decode()))
     # templates from the GGUF: a known one is used, an unknown one stops the server at start
     tmp = os.path.join(BUILD, "serve_tmpl_%d.gguf" % os.getpid())
     try:

@@ -149,7 +149,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             o->ep.max_running = (int32_t)v;
             break;
         case O_QUEUED:
-            cli_parse_int(cmd, "--max-queued-requests", optarg, 0, 1 << 20, &v);
+            cli_parse_int(cmd, "--max-queued-requests", optarg, 1, 1 << 20, &v);
             o->ep.max_queued = (int32_t)v;
             break;
         case 'c':
