@@ -14,7 +14,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   request a byte at a time is dropped without taking a slot; a client that stops reading a
   stream has its request cancelled --timeout after the socket buffers fill, while other streams
   run; SIGTERM lets running requests finish, then the server exits 0; requests still running at
-  --drain-timeout are answered 503 (a stream: an error event and [DONE]);
+  --drain-timeout or at a second signal are answered 503 (a stream: an error event and
+  [DONE]); SIGHUP drains as SIGTERM does;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error;
 - limits: a full queue or a request over the KV budget answers 503, connections past
@@ -480,6 +481,64 @@ def test_drain_cut():
         check("drain timeout: 3 requests cut" in log and "requests (3 cut)" in log, log)
 
 
+def test_signals():
+    # a second SIGTERM or SIGINT during a drain cuts it: the stream still running ends with an
+    # error event and [DONE], the server exits 0 at once; SIGHUP drains as SIGTERM does
+    for first, second in ((signal.SIGTERM, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)):
+        with Server(BUILD, MODEL, "-c", "32768") as s:
+            result = {}
+
+            def run():
+                result[0] = curl(s.url + "/v1/completions",
+                                 {"prompt": PROMPT, "max_tokens": 30000, "temperature": 0.9,
+                                  "seed": 3, "stream": True})
+
+            t = threading.Thread(target=run)
+            t.start()
+            wait_until(lambda: metrics(s.url)["spectree_running_sequences"] == 1, 30)
+            s.proc.send_signal(first)
+            time.sleep(0.3)
+            t0 = time.time()
+            s.proc.send_signal(second)
+            t.join(60)
+            check(s.stop(timeout=30) == 0, "exit status after a second signal")
+            check(time.time() - t0 < 5, "the second signal took %.1f s" % (time.time() - t0))
+            code, text = result[0]
+            ev = sse_events(text)
+            check(code == 200 and ev[-1].get("error", {}).get("code") == 503,
+                  "the stream cut by a second signal: %d %r" % (code, ev[-1]))
+            check("a second signal: 1 requests cut" in s.log_text(), s.log_text())
+    with Server(BUILD, MODEL) as s:
+        result = {}
+
+        def run():
+            result[0] = curl(s.url + "/v1/completions",
+                             {"prompt": PROMPT, "max_tokens": 300, "temperature": 0, "stream": True})
+
+        t = threading.Thread(target=run)
+        t.start()
+        wait_until(lambda: metrics(s.url)['spectree_requests_total{endpoint="completions"}'] == 1,
+                   30)
+        s.proc.send_signal(signal.SIGHUP)
+        t.join(60)
+        rc = s.stop(timeout=30)
+        check(rc == 0, "exit status after SIGHUP: %d" % rc)
+        code, text = result[0]
+        got = "".join(e["choices"][0]["text"] for e in sse_events(text))
+        check(code == 200 and got == generate(BUILD, MODEL, PROMPT, 300),
+              "the stream drained at SIGHUP")
+        check("SIGHUP: draining" in s.log_text(), s.log_text())
+
+
+def wait_until(pred, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise Fail("a condition not met in %d s" % seconds)
+
+
 def test_startup_errors():
     r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--chat-template",
                         "vicuna"], capture_output=True, timeout=60)
@@ -822,6 +881,7 @@ def main():
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
     run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
+               ("a second signal, SIGHUP", test_signals),
                ("connection limits", test_connection_limits),
                ("waits longer than --timeout", test_long_waits),
                ("a client that stops reading", test_stalled_reader),

@@ -526,9 +526,13 @@ static void cut_job(srv *s, srv_job *j) {
 
 static json_t *cut_error(const srv *s) {
     char msg[128];
-    snprintf(msg, sizeof msg,
-             "the server shut down before this request finished (drain timeout, %ld s)",
-             s->o.drain_s);
+    if (s->cut == SRV_CUT_SIGNAL)
+        snprintf(msg, sizeof msg,
+                 "the server shut down before this request finished (a second signal)");
+    else
+        snprintf(msg, sizeof msg,
+                 "the server shut down before this request finished (drain timeout, %ld s)",
+                 s->o.drain_s);
     return error_obj(503, msg, NULL);
 }
 

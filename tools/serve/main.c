@@ -29,8 +29,9 @@ static const char *serve_help =
     "\"stream\": true: server-sent events ending with [DONE]), GET /v1/models, GET /health,\n"
     "GET /metrics (Prometheus text). Requests run together, joining and leaving between steps\n"
     "(continuous batching); a seeded request returns what `spectree generate` prints for the\n"
-    "same prompt and parameters, whatever else runs. SIGTERM or SIGINT stops accepting,\n"
-    "finishes the running requests and exits.\n"
+    "same prompt and parameters, whatever else runs. SIGTERM, SIGINT or SIGHUP stops\n"
+    "accepting, finishes the running requests and exits; a second signal, or --drain-timeout,\n"
+    "cuts what still runs (answered 503, a stream with an error event).\n"
     "\n"
     "  -m, --model, --model-path PATH   GGUF Llama model (required)\n"
     "      --host ADDR      IPv4 address to listen on (default 127.0.0.1)\n"
@@ -56,8 +57,8 @@ static const char *serve_help =
     "      --timeout S      drop a connection idle for S seconds or whose request takes longer\n"
     "                       than S seconds to arrive (default 10); one silent for 2 s before\n"
     "                       its first request line is dropped then\n"
-    "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests\n"
-    "                       (default 60)\n"
+    "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests,\n"
+    "                       then answer them 503 (default 60)\n"
     "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; chat:\n"
     "                       the rest of the context)\n"
     "      --temp T, --top-k K, --top-p P, --min-p P   sampling defaults of requests that give\n"
@@ -252,6 +253,10 @@ static int find_template(srv *s) {
     return 0;
 }
 
+static const char *sig_name(int sig) {
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
+}
+
 int serve_cmd(int argc, char **argv) {
     static srv s; /* one server per process; the signal thread finds it here */
     memset(&s, 0, sizeof s);
@@ -295,12 +300,13 @@ int serve_cmd(int argc, char **argv) {
     pthread_cond_init(&s.engine_cv, NULL);
     pthread_cond_init(&s.drain_cv, NULL);
 
-    /* SIGTERM/SIGINT reach this thread only (sigwait below); SIGPIPE is ignored (a client that
-     * goes away makes a write fail, not the process die) */
+    /* SIGTERM/SIGINT/SIGHUP reach this thread only (sigwait below); SIGPIPE is ignored (a
+     * client that goes away makes a write fail, not the process die) */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -326,23 +332,28 @@ int serve_cmd(int argc, char **argv) {
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n",
-            sig == SIGTERM ? "SIGTERM" : "SIGINT", s.live_jobs);
+    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n", sig_name(sig),
+            s.live_jobs);
     srv_http_quiesce(&s);
     pthread_mutex_lock(&s.mu);
     s.draining = 1;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += o->drain_s;
-    while (s.live_jobs > 0 || s.active_requests > 0)
-        if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
-            break;
+    /* until the running requests finish, --drain-timeout passes or a second signal comes */
+    const double t_end = st_time_seconds() + (double)o->drain_s;
+    int again = 0;
+    while ((s.live_jobs > 0 || s.active_requests > 0) && st_time_seconds() < t_end && !again) {
+        pthread_mutex_unlock(&s.mu);
+        const struct timespec tick = {0, 100 * 1000000L};
+        again = sigtimedwait(&sigs, NULL, &tick) > 0 ? 1 : 0;
+        pthread_mutex_lock(&s.mu);
+    }
     int left = s.live_jobs > s.active_requests ? s.live_jobs : s.active_requests;
+    struct timespec until;
     if (left) {
         /* the connections answer what is left with 503 (a stream: an error event and [DONE])
          * within a wait or two; a client that does not read its answer is not waited for */
-        fprintf(stderr, "spectree serve: drain timeout: %d requests cut\n", left);
-        s.cut = 1;
+        fprintf(stderr, "spectree serve: %s: %d requests cut\n",
+                again ? "a second signal" : "drain timeout", left);
+        s.cut = again ? SRV_CUT_SIGNAL : SRV_CUT_TIMEOUT;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += CUT_GRACE_S;
         while (s.active_requests > 0)

@@ -19,6 +19,8 @@ enum {
     SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
 };
 
+enum { SRV_CUT_TIMEOUT = 1, SRV_CUT_SIGNAL }; /* why a drain was cut: --drain-timeout, signal */
+
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
     long port, max_conns, max_conns_per_ip, max_body, max_prompt, max_tokens_limit, timeout_s;
@@ -130,7 +132,7 @@ struct srv {
     long n_conns;
     int stop_watchdog;
     int draining, stop_engine;
-    int cut; /* the drain timed out: unfinished requests are answered 503 and cancelled */
+    int cut; /* SRV_CUT_*: the drain was cut; unfinished requests are answered 503, cancelled */
     uint64_t next_id;
     st_engine_stats engine_stats;
     srv_metrics metrics;
