@@ -14,6 +14,8 @@
  *   has pieces generates ids without text, which are printed as U+FFFD and counted.
  * - --mmap and --no-mmap (weights copied into huge pages) print the same text, plain and
  *   speculative, greedy and sampled; --json names the load mode and time.
+ * - Output that cannot be written (stdout on a full disk or closed, --json's stderr on a full
+ *   disk): exit status 1 and the system's message.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -537,6 +539,55 @@ static int count_words(const char *s) {
 }
 
 /* Tokenizer-sized buffers, and ids without text counted instead of dropped. */
+/* Runs `spectree ARGS REDIRECT` (REDIRECT: the shell's, of stdout or stderr); its exit status,
+ * its stderr (a file) in *err unless REDIRECT sends stderr elsewhere. */
+static int run_redirected(const char *args, const char *redirect, char **err) {
+    char cmd[4096], fe[600];
+    snprintf(fe, sizeof fe, "%s/cli_redirect_%d.err", ST_BUILD_DIR, (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s/spectree %s 2>%s %s </dev/null", ST_BUILD_DIR, args, fe,
+             redirect);
+    int st = system(cmd);
+    *err = tu_read_file(fe, NULL);
+    remove(fe);
+    assert_non_null(*err);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void test_output_errors(void **state) {
+    (void)state;
+    /* stdout on a full disk or closed: a non-zero exit with the system's message, for every
+     * command that prints; --json's record goes to stderr, which is checked too */
+    const char *model = tu_data("models/stories260K.gguf");
+    char args[5][1024];
+    snprintf(args[0], sizeof args[0], "generate -m %s -p 'Once upon a time' -n 300 --temp 0",
+             model);
+    snprintf(args[1], sizeof args[1], "generate -m %s -p 'Once' -n 3 --temp 0", model);
+    snprintf(args[2], sizeof args[2], "tokenize -m %s 'Once upon a time'", model);
+    snprintf(args[3], sizeof args[3], "info -m %s", model);
+    snprintf(args[4], sizeof args[4], "generate --help");
+    static const struct {
+        const char *redirect, *msg;
+    } outs[] = {{">/dev/full", "standard output: No space left on device"},
+                {">&-", "standard output: Bad file descriptor"}};
+    for (int i = 0; i < 5; i++)
+        for (int k = 0; k < 2; k++) {
+            char *err = NULL;
+            int code = run_redirected(args[i], outs[k].redirect, &err);
+            if (code != 1 || !strstr(err, outs[k].msg))
+                fail_msg("spectree %s %s: exit %d, stderr:\n%s", args[i], outs[k].redirect, code,
+                         err);
+            assert_int_equal(count_lines(strstr(err, "standard output")), 1);
+            free(err);
+        }
+    char *err = NULL;
+    char json[1200];
+    snprintf(json, sizeof json, "%s --json", args[1]);
+    assert_int_equal(run_redirected(json, ">/dev/null 2>/dev/full", &err), 1);
+    free(err);
+    assert_int_equal(run_redirected(json, ">/dev/null", &err), 0);
+    free(err);
+}
+
 static void test_tokenizer_sized_buffers(void **state) {
     (void)state;
     char path[512], args[2048];
@@ -588,6 +639,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_input),
         cmocka_unit_test(test_stop_reason_and_warnings),
         cmocka_unit_test(test_tokenizer_sized_buffers),
+        cmocka_unit_test(test_output_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,11 @@ static const char *main_help =
     "\n"
     "'spectree COMMAND --help' describes each command.\n";
 
+/* A command's exit status, made 1 when what it printed did not reach its file. */
+static int finish(const char *cmd, int rc) {
+    return cli_close_stdout(cmd) != 0 && rc == 0 ? 1 : rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(main_help, stderr);
@@ -30,16 +35,16 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         fputs(main_help, stdout);
-        return 0;
+        return finish("help", 0);
     }
     if (!strcmp(cmd, "generate"))
-        return cli_cmd_generate(argc - 1, argv + 1);
+        return finish(cmd, cli_cmd_generate(argc - 1, argv + 1));
     if (!strcmp(cmd, "tokenize"))
-        return cli_cmd_tokenize(argc - 1, argv + 1);
+        return finish(cmd, cli_cmd_tokenize(argc - 1, argv + 1));
     if (!strcmp(cmd, "info"))
-        return cli_cmd_info(argc - 1, argv + 1);
+        return finish(cmd, cli_cmd_info(argc - 1, argv + 1));
     if (!strcmp(cmd, "convert"))
-        return cli_cmd_convert(argc - 1, argv + 1);
+        return finish(cmd, cli_cmd_convert(argc - 1, argv + 1));
     if (!strcmp(cmd, "serve")) {
 #ifdef ST_HAVE_SERVE
         return serve_cmd(argc - 1, argv + 1);

@@ -1,7 +1,8 @@
 /*
  * parse.c: the argument helpers every `spectree` subcommand shares (a bad value ends the program
- * with a one-line message naming the flag and exit status 2), the model path check and the
- * tokenizer loop that sizes its output from what the tokenizer reports.
+ * with a one-line message naming the flag and exit status 2), the model path check, the
+ * tokenizer loop that sizes its output from what the tokenizer reports and the check that what
+ * a command printed reached its file.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
@@ -138,4 +139,20 @@ int cli_parse_draft_type(const char *cmd, const char *v) {
             "'%s'\n",
             cmd, v);
     exit(2);
+}
+
+int cli_close_stdout(const char *cmd) {
+    errno = 0;
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad)
+        fprintf(stderr, "spectree %s: standard output: %s\n", cmd,
+                e ? strerror(e) : "a write failed");
+    if (fflush(stderr) != 0 || ferror(stderr))
+        bad = 1;
+    return bad ? -1 : 0;
 }
