@@ -16,6 +16,8 @@
  *   speculative, greedy and sampled; --json names the load mode and time.
  * - Output that cannot be written (stdout on a full disk or closed, --json's stderr on a full
  *   disk): exit status 1 and the system's message.
+ * - convert refuses to write over its checkpoint's files; convert's and spectree-mkmodel's
+ *   outputs appear whole or not at all (a write cut by a file size limit keeps the old file).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -553,6 +555,109 @@ static int run_redirected(const char *args, const char *redirect, char **err) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* 1 when path exists. */
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* 1 when dir holds a name with ".tmp-" in it (a temporary output left behind). */
+static int temporaries(const char *dir) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c '\\.tmp-' >/dev/null", dir);
+    return system(cmd) == 0;
+}
+
+static void test_convert_outputs(void **state) {
+    (void)state;
+    /* convert never writes over its checkpoint; an output appears whole or not at all */
+    char dir[600], cmd[2400], args[1400];
+    snprintf(dir, sizeof dir, "%s/cli_convert_ck", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir,
+             tu_data("models/TinyStories-656K"), dir);
+    assert_int_equal(system(cmd), 0);
+    char src[700];
+    snprintf(src, sizeof src, "%s/model.safetensors", dir);
+    size_t n_before = 0, n_after = 0;
+    char *before = tu_read_file(src, &n_before);
+    assert_non_null(before);
+    static const struct {
+        const char *out, *msg;
+    } refused[] = {{"/model.safetensors", "the checkpoint's model.safetensors"},
+                   {"/config.json", "the checkpoint's config.json"},
+                   {"", "the checkpoint directory"},
+                   {"/", "the checkpoint directory"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "convert %s %s%s", dir, dir, refused[i].out);
+        result r = run(args);
+        if (r.code != 1 || !strstr(r.err, refused[i].msg))
+            fail_msg("spectree %s: exit %d, stderr %s", args, r.code, r.err);
+        done(&r);
+    }
+    char *after = tu_read_file(src, &n_after);
+    assert_non_null(after);
+    assert_true(n_after == n_before && memcmp(before, after, n_before) == 0);
+    free(after);
+    result r = run("convert " ST_SOURCE_DIR "/models/TinyStories-656K /dev/full");
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "/dev/full: exists and is not a regular file"));
+    done(&r);
+    /* a write that fails midway (a file size limit) leaves the old output as it was and no
+     * temporary file; a whole one replaces it */
+    char out[700];
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    FILE *f = fopen(out, "wb");
+    assert_non_null(f);
+    fputs("the previous output", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(cmd, sizeof cmd,
+             "sh -c \"trap '' XFSZ; ulimit -f 64; exec '%s/spectree' convert '%s' '%s'\" "
+             ">/dev/null 2>&1",
+             ST_BUILD_DIR, tu_data("models/TinyStories-656K"), out);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    char *kept = tu_read_file(out, NULL);
+    assert_non_null(kept);
+    assert_string_equal(kept, "the previous output");
+    free(kept);
+    assert_false(temporaries(dir));
+    snprintf(args, sizeof args, "convert %s %s", tu_data("models/TinyStories-656K"), out);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once' -n 4 --temp 0", out);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    done(&r);
+    assert_false(temporaries(dir));
+    /* spectree-mkmodel likewise, and it refuses its --vocab file as OUT */
+    snprintf(cmd, sizeof cmd,
+             "sh -c \"trap '' XFSZ; ulimit -f 64; exec '%s/spectree-mkmodel' '%s' --vocab '%s' "
+             "--dim 64 --ff 96 --layers 8 --heads 8\" >/dev/null 2>&1",
+             ST_BUILD_DIR, out, tu_data("models/stories260K.gguf"));
+    size_t n_gguf = 0, n_kept = 0;
+    char *gguf = tu_read_file(out, &n_gguf);
+    assert_non_null(gguf);
+    st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    assert_false(temporaries(dir));
+    kept = tu_read_file(out, &n_kept);
+    assert_non_null(kept);
+    assert_true(n_kept == n_gguf && memcmp(kept, gguf, n_gguf) == 0);
+    free(kept);
+    free(gguf);
+    snprintf(cmd, sizeof cmd,
+             "'%s/spectree-mkmodel' '%s' --vocab '%s' --dim 64 --ff 96 --layers 1 --heads 8 "
+             ">/dev/null 2>&1",
+             ST_BUILD_DIR, out, out);
+    st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    assert_true(exists(out));
+    free(before);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_output_errors(void **state) {
     (void)state;
     /* stdout on a full disk or closed: a non-zero exit with the system's message, for every
@@ -640,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_stop_reason_and_warnings),
         cmocka_unit_test(test_tokenizer_sized_buffers),
         cmocka_unit_test(test_output_errors),
+        cmocka_unit_test(test_convert_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
