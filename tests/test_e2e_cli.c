@@ -3,7 +3,8 @@
  * - generate: the greedy continuation of "Once upon a time" is llama2.c's run.c text (its
  *   test_all.py expected output), speculative runs print the same text, --json has its keys,
  *   --stop cuts the text before the stop string.
- * - tokenize works on vocabulary-only files; info prints metadata and tensors.
+ * - tokenize works on vocabulary-only files; info prints metadata and tensors, tells a Hugging
+ *   Face checkpoint (refused as generate refuses it) from an EAGLE head.
  * - Bad arguments and files: a one-line message on stderr and a non-zero exit, no crash; every
  *   numeric flag refuses signs, blanks and garbage naming the flag; an unknown option is named;
  *   a FIFO given as the model is refused at once, a directory without config.json too.
@@ -658,6 +659,46 @@ static void test_convert_outputs(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+static void test_info_kinds(void **state) {
+    (void)state;
+    /* info tells a checkpoint from an EAGLE head, and refuses a checkpoint as generate does */
+    char args[1400], dir[600], cmd[4096];
+    snprintf(args, sizeof args, "info -m %s", tu_data("models/TinyStories-656K"));
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "checkpoint: "));
+    assert_non_null(strstr(r.out, "llama: n_vocab 2048, n_embd 128, n_layer 2"));
+    assert_null(strstr(r.out, "EAGLE"));
+    done(&r);
+    snprintf(args, sizeof args, "info -m %s", tu_data("models/eagle-stories260K"));
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "EAGLE head: "));
+    assert_non_null(strstr(r.out, "kind: EAGLE-1/2"));
+    done(&r);
+    snprintf(dir, sizeof dir, "%s/cli_info_gpt2", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && cp -r '%s' '%s' && sed -i 's/\"model_type\": *\"llama\"/"
+             "\"model_type\": \"gpt2\"/' '%s/config.json'",
+             dir, tu_data("models/TinyStories-656K"), dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(args, sizeof args, "info -m %s", dir);
+    r = run(args);
+    snprintf(args, sizeof args, "generate -m %s -p x -n 1", dir);
+    result g = run(args);
+    assert_int_equal(g.code, 1);
+    const char *why = strstr(g.err, dir); /* the loader's message, after the command's name */
+    assert_non_null(why);
+    if (r.code != 1 || !strstr(r.err, why) || !strstr(why, "model_type"))
+        fail_msg("info on a checkpoint generate refuses: exit %d, stdout %s, stderr %s", r.code,
+                 r.out, r.err);
+    assert_string_equal(r.out, "");
+    done(&r);
+    done(&g);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_output_errors(void **state) {
     (void)state;
     /* stdout on a full disk or closed: a non-zero exit with the system's message, for every
@@ -744,6 +785,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_input),
         cmocka_unit_test(test_stop_reason_and_warnings),
         cmocka_unit_test(test_tokenizer_sized_buffers),
+        cmocka_unit_test(test_info_kinds),
         cmocka_unit_test(test_output_errors),
         cmocka_unit_test(test_convert_outputs),
     };
