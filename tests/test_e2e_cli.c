@@ -4,7 +4,8 @@
  *   test_all.py expected output), speculative runs print the same text, --json has its keys,
  *   --stop cuts the text before the stop string.
  * - tokenize works on vocabulary-only files; info prints metadata and tensors, tells a Hugging
- *   Face checkpoint (refused as generate refuses it) from an EAGLE head.
+ *   Face checkpoint (refused as generate refuses it) from an EAGLE head; a head given as the
+ *   model or as a STANDALONE draft model is named as such.
  * - Bad arguments and files: a one-line message on stderr and a non-zero exit, no crash; every
  *   numeric flag refuses signs, blanks and garbage naming the flag; an unknown option is named;
  *   a FIFO given as the model is refused at once, a directory without config.json too.
@@ -697,6 +698,23 @@ static void test_info_kinds(void **state) {
     done(&g);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
+    /* an EAGLE head given as the model, or as a STANDALONE draft model, is named as such */
+    const char *head = tu_data("models/eagle-stories260K");
+    char head_copy[1024];
+    snprintf(head_copy, sizeof head_copy, "%s", head);
+    snprintf(args, sizeof args, "generate -m %s -p x -n 1", head_copy);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "is an EAGLE head, not a model"));
+    done(&r);
+    snprintf(args, sizeof args,
+             "generate -m %s -p x -n 1 --speculative-algorithm STANDALONE "
+             "--speculative-draft-model-path %s",
+             tu_data("models/stories260K.gguf"), head_copy);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "is an EAGLE head, not a model"));
+    done(&r);
 }
 
 static void test_output_errors(void **state) {
