@@ -1,8 +1,8 @@
 /* Prototype: AMX-INT8 Q8_0 matmul with a per-block canonical (acc = fma(float(isum_b), dw*dx, acc),
  * one chain per output) against the library's AVX-512 kernel: 2 threads, BYTES of weights, M
  * tokens.  *
- * Not part of the build (measurements for README, issue 15). From the repository root, after
- * building into build/:
+ * Built by the opt-in target `dev` (`cmake --build build --target dev`: build/dev_NAME); by
+ * hand, from the repository root after building into build/:
  *   gcc -O2 -march=native -mamx-tile -mamx-int8 -Isrc -Iinclude dev/q8_amx.c \
  *       build/libspectree.a -lpthread -lm -o /tmp/q8_amx
  *   /tmp/q8_amx [TOKENS (8)] [GB of weights (1.1)]

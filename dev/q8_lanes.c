@@ -1,8 +1,8 @@
 /* Prototype: the current canonical Q8_0 tile (the library's AVX-512 kernel) against a block-lane
  * kernel on repacked weights (lane l of a group of 8 blocks = block l's whole integer sum), M
  * tokens, 2 threads, weights of BYTES total. Prints ms per call of each, interleaved.  *
- * Not part of the build (measurements for README, issue 15). From the repository root, after
- * building into build/:
+ * Built by the opt-in target `dev` (`cmake --build build --target dev`: build/dev_NAME); by
+ * hand, from the repository root after building into build/:
  *   gcc -O2 -march=native -Isrc -Iinclude dev/q8_lanes.c build/libspectree.a \
  *       -lpthread -lm -o /tmp/q8_lanes && /tmp/q8_lanes [TOKENS (8)] [GB of weights (1.1)]
  */

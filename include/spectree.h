@@ -272,6 +272,13 @@ enum {
  * renamed); ST_ERR_INVALID when it is the checkpoint's directory or one of its files, or exists
  * as anything but a regular file. */
 st_status st_convert_hf(const char *dir, const char *out_path, int type);
+/* Progress of st_convert_hf_ex, called after each tensor is written: tensors and data bytes
+ * written so far, and their totals (the same function type as the GGUF writer's). */
+typedef void (*st_convert_progress_fn)(void *user, int64_t tensors_done, int64_t n_tensors,
+                                       size_t bytes_done, size_t total_bytes);
+/* st_convert_hf with a progress callback (may be NULL; user is passed to it). */
+st_status st_convert_hf_ex(const char *dir, const char *out_path, int type,
+                           st_convert_progress_fn progress, void *user);
 /* Loads a GGUF Llama model from a caller-owned buffer of `size` bytes holding the whole file, with
  * the same checks as st_model_load (for tests, fuzzers and embedded models). The weights are not
  * copied: the buffer must stay valid and unchanged until st_model_free. `name` (NULL: "<memory>")
@@ -790,6 +797,13 @@ typedef struct st_engine_params {
     int32_t prefill_chunk; /* most prompt tokens prefilled per step, >= 1 (default 256) */
     int64_t kv_budget;     /* most KV positions reserved by the running requests together;
                             * 0 = max_running * n_ctx (every slot can hold a full context) */
+    /* Nonzero: a request that finishes leaves its KV cache in its slot, and a request admitted
+     * takes the free slot whose kept tokens share the longest prefix with its prompt and
+     * prefills only the rest (a conversation's next turn: only the new turn), at most all but
+     * the prompt's last token. The kept rows are those a prefill would compute, bitwise, so
+     * the outputs do not change. Drafters that read the target's states (EAGLE, EAGLE3) need
+     * every prompt position: with them each request starts afresh. Default 0. */
+    int32_t reuse_prefix;
 } st_engine_params;
 
 st_engine_params st_engine_default_params(void);
@@ -820,6 +834,7 @@ typedef struct st_request_stats {
     double queue_ms;                        /* until admitted to a slot */
     double ttft_ms;                         /* until the first token (-1: none) */
     double total_ms;                        /* until finished */
+    int64_t reused_tokens; /* prompt tokens whose KV came from the slot (reuse_prefix) */
 } st_request_stats;
 
 /* Called for each generated token of a request, in order (user: the submit's); return nonzero

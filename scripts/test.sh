@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: builds with -Werror and runs every test plain, with every model's weights
 # copied into huge pages (ST_LOAD=copy; plain runs keep small models mmap'd), with the scalar
-# kernels (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; runs the fuzz
-# targets for a minute each (scripts/fuzz.sh; ST_FUZZ_SECONDS=N to change); checks formatting.
+# kernels (ST_KERNELS=ref), and under AddressSanitizer + UndefinedBehaviorSanitizer; builds the
+# prototypes of dev/; runs the fuzz targets for a minute each (scripts/fuzz.sh; ST_FUZZ_SECONDS=N
+# to change); checks formatting. It needs nothing outside the repository but Debian's packages
+# and the npm registry (scripts/deps.sh).
 # Usage: scripts/test.sh [--quick]   (--quick: the plain run only)
 # Tests labelled `slow` (the Python EAGLE trainer, which uses no C kernel) run in the first pass
 # only.
@@ -16,6 +18,8 @@ quick=0
 echo "== build (Release, -Werror)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DST_WERROR=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
+echo "== the kernel prototypes of dev/ (built, not run: they cannot rot)"
+cmake --build build -j"$jobs" --target dev >/dev/null
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs"
 [ $quick -eq 1 ] && exit 0

@@ -1,6 +1,6 @@
 /*
  * test_ctl_sim.c: `auto` against fixed shapes for a model drafter (EAGLE, STANDALONE), on
- * simulated generations that are deterministic (issue 10: auto within 5% of the best fixed
+ * simulated generations that are deterministic (the bar: auto within 5% of the best fixed
  * (K, S, N), and at most 3% below plain decoding with a drafter that is always wrong).
  *
  * The simulation runs the controller as the engine does (st_ctl_want_draft, st_ctl_draft_cost,

@@ -20,6 +20,10 @@
  *   disk): exit status 1 and the system's message.
  * - convert refuses to write over its checkpoint's files; convert's and spectree-mkmodel's
  *   outputs appear whole or not at all (a write cut by a file size limit keeps the old file).
+ * - llama.cpp's flags and habits: -md, --draft-max, -n -1, --seed -1, its long names, GPU-only
+ *   flags (and SGLang's) accepted with one warning, -ngl / -xyz never split into short options;
+ *   SPECTREE_ARG_<FLAG> for the server's flags; --version; Ctrl-C in generate prints the
+ *   statistics and exits 130; convert prints its progress and a summary.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -34,11 +38,13 @@
 #include "spectree.h"
 #include "testutil.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *golden =
@@ -265,15 +271,17 @@ static void test_numeric_flags(void **state) {
     char args[2048];
     for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
         for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
-            if (!strcmp(values[v], "-1") && strcmp(flags[f], "--seed") != 0)
-                continue; /* a plain negative is refused by the range check everywhere */
+            if (!strcmp(values[v], "-1"))
+                continue; /* refused by the range check; -n -1 and --seed -1 are llama.cpp's
+                           * "until the end" and random seed (test_llama_flags) */
             snprintf(args, sizeof args, "generate -m %s -p hi %s %s",
                      tu_data("models/stories260K.gguf"), flags[f], values[v]);
             char want[256];
             snprintf(want, sizeof want, "%s expects", flags[f]);
             expect_usage_error(args, want);
         }
-    /* `serve` parses the flags it shares with `generate` with the same code (cli_opts.c) */
+    /* `serve` parses the flags it shares with `generate` with the same code (tools/common/opts.c)
+     */
     for (size_t f = 1; f < sizeof flags / sizeof flags[0]; f++)
         for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
             if (!strcmp(flags[f], "-c") || !strcmp(flags[f], "--seed") || !strcmp(values[v], "-1"))
@@ -791,6 +799,249 @@ static void test_tokenizer_sized_buffers(void **state) {
     remove(path);
 }
 
+/* Runs `spectree ARGS` with the environment variable name=value set (NULL name: none). */
+static result run_env(const char *name, const char *value, const char *args) {
+    if (name)
+        setenv(name, value, 1);
+    result r = run(args);
+    if (name)
+        unsetenv(name);
+    return r;
+}
+
+/* Lines of s that contain `what`. */
+static int count_matches(const char *s, const char *what) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/* llama.cpp's flags and habits: its names of the shared flags, -md, --draft-max, -n -1,
+ * --seed -1, GPU-only flags accepted with one warning, single-dash names of several letters
+ * named as typed instead of split into short options, --version. */
+static void test_llama_flags(void **state) {
+    (void)state;
+    const char *m = tu_data("models/stories260K.gguf");
+    char args[4096];
+    /* GPU-only flags: the golden text, and one warning naming them all */
+    snprintf(args, sizeof args,
+             "generate -m %s -p 'Once upon a time' -n 199 --temp 0 -ngl 99 -fa -fa on "
+             "--flash-attn=auto --gpu-layers 10 --n-gpu-layers all -ngld 5 -sm row --split-mode "
+             "layer -mg 0 --main-gpu 1 -ts 3,1 --mem-fraction-static 0.8 --tp-size 2 --tp 1 "
+             "--dp 2 --cuda-graph-max-bs 8 --disable-cuda-graph --attention-backend flashinfer",
+             m);
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    if (strncmp(r.out, golden, strlen(golden)) != 0)
+        fail_msg("with GPU flags:\n%s", r.out);
+    assert_int_equal(count_matches(r.err, "warning"), 1);
+    assert_non_null(strstr(r.err, "this build runs on the CPU; --n-gpu-layers, "
+                                  "--n-gpu-layers-draft, --flash-attn, --split-mode, --main-gpu, "
+                                  "--tensor-split, --mem-fraction-static, --tp-size, --dp-size, "
+                                  "--cuda-graph-max-bs, --disable-cuda-graph, --attention-backend "
+                                  "ignored"));
+    done(&r);
+    /* the same flags in `serve` (a missing model stops it after the flags are read) */
+    r = run("serve -m /nonexistent.gguf -ngl 99 -fa --tp 2 --mem-fraction-static 0.9 "
+            "--cuda-graph-max-bs 4 --disable-cuda-graph -np 2 --parallel 3");
+    assert_int_equal(r.code, 1);
+    assert_int_equal(count_matches(r.err, "warning"), 1);
+    assert_non_null(strstr(r.err, "this build runs on the CPU; --n-gpu-layers, --flash-attn"));
+    assert_non_null(strstr(r.err, "/nonexistent.gguf: cannot open"));
+    done(&r);
+    /* -md: a draft model, STANDALONE; --draft-max D: trees of D drafted tokens and the root;
+     * llama.cpp's long names of -c, -n, -t and -s */
+    snprintf(args, sizeof args,
+             "generate -m %s -p 'Once upon a time' --n-predict 199 --temp 0 --json -md %s "
+             "--draft-max 4 --draft-min 1 --ctx-size 512 --threads 2",
+             m, m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_int_equal(strncmp(r.out, golden, strlen(golden)), 0);
+    assert_non_null(strstr(r.err, "\"algorithm\": \"STANDALONE\""));
+    assert_non_null(strstr(r.err, "\"num_draft_tokens\": 5"));
+    assert_non_null(strstr(r.err, "--draft-min ignored"));
+    done(&r);
+    snprintf(args, sizeof args,
+             "generate -m %s -p 'Once upon a time' -n 199 --temp 0 --json --model-draft %s "
+             "--speculative-algorithm EAGLE3",
+             m, m);
+    r = run(args);
+    assert_int_equal(r.code, 1); /* -md is the path of the algorithm chosen */
+    done(&r);
+    /* -s S is --seed S; --seed -1 is a random seed, printed */
+    char *text[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 40 %s 7", m,
+                 i ? "--seed" : "-s");
+        r = run(args);
+        assert_int_equal(r.code, 0);
+        text[i] = strdup(r.out);
+        done(&r);
+    }
+    assert_string_equal(text[0], text[1]);
+    free(text[0]);
+    free(text[1]);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 4 --seed -1", m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "seed: "));
+    done(&r);
+    /* -n -1: until the end of text or of the context, which is then no surprise */
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n -1 -c 40 --temp 0 --json",
+             m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "\"gen_tokens\": 35"));
+    assert_non_null(strstr(r.err, "stopped: context"));
+    assert_null(strstr(r.err, "warning"));
+    done(&r);
+    /* glued values of short options still work; -p takes "-xyz" as its text */
+    snprintf(args, sizeof args, "generate -m %s -p -xyz -n3 -t1 -c64 --temp 0", m);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    done(&r);
+    /* single-dash names of several letters: recognized, or named as typed */
+    const char *named[][2] = {{"-np 2", "unknown option '-np'"},
+                              {"-cnv", "unknown option '-cnv'"},
+                              {"-xyz", "unknown option '-xyz'"},
+                              {"-hx", "unknown option '-hx'"},
+                              {"-ngl x", "--n-gpu-layers expects"},
+                              {"-ngl", "missing value for option '--n-gpu-layers'"},
+                              {"-fa maybe", "unexpected argument 'maybe'"},
+                              {"--flash-attn=maybe", "--flash-attn takes on, off or auto"},
+                              {"-sm diagonal", "--split-mode takes none, layer or row"},
+                              {"-mg x", "--main-gpu expects"},
+                              {"-ts a", "--tensor-split takes"},
+                              {"--mem-fraction-static 2", "--mem-fraction-static expects"},
+                              {"--tp 0", "--tp-size expects"},
+                              {"--cuda-graph-max-bs x", "--cuda-graph-max-bs expects"},
+                              {"--draft-max 0", "--draft-max expects"},
+                              {"--draft-max 64", "--draft-max expects"},
+                              {"-md", "missing value for option '--model-draft'"},
+                              {"-tb x", "--threads-batch expects"},
+                              {"--draft-max 2 --draft-min 3", "--draft-min is above --draft-max"},
+                              {"-n -2", "-n expects"},
+                              {"--seed -2", "--seed expects"}};
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+        snprintf(args, sizeof args, "generate -m %s -p hi %s", m, named[i][0]);
+        expect_usage_error(args, named[i][1]);
+    }
+    expect_usage_error("info -ngl 1", "unknown option '-ngl'");
+    expect_usage_error("tokenize -mx hi", "unknown option '-mx'");
+    expect_usage_error("convert -xyz a b", "unknown option '-xyz'");
+    expect_usage_error("serve -m x -np 0", "--parallel expects");
+    expect_usage_error("serve -m x -cnv", "unknown option '-cnv'");
+    expect_usage_error("serve -m x --log-level loud", "--log-level takes error, warn, info");
+    expect_usage_error("serve -m x -n 0", "-n expects");
+    /* --version: the version, the commit and the kernel table in use */
+    r = run_env("ST_KERNELS", "ref", "--version");
+    assert_int_equal(r.code, 0);
+    assert_int_equal(strncmp(r.out, "spectree 0.1.0 (commit ", 23), 0);
+    assert_non_null(strstr(r.out, "), kernels ref\n"));
+    assert_null(strstr(r.out, "commit )"));
+    done(&r);
+}
+
+/* SPECTREE_ARG_<FLAG>: every server flag from the environment; the command line wins. */
+static void test_serve_env(void **state) {
+    (void)state;
+    result r = run_env("SPECTREE_ARG_PORT", "x", "serve -m /nonexistent.gguf");
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "--port expects an integer"));
+    done(&r);
+    r = run_env("SPECTREE_ARG_PORT", "x", "serve -m /nonexistent.gguf --port 0");
+    assert_int_equal(r.code, 1); /* the command line's port: the variable is not read */
+    assert_non_null(strstr(r.err, "cannot open"));
+    done(&r);
+    r = run_env("SPECTREE_ARG_MODEL", "/nonexistent-env.gguf", "serve");
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "/nonexistent-env.gguf: cannot open"));
+    done(&r);
+    r = run_env("SPECTREE_ARG_CTX_SIZE", "1", "serve -m /nonexistent.gguf");
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "--context-length expects"));
+    done(&r);
+    r = run_env("SPECTREE_ARG_CTX_SIZE", "1", "serve -m /nonexistent.gguf -c 64");
+    assert_int_equal(r.code, 1);
+    done(&r);
+    r = run_env("SPECTREE_ARG_DISABLE_CUDA_GRAPH", "1", "serve -m /nonexistent.gguf");
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "--disable-cuda-graph ignored"));
+    done(&r);
+    r = run_env("SPECTREE_ARG_DISABLE_CUDA_GRAPH", "false", "serve -m /nonexistent.gguf");
+    assert_int_equal(r.code, 1);
+    assert_null(strstr(r.err, "warning"));
+    done(&r);
+    r = run_env("SPECTREE_ARG_SPECULATIVE_ALGORITHM", "MAGIC", "serve -m /nonexistent.gguf");
+    assert_int_equal(r.code, 2);
+    assert_int_equal(count_lines(r.err), 1);
+    done(&r);
+}
+
+/* Ctrl-C in `generate`: the statistics of what was generated so far, exit status 130. */
+static void test_generate_sigint(void **state) {
+    (void)state;
+    char out[512], err[512], prog[512];
+    snprintf(out, sizeof out, "%s/cli_sigint_%d.out", ST_BUILD_DIR, (int)getpid());
+    snprintf(err, sizeof err, "%s/cli_sigint_%d.err", ST_BUILD_DIR, (int)getpid());
+    snprintf(prog, sizeof prog, "%s/spectree", ST_BUILD_DIR);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (!freopen(out, "w", stdout) || !freopen(err, "w", stderr))
+            _exit(99);
+        /* a context too long to fill before the signal comes */
+        execl(prog, prog, "generate", "-m", tu_data("models/stories260K.gguf"), "-p",
+              "Once upon a time", "-n", "-1", "-c", "1000000", "-t", "1", "--json", (char *)NULL);
+        _exit(98);
+    }
+    /* wait until text streams, then interrupt */
+    for (int i = 0; i < 600; i++) {
+        struct stat sb;
+        if (stat(out, &sb) == 0 && sb.st_size > 200)
+            break;
+        nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    }
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    char *e = tu_read_file(err, NULL), *o = tu_read_file(out, NULL);
+    assert_non_null(e);
+    assert_non_null(o);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 130 || !strstr(e, "stopped: interrupted") ||
+        !strstr(e, "\"stop_reason\": \"interrupted\"") || !strstr(e, "prompt: 5 tokens"))
+        fail_msg("status %d, stderr:\n%s", st, e);
+    assert_true(strlen(o) > 200);
+    free(e);
+    free(o);
+    remove(out);
+    remove(err);
+}
+
+/* `convert`: progress (tensors and MB written) and a summary on stderr. */
+static void test_convert_progress(void **state) {
+    (void)state;
+    char args[2048], path[512];
+    snprintf(path, sizeof path, "%s/cli_convert_%d.gguf", ST_BUILD_DIR, (int)getpid());
+    snprintf(args, sizeof args, "convert %s %s --type q8_0", tu_data("models/TinyStories-656K"),
+             path);
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    st_gguf *g;
+    assert_int_equal(st_gguf_open(path, &g), ST_OK);
+    char want[128];
+    snprintf(want, sizeof want, "convert: %lld/%lld tensors, ", (long long)st_gguf_n_tensors(g),
+             (long long)st_gguf_n_tensors(g));
+    if (!strstr(r.err, want) || !strstr(r.err, "convert: wrote ") ||
+        !strstr(r.err, " tensors, 0.8 MB, matrices q8_0, in "))
+        fail_msg("convert printed:\n%s", r.err);
+    st_gguf_free(g);
+    done(&r);
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_golden),
@@ -806,6 +1057,10 @@ int main(void) {
         cmocka_unit_test(test_info_kinds),
         cmocka_unit_test(test_output_errors),
         cmocka_unit_test(test_convert_outputs),
+        cmocka_unit_test(test_llama_flags),
+        cmocka_unit_test(test_serve_env),
+        cmocka_unit_test(test_generate_sigint),
+        cmocka_unit_test(test_convert_progress),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,8 @@
  * st_generate's with the same prompt and parameters. Also: the refusals (queue full, never
  * fits, bad arguments), admission under the KV budget, prefill chunks that let running streams
  * advance every step, drafters reset on join, finish called exactly once, the KV accounting
- * back at zero, and st_engine_free with requests pending.
+ * back at zero, and st_engine_free with requests pending; reuse_prefix (a slot's kept KV
+ * prefix) leaves the tokens unchanged.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -358,6 +359,79 @@ static void test_drafter_reset_on_join(void **state) {
     }
 }
 
+/* reuse_prefix: a conversation's next turn (the last prompt, its answer and more tokens) takes
+ * the slot that kept them and prefills only the rest; its tokens equal st_generate's. With two
+ * slots, the request whose prompt the other slot holds goes there. EAGLE needs every prompt
+ * position: nothing is reused. */
+static void test_reuse_prefix(void **state) {
+    (void)state;
+    const int cfgs[] = {0, 1, 3, 5};
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        st_engine_params ep = st_engine_default_params();
+        ep.gen.spec = spec_of(cfgs[c]);
+        ep.gen.n_ctx = CTX;
+        ep.gen.n_threads = 1;
+        ep.max_running = 2;
+        ep.reuse_prefix = 1;
+        st_engine *e;
+        assert_int_equal(st_engine_create(model, &ep, &e), ST_OK);
+        static req first[2], next[2];
+        memset(first, 0, sizeof first);
+        memset(next, 0, sizeof next);
+        st_request_params rp = req_params(0, 0);
+        rp.sampler.temp = 0.0f;
+        rp.n_predict = 20;
+        for (int j = 0; j < 2; j++) /* prompts 0 and 1 in slots 0 and 1 */
+            assert_int_equal(st_engine_submit(e, prompts[j], n_prompts[j], &rp, on_token, on_finish,
+                                              &first[j], NULL),
+                             ST_OK);
+        while (st_engine_running(e) + st_engine_queued(e) > 0)
+            assert_int_equal(st_engine_step(e), ST_OK);
+        /* the next turns, prompt 1's first: it goes to slot 1, which kept it */
+        int32_t turn[2][128];
+        int64_t n_turn[2];
+        for (int j = 1; j >= 0; j--) {
+            n_turn[j] = 0;
+            memcpy(turn[j], prompts[j], (size_t)n_prompts[j] * sizeof(int32_t));
+            n_turn[j] = n_prompts[j];
+            memcpy(turn[j] + n_turn[j], first[j].toks, (size_t)first[j].n * sizeof(int32_t));
+            n_turn[j] += first[j].n;
+            memcpy(turn[j] + n_turn[j], prompts[8], (size_t)n_prompts[8] * sizeof(int32_t));
+            n_turn[j] += n_prompts[8];
+            assert_int_equal(
+                st_engine_submit(e, turn[j], n_turn[j], &rp, on_token, on_finish, &next[j], NULL),
+                ST_OK);
+        }
+        st_engine_stats es0, es1;
+        st_engine_get_stats(e, &es0);
+        while (st_engine_running(e) + st_engine_queued(e) > 0)
+            assert_int_equal(st_engine_step(e), ST_OK);
+        st_engine_get_stats(e, &es1);
+        int64_t reused = 0;
+        for (int j = 0; j < 2; j++) {
+            plain_rec ref;
+            st_gen_params p = ep.gen;
+            p.n_predict = rp.n_predict;
+            p.sampler = rp.sampler;
+            memset(&ref, 0, sizeof ref);
+            assert_int_equal(st_generate(model, turn[j], n_turn[j], &p, rec_token, &ref, NULL),
+                             ST_OK);
+            assert_int_equal(next[j].n, ref.n);
+            assert_memory_equal(next[j].toks, ref.toks, (size_t)ref.n * sizeof(int32_t));
+            assert_int_equal(next[j].st.prompt_tokens, n_turn[j]);
+            if (cfgs[c] == 5) {
+                assert_int_equal(next[j].st.reused_tokens, 0);
+            } else { /* the prompt and the answer but its last token (never evaluated) */
+                assert_true(next[j].st.reused_tokens >= n_prompts[j] + first[j].n - 1);
+                assert_true(next[j].st.reused_tokens < n_turn[j]);
+            }
+            reused += next[j].st.reused_tokens;
+        }
+        assert_int_equal(es1.prompt_tokens - es0.prompt_tokens, n_turn[0] + n_turn[1] - reused);
+        st_engine_free(e);
+    }
+}
+
 /* Refusals at submit: a full queue (BUSY), a prompt that can never fit (RANGE: longer than the
  * context, or a reservation above the budget), bad arguments (INVALID); cancel of an unknown
  * request (RANGE). None calls a callback. */
@@ -580,6 +654,7 @@ int main(void) {
         cmocka_unit_test(test_staggered_equals_generate),
         cmocka_unit_test(test_load_equals_generate),
         cmocka_unit_test(test_drafter_reset_on_join),
+        cmocka_unit_test(test_reuse_prefix),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_kv_budget_admission),
         cmocka_unit_test(test_chunked_prefill),

@@ -11,7 +11,7 @@
  *   stories260K's size run on one thread), 1, 2 and all-core sessions give bitwise the logits,
  *   and so does a session on another session's pool (st_session_create_shared, as a drafter
  *   runs beside its target) while that one runs passes of its own.
- * - Load modes (issue 15): the same file mmap'd and copied into huge pages gives bitwise the
+ * - Load modes: the same file mmap'd and copied into huge pages gives bitwise the
  *   same logits (an F32 model with packed matrices and a Q8_0 one, 1 and 2 threads); the copy is
  *   2 MB aligned and holds the weights; ST_LOAD, the auto rule, --mlock, progress and bad modes.
  * - The f16 KV cache: batch invariant too, half the bytes, close to the f32 cache's logits.

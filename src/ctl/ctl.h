@@ -1,69 +1,13 @@
 /*
- * ctl.h: the `auto` controller. It picks, step by step, how many drafted nodes to verify (the
- * tree of N nodes is the N-1 best-scored candidates of the drafter's (K, S) pool, as
- * st_tree_organize selects them, plus the root), or none, by maximizing the expected tokens per
- * second:
- *
- *   speed-up(N) = (tokens emitted, expected) / (na * (cv(na, N) + cp)),   plain: 1
- *
- * for a batch of na sequences, weighed against a plain step of the same batch:
- * - cv(na, N): the time of a verify step of na trees of N nodes over that of a plain step of na
- *   sequences, measured at that batch size (moving averages with preempted steps clipped). A
- *   tree is chosen only where it is measured; a size not yet measured at a batch size (its
- *   estimate from the curve of verify cost by total tokens, in plain-token times t1, coming
- *   near paying), or now and then one next to the best that nearly pays, is verified as a
- *   probe, all probes together losing at most 1% of the time (plus 8 plain-token times) against
- *   plain steps emitting the same tokens. A batch size whose plain step was never measured
- *   decodes plainly first. (The larger the batch, the cheaper its plain tokens and the less
- *   free verification is: this is where speculation must back off.)
- * - cp: proposing and ranking (drafting included), per sequence, in plain-token times of that
- *   batch: a tree must pay for its proposals too.
- * - The curve of verify cost by total tokens (in t1 times) is interpolated where not yet
- *   measured, and a size is never estimated below a smaller size measured often enough.
- * - The expected tokens of a sequence are 1 (the bonus) plus the sum, over the selected nodes,
- *   of the probability that the node's whole path is accepted. That probability is calibrated
- *   online per bucket of (drafter confidence class, depth, drafter score): each proposal is
- *   kept as a "shadow" and scored against the tokens the sequence really emits next, whether
- *   it was verified or not, so the calibration keeps learning while speculation is off.
- *
- * It also owns the drafting policy: when to draft at all (a plain step now and then to keep t1
- * fresh; a draft model only once t1 is known, never one that reads more than half the target's
- * weight bytes). With a fixed shape (all of K, S, N given) it does none of this: every step
- * drafts and verifies what was drafted, up to N.
- *
- * A model drafter (STANDALONE, EAGLE) costs time before its drafts can be judged, so under
- * `auto` the controller also plans each step's pool (K, S) before drafting (st_ctl_want_draft),
- * maximizing the predicted speed-up
- *
- *   (1 + E(K, S, N)) * t1 / (draft(K, S) + t(N)),   draft(K, S) = c_catch + (S-1) * c_level(K)
- *
- * over K <= the pool's K, S <= its S and N <= its N:
- * - E(K, S, N): the expected accepted nodes of the N-1 best nodes of an EAGLE-2 tree whose
- *   node at depth d that is its parent's r-th most likely child is accepted, once its parent
- *   is, with probability q(d, r); q is calibrated from the same shadows (per depth and sibling
- *   rank), unseen cells taking their prior from the cell above or beside them.
- * - c_catch, c_level(K): the drafter's measured time per step for catching up on the
- *   committed tokens and per level pass of K nodes (st_ctl_draft_cost), moving averages of
- *   their ratios to one sequence's plain token (as t(N)'s: a machine that slows down slows
- *   both; drafting is per sequence, so at na sequences it costs na times as much, while a
- *   plain token costs less). t1 is the plain token's time now: between plain steps (rare
- *   while drafting) the verify steps of sizes measured often enough track the machine's speed.
- * Where a pool was drafted, its realized speed-up (tokens per plain-token time of its recent
- * steps) is blended into its prediction, so that what the model misses (costs it does not
- * see, acceptance that depends on more than depth and rank) is learned per pool.
- * When no shape pays, it decodes plainly and, if the best comes within 0.8x of plain, drafts a
- * probe now and then (at most every 32 steps) so that the calibration follows the text, all
- * probes together costing at most 1% of the plain decoding time (a probe first catches each
- * running request up on its tokens since its last proposal; it is verified only if its drafts
- * look worth it); now and
- * then it drafts a shape next to the best to measure it.
- * For a batch (2 or more sequences), drafting is also judged by what it realized at that batch
- * size and its neighbours (2, 3-4, 5-8, ..., 33-64): time per token of its drafted steps (the
- * proposals and the verify, and the steps whose proposals were not verified), in plain-token
- * times of recent plain steps at each step's size (a plain step first where none is recent);
- * where it lost, the batch decodes plainly without proposals, drafting again only as a probe
- * once that evidence has faded. All probes together lose at most 1% of the time so far and of
- * the recent time, plus 8 plain-token times.
+ * ctl.h: the `auto` controller, the interface the engine calls each step. Step by step it picks
+ * how many drafted nodes to verify (the N-1 best-scored candidates of the drafter's (K, S) pool,
+ * as st_tree_organize selects them, plus the root), or none, maximizing the expected tokens per
+ * second against a plain step of the same batch from measured costs in one time unit (one
+ * sequence's plain token); for a model drafter it also plans each step's pool before drafting.
+ * It owns the drafting policy: when to draft at all, probes within a budget, and for a batch
+ * the evidence of what drafting realized at that batch size. With a fixed shape (all of K, S, N
+ * given) it does none of this. The rules, the formulas and the measurements behind them:
+ * docs/AUTO.md; the constants: ctl_const.h.
  */
 #ifndef ST_CTL_H
 #define ST_CTL_H

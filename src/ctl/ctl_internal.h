@@ -1,97 +1,17 @@
 /*
- * ctl_internal.h: the `auto` controller's state and constants, shared by its two halves:
- * ctl.c (the drafting policy, the plan, the choice of the tree size, the timing) and
- * ctl_rank.c (the ranking of each step's candidates and the calibration from their shadows).
+ * ctl_internal.h: the `auto` controller's state and the functions its files share: ctl.c (its
+ * life and what each step teaches it), ctl_decide.c (whether to draft, the tree size),
+ * ctl_cost.c (the costs in one time unit), ctl_plan.c (the pool planner), ctl_rank.c (the
+ * ranking of each step's candidates and the calibration from their shadows). Its constants are
+ * ctl_const.h's.
  */
 #ifndef ST_CTL_INTERNAL_H
 #define ST_CTL_INTERNAL_H
 
 #include "ctl/ctl.h"
+#include "ctl/ctl_const.h"
 
 #include "spectree.h"
-
-enum {
-    CTL_CLASSES = 16,
-    CTL_DEPTHS = 8,
-    CTL_BINS = 5,
-    CTL_NB = CTL_CLASSES * CTL_DEPTHS * CTL_BINS,
-    CTL_RING = 20, /* pending shadows per sequence (a proposal is scored after S more tokens) */
-    CTL_PLAIN_EVERY = 64,   /* under auto, a plain step at least this often keeps t1 fresh */
-    CTL_PROBE_EVERY = 32,   /* a model drafter that does not pay probes at most this often */
-    CTL_PROBE_ROWS = 16,    /* rows of the catch-up that measures a row's cost */
-    CTL_FIRST = 4,          /* a model drafter's first proposals, whatever the plan */
-    CTL_EXPLORE_EVERY = 8,  /* one plan in this many tries a shape next to the best */
-    CTL_REPLAN = 4,         /* steps a plan is kept */
-    CTL_QD = ST_SPEC_MAX_S, /* depth x sibling-rank acceptance cells */
-    CTL_QK = ST_SPEC_MAX_K,
-    CTL_PROP_SKIP_MAX = 16, /* proposals that do not pay: at least one step in this many */
-    CTL_FLOOR_N = 3,        /* measurements of a verify size that bound the larger ones */
-};
-
-/* Proposals that keep not paying may cost this share of the steps' time. */
-#define CTL_PROP_SHARE 0.01
-
-/* Prior of a bucket: a fraction of the drafter's own score, worth this many observations. */
-#define CTL_PRIOR_SCALE 0.6
-#define CTL_PRIOR_WEIGHT 2.0
-/* Prior of an unseen depth/rank cell: the cell above (d-1, same rank 0) for rank 0 (0.5 at
- * depth 1), this fraction of the cell beside it (rank r-1) for others; worth this many
- * observations. An unmeasured level pass of K nodes costs that of k < K nodes times
- * (1 + CTL_LEVEL_SLOPE * (K - k)). A plan must promise this much to draft. */
-#define CTL_Q_PRIOR_RANK 0.15
-#define CTL_Q_PRIOR_WEIGHT 2.0
-#define CTL_LEVEL_SLOPE 0.1
-#define CTL_PLAN_MIN_GAIN 1.02
-#define CTL_PLAN_MARGIN 0.02 /* what a dearer pool must promise more than a cheaper one */
-#define CTL_PROBE_BUDGET 0.01
-#define CTL_PROBE_MIN_GAIN 0.8 /* probes are for drafters predicted near paying */
-/* A pool's predicted speed-up is blended with its realized one (decayed by this per step of
- * that pool), the prediction worth CTL_RZ_PRIOR steps. */
-#define CTL_RZ_DECAY 0.9
-#define CTL_RZ_PRIOR 2.0
-/* ... and its weight fades by this per step since its last update (old measurements, made
- * when the machine was busier or the text different, give way to the prediction) */
-#define CTL_RZ_FADE 0.97
-/* The realized-over-predicted ratio of all planned pools: its sums decay by this every step
- * (drafted or not: a ratio that stopped all drafting fades, and the plan tries again), and a
- * prior of 1 is worth this many tokens; that of the pools of one depth has the ratio of all as
- * its prior, worth this many predicted tokens. */
-#define CTL_RHO_DECAY 0.97
-#define CTL_RHO_PRIOR 4.0
-#define CTL_RHO_DEPTH_PRIOR 8.0
-/* Prior verify cost of T tokens in plain-token times (a measured size's estimate is its
- * measurements' average blended with this, worth one measurement). */
-#define CTL_PRIOR_SLOPE 0.6
-#define CTL_SPEED_RATE 0.1 /* see t1_now */
-/* A tree must promise this speed-up over a plain step, its verify cost at this batch size
- * measured (CTL_TREE_MIN_GAIN). A size not measured yet at a batch size, or one next to the best
- * that comes within CTL_REPROBE_NEAR of it (one step in CTL_REPROBE_EVERY), is verified as a
- * probe; probes may lose, beyond what plain steps would take for the tokens they emit, at most
- * CTL_VPROBE_BUDGET of all steps' time plus CTL_VPROBE_ALLOW plain-token times. */
-#define CTL_TREE_MIN_GAIN 1.03
-#define CTL_PROBE_NEAR 0.7
-#define CTL_REPROBE_NEAR 0.85
-#define CTL_REPROBE_EVERY 16
-#define CTL_VPROBE_BUDGET 0.01
-#define CTL_VPROBE_ALLOW 8.0
-#define CTL_BUDGET_FADE 0.998 /* per step, of the time and the probes' loss the budget weighs */
-#define CTL_PRIOR_RATIO(T) (1.0 + CTL_PRIOR_SLOPE * (double)((T)-1))
-/* Drafting at a batch size is judged by what it realized there: decayed sums (by this per
- * drafted step of that size, each step's time a token counting at most 1.5 times their
- * mean) of the tokens
- * and seconds of its drafted steps, against those of its recent plain steps. Their weight
- * fades by CTL_GATE_FADE per step since the last drafted step of that size. Before
- * CTL_GATE_MIN drafted steps, or once their weight is below CTL_GATE_REJUDGE (about 135 steps
- * after a probe), drafting there is a probe, whose loss counts against the probes' budget
- * (CTL_VPROBE_BUDGET); below CTL_GATE_FORGET the evidence is forgotten (drafting is judged
- * anew). */
-#define CTL_GATE_DECAY 0.9
-#define CTL_GATE_FADE 0.99
-#define CTL_GATE_MIN 3
-#define CTL_GATE_REJUDGE 0.5
-#define CTL_GATE_FORGET 0.15
-#define CTL_GATE_PLAIN_MIN 0.3 /* plain steps' weight below which one is run first */
-#define CTL_GATE_BUCKETS 8     /* 2, 3-4, 5-8, ..., 33-64 sequences (gate_bucket) */
 
 typedef struct shadow {
     int64_t n0; /* history length when proposed: a depth-d node predicts hist[n0 + d - 1] */
@@ -133,7 +53,7 @@ struct st_ctl {
     /* draft costs per sequence in one sequence's plain-token times (seq_unit: drafting is per
      * sequence, so unlike a forward's its time does not shrink per token with the batch; a
      * ratio to t1, the plain token of whatever batch ran last, read at another batch size is
-     * wrong by their ratio: measured at 1 and read at 8, 3.5x too cheap on a 768-wide target) */
+     * wrong by their ratio) */
     double c_row; /* a caught-up row (catch-ups of >= 16 rows) */
     int64_t c_row_n;
     int64_t pk, ps; /* the last plan: pool, tree size, predicted speed-up */
@@ -190,8 +110,7 @@ struct st_ctl {
     double t_total, vprobe_loss;
     /* ... and both faded (CTL_BUDGET_FADE): the budget holds for the recent time too, so that
      * it is never a stash that a long paying stretch builds up and a new batch size spends at
-     * once (after 1500 steps of one and two sequences, a server's first round at 4 spent 13%
-     * of its time on probes) */
+     * once */
     double t_recent, loss_recent;
     int vprobe;
     /* per batch size: realized drafting (see CTL_GATE_DECAY); whether this step's drafting
@@ -208,5 +127,30 @@ struct st_ctl {
     uint8_t *tv_seen; /* (Tmax + 1) a first, unmeasured step of that size was made */
     int64_t Tmax;
 };
+
+/* ctl_decide.c: the gate's batch range of na sequences (2, 3-4, 5-8, ...). */
+int st_ctl_gate_bucket(int32_t na);
+/* ctl_decide.c: a step of tok tokens in t seconds into the gate's decayed sums. */
+void st_ctl_gate_add(double *stok, double *ss, double *sw, int64_t *sstep, int64_t step, double tok,
+                     double t);
+/* ctl_plan.c: plans the pool (c->pk, c->ps, c->pn) for na sequences. */
+void st_ctl_plan(st_ctl *c, int32_t na);
+/* ctl_cost.c: seconds of a level pass of K nodes (measured or estimated). */
+double st_ctl_level_cost(const st_ctl *c, int64_t K);
+/* ctl_cost.c: a plain step of na sequences per token over t1 (1 when unknown). */
+double st_ctl_batch_f(const st_ctl *c, int32_t na);
+/* ctl_cost.c: a verify of na trees of m nodes over a plain step of na sequences;
+ * *measured: at that batch size. */
+double st_ctl_verify_cost(const st_ctl *c, int32_t na, int32_t m, int *measured);
+/* ctl_cost.c: the moving average of times, outliers capped (CTL_OUTLIER). */
+void st_ctl_track(double *v, int64_t n, double x);
+/* ctl_cost.c: a plain token's time now (t1 times the machine's speed). */
+double st_ctl_t1_now(const st_ctl *c);
+/* ctl_cost.c: one sequence's plain token now, the unit of per-sequence draft costs. */
+double st_ctl_seq_unit(const st_ctl *c);
+/* ctl_cost.c: one sequence's plain token over t1 (-1 while never timed). */
+double st_ctl_conv1(const st_ctl *c);
+/* ctl_cost.c: a verify step of na trees of m nodes took seconds. */
+void st_ctl_time_verify_batch(st_ctl *c, int32_t na, int32_t m, double seconds);
 
 #endif /* ST_CTL_INTERNAL_H */

@@ -13,7 +13,7 @@ static int ranks_before(const float *score, int64_t a, int64_t b) {
 }
 
 static int32_t score_bin(float s) {
-    return s >= 0.8f ? 0 : s >= 0.5f ? 1 : s >= 0.25f ? 2 : s >= 0.1f ? 3 : 4;
+    return s >= CTL_BIN_1 ? 0 : s >= CTL_BIN_2 ? 1 : s >= CTL_BIN_3 ? 2 : s >= CTL_BIN_4 ? 3 : 4;
 }
 
 static double bucket_p(const st_ctl *c, int32_t b, float score) {

@@ -75,4 +75,20 @@ st_status st_drafter_eagle3_create(const st_model *head, const st_model *target,
                                    st_session *with, int64_t max_k, int64_t max_s,
                                    st_drafter **out);
 
+/* One drafting algorithm (algos.c: the table of them). */
+typedef struct st_draft_algo {
+    st_spec_algo algo;
+    const char *name; /* SGLang's --speculative-algorithm name */
+    int needs_model;  /* spec.draft_model: a draft model or an EAGLE head */
+    /* Makes one slot's drafter for proposals of at most (K, S), with n_ctx positions, on the
+     * pool of `with` (the target's session); NULL for plain decoding. */
+    st_status (*create)(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
+                        st_session *with, int64_t K, int64_t S, st_drafter **out);
+    /* Prepares the target's session once for the slots' drafters (NULL: nothing to do). */
+    st_status (*attach)(const st_spec_params *sp, st_session *target);
+} st_draft_algo;
+
+/* The row of algorithm a (an unknown value reads as NONE's row). */
+const st_draft_algo *st_draft_algo_of(st_spec_algo a);
+
 #endif /* ST_DRAFTER_H */

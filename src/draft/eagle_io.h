@@ -1,7 +1,8 @@
 /*
- * eagle_io.h: the pieces the EAGLE-1/2 and EAGLE-3 head loaders share (eagle_load.c): typed
+ * eagle_io.h: the pieces the EAGLE-1/2 and EAGLE-3 head loaders share (eagle_io.c): typed
  * config.json fields with ranges, the table of a layout's tensors checked against a checkpoint,
- * and the copies of its weights into the head's one block.
+ * and the copies of its weights into the head's one block; and the two loaders, which
+ * st_eagle_head_load (head_load.c) chooses between.
  */
 #ifndef ST_EAGLE_IO_H
 #define ST_EAGLE_IO_H
@@ -33,5 +34,8 @@ void st_head_copy_tensor(const st_head_tensor *h);
 void st_head_set_wt(st_wt *w, const st_head_tensor *h);
 /* A float copy of a vector tensor into `into`, or a new st_malloc'd one (NULL: out of memory). */
 float *st_head_vector_of(const st_head_tensor *h, float *into);
+
+/* The EAGLE-1/2 loader (eagle_load.c) and the EAGLE-3 one (eagle3_load.c, public). */
+st_status st_eagle1_head_load(const char *dir, const st_model *target, st_model **out);
 
 #endif /* ST_EAGLE_IO_H */

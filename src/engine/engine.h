@@ -1,9 +1,9 @@
 /*
  * engine.h: internal header of the engine: the state of the slots of a continuous-batching
  * engine (st_engine; st_generate_batch is a loop over one) and the two kinds of step it runs.
- * engine.c resolves the parameters and sets the state up; sched.c queues, admits, prefills,
+ * setup.c resolves the parameters and sets the state up; sched.c queues, admits, prefills,
  * steps and finishes requests; step.c holds the speculative step (DESIGN.md "One speculative
- * step") and the plain step.
+ * step") and the plain step; generate.c is the engine's first client (st_generate_batch).
  */
 #ifndef ST_ENGINE_H
 #define ST_ENGINE_H

@@ -14,6 +14,7 @@ struct st_engine {
     st_gen g;
     st_gen_stats gs; /* totals over every sequence (g.stats points here) */
     int32_t n_ctx, max_running, max_queued, prefill_chunk;
+    int reuse_prefix; /* st_engine_params.reuse_prefix, for a drafter that reads no states */
     int64_t kv_budget, kv_reserved;
     int32_t n_running, n_queued;
     st_req *qhead, *qtail; /* the queue, oldest first */
@@ -46,7 +47,8 @@ static void req_finish(st_engine *e, st_req *r, st_status status) {
     if (b >= 0) {
         g->req[b] = NULL;
         g->done[b] = 1;
-        st_session_seq_reset(g->s, b);
+        if (!e->reuse_prefix || status != ST_OK) /* kept for the next request's prefix */
+            st_session_seq_reset(g->s, b);
         if (g->ctl) /* its pending shadows are dropped */
             st_ctl_observe(g->ctl, b, NULL, 0, 1);
         e->kv_reserved -= r->reserve;
@@ -125,6 +127,7 @@ st_status st_engine_create(const st_model *m, const st_engine_params *pp, st_eng
     e->max_running = p.max_running;
     e->max_queued = p.max_queued;
     e->prefill_chunk = p.prefill_chunk;
+    e->reuse_prefix = p.reuse_prefix && !(e->g.dr[0] && e->g.dr[0]->observe);
     e->kv_budget = p.kv_budget ? p.kv_budget : (int64_t)p.max_running * e->n_ctx;
     e->next_id = 1;
     for (int32_t b = 0; b < e->g.bs; b++)
@@ -249,13 +252,28 @@ static void admit(st_engine *e) {
         int32_t b = 0;
         while (g->req[b])
             b++;
+        int64_t keep = 0; /* reuse_prefix: the free slot that shares the longest prefix */
+        for (int32_t i = b; e->reuse_prefix && i < g->bs; i++) {
+            const int64_t L = st_session_seq_len(g->s, i);
+            int64_t k = 0;
+            while (!g->req[i] && k < L && k < r->n_prompt - 1 && g->hist[i][k] == r->prompt[k])
+                k++;
+            if (k > keep)
+                keep = k, b = i;
+        }
         g->req[b] = r;
         r->slot = b;
         e->n_running++;
         e->kv_reserved += r->reserve;
         r->st.queue_ms = (st_time_now() - r->t_submit) * 1e3;
-        /* a fresh sequence: empty KV, a drafter and controller shadows that forget the last */
-        st_session_seq_reset(g->s, b);
+        /* a fresh sequence: empty KV (but the prefix kept), a drafter and controller shadows
+         * that forget the last */
+        if (keep > 0)
+            st_session_seq_truncate(g->s, b, (int32_t)keep);
+        else
+            st_session_seq_reset(g->s, b);
+        r->n_prefilled = keep;
+        r->st.reused_tokens = keep;
         if (g->dr[b])
             g->dr[b]->reset(g->dr[b]);
         if (g->ctl)

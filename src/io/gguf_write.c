@@ -567,13 +567,19 @@ st_status st_gguf_writer_stream(st_gguf_writer *w, const void *data, size_t size
     return ST_OK;
 }
 
-static st_status stream_all(st_gguf_writer *w) {
+static st_status stream_all(st_gguf_writer *w, st_gguf_write_progress_fn progress, void *user) {
     st_status s = ST_OK;
+    size_t done = 0, total = 0;
+    for (int64_t i = 0; i < w->n_tensors; i++)
+        total += w->tensors[i].size;
     for (int64_t i = 0; i < w->n_tensors && !s; i++) {
         if (!w->tensors[i].data && w->tensors[i].size)
             return st_fail(ST_ERR_INVALID, "gguf writer: tensor '%s' has no data",
                            w->tensors[i].name);
         s = st_gguf_writer_stream(w, w->tensors[i].data, w->tensors[i].size);
+        done += w->tensors[i].size;
+        if (!s && progress)
+            progress(user, i + 1, w->n_tensors, done, total);
     }
     return s;
 }
@@ -612,9 +618,14 @@ st_status st_gguf_writer_end_file(st_gguf_writer *w) {
 }
 
 st_status st_gguf_writer_write_file(st_gguf_writer *w, const char *path) {
+    return st_gguf_writer_write_file_ex(w, path, NULL, NULL);
+}
+
+st_status st_gguf_writer_write_file_ex(st_gguf_writer *w, const char *path,
+                                       st_gguf_write_progress_fn progress, void *user) {
     st_status s = st_gguf_writer_begin_file(w, path);
     if (!s)
-        s = stream_all(w);
+        s = stream_all(w, progress, user);
     if (w && w->writing) {
         st_status e = st_gguf_writer_end_file(w);
         if (!s)
@@ -643,7 +654,7 @@ st_status st_gguf_writer_write_memory(st_gguf_writer *w, void **buf, size_t *siz
     if (!s)
         s = advance(w);
     if (!s)
-        s = stream_all(w);
+        s = stream_all(w, NULL, NULL);
     w->writing = 0;
     if (!s && w->pos != total)
         s = st_fail(ST_ERR_INVALID, "gguf writer: wrote %zu of %zu bytes", w->pos, total);

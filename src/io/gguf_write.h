@@ -96,6 +96,12 @@ size_t st_gguf_writer_file_size(const st_gguf_writer *w);
  * Files appear at their path whole or not at all: they are written to a temporary file beside
  * it, renamed over it at the end (see st_outfile_open). */
 st_status st_gguf_writer_write_file(st_gguf_writer *w, const char *path);
+/* The same, calling progress (may be NULL) after each tensor's data is written: tensors and
+ * data bytes written so far, and their totals. */
+typedef void (*st_gguf_write_progress_fn)(void *user, int64_t tensors_done, int64_t n_tensors,
+                                          size_t bytes_done, size_t total_bytes);
+st_status st_gguf_writer_write_file_ex(st_gguf_writer *w, const char *path,
+                                       st_gguf_write_progress_fn progress, void *user);
 /* Writes the whole file into a new buffer of st_gguf_writer_file_size bytes; *buf is released
  * with free(). */
 st_status st_gguf_writer_write_memory(st_gguf_writer *w, void **buf, size_t *size);

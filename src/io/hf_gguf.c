@@ -507,6 +507,11 @@ static const char *input_named(const char *dir, const char *path, char *buf, siz
 }
 
 st_status st_convert_hf(const char *dir, const char *out_path, int type) {
+    return st_convert_hf_ex(dir, out_path, type, NULL, NULL);
+}
+
+st_status st_convert_hf_ex(const char *dir, const char *out_path, int type,
+                           st_convert_progress_fn progress, void *user) {
     if (!dir || !out_path)
         return st_fail(ST_ERR_INVALID, "st_convert_hf: NULL argument");
     char name[512];
@@ -518,7 +523,7 @@ st_status st_convert_hf(const char *dir, const char *out_path, int type) {
     st_status s = st_hf_to_gguf(dir, type, &w);
     if (s)
         return s;
-    s = st_gguf_writer_write_file(w, out_path);
+    s = st_gguf_writer_write_file_ex(w, out_path, progress, user);
     st_gguf_writer_free(w);
     return s;
 }

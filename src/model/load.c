@@ -2,8 +2,8 @@
  * load.c: st_model_load and st_model_load_ex: where a model's weights live. MMAP leaves them in
  * the read-only file mapping; COPY reads the file into 2 MB-aligned anonymous memory advised
  * MADV_HUGEPAGE (st_huge_alloc) and releases the page cache's copy: a multi-GB file mapped in
- * 4 KB pages streamed at a fraction of the copy bandwidth (README, issue 15). The bytes are the
- * same either way, so is every result. The checks of the model itself are in llama.c.
+ * 4 KB pages streamed at a fraction of the copy bandwidth (docs/BENCHMARKS.md, "Big models"). The
+ * bytes are the same either way, so is every result. The checks of the model itself are in llama.c.
  */
 #define _GNU_SOURCE
 #include "model/model.h"

@@ -1,7 +1,7 @@
 /*
- * detok.c: streaming detokenizer. Each token's bytes (decoded once at load, tok.c) pass through
- * an incremental UTF-8 validator that holds back an incomplete character until a later token
- * completes it and replaces ill-formed input by U+FFFD, one per maximal ill-formed subpart
+ * detok.c: streaming detokenizer. Each token's bytes (decoded once at load, tokenizer.c) pass
+ * through an incremental UTF-8 validator that holds back an incomplete character until a later
+ * token completes it and replaces ill-formed input by U+FFFD, one per maximal ill-formed subpart
  * (Unicode 15, section 3.9, "U+FFFD substitution of maximal subparts"). So every chunk a caller
  * prints is valid UTF-8 on its own, even when byte-fallback tokens split a character.
  */

@@ -79,6 +79,8 @@ static inline void st_tok_emit(st_tok_out *o, int32_t id) {
     o->n++;
 }
 
+/* Fills t->map from t's pieces (tok_vocab.c); a repeated piece maps to its last id. */
+void st_tok_build_map(st_tokenizer *t);
 /* Id of the piece with these bytes, or -1. */
 int32_t st_tok_find(const st_tokenizer *t, const char *s, size_t n);
 
@@ -113,7 +115,7 @@ typedef struct st_tok_pair {
     int32_t res;
 } st_tok_pair;
 
-/* The merge queue both BPEs share (tok.c): a min-heap of pairs by (key, left) over the core
+/* The merge queue both BPEs share (tok_heap.c): a min-heap of pairs by (key, left) over the core
  * heap; push needs capacity for one more, pop needs *n > 0. */
 void st_tok_heap_push(st_tok_pair *h, int64_t *n, st_tok_pair x);
 st_tok_pair st_tok_heap_pop(st_tok_pair *h, int64_t *n);

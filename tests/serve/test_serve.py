@@ -17,7 +17,9 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   --drain-timeout or at a second signal are answered 503 (a stream: an error event and
   [DONE]); SIGHUP drains as SIGTERM does;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
-  list-of-templates form too); an unknown one is a startup error;
+  list-of-templates form too); an unknown one is a startup error; none: ChatML, with a warning;
+- logging: the start-up lines, one line per request, --log-level; llama.cpp's flags (-np,
+  -n -1, GPU-only flags) and SPECTREE_ARG_<FLAG> variables on a running server;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
   silent sockets are closed after 2 s, a spare connection answers /health on a full server.
@@ -585,13 +587,79 @@ def test_startup_errors():
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    # no chat template: chat requests say how to choose one
+    # no chat template: ChatML, as llama-server does, with a warning that names the flag
     with Server(BUILD, MODEL) as s2:
+        want = generate(BUILD, MODEL, "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n",
+                        20)
         code, text = curl(s2.url + "/v1/chat/completions",
-                          {"messages": [{"role": "user", "content": "x"}]})
-        check(code == 400 and "--chat-template" in text, "chat without a template: %s" % text)
-        check("chat template none" in s2.log_text(), s2.log_text())
+                          {"messages": [{"role": "user", "content": "x"}], "max_tokens": 20,
+                           "temperature": 0})
+        check(code == 200, "chat without a template: %d %s" % (code, text))
+        got = json.loads(text)["choices"][0]["message"]["content"]
+        check(got == want, "default chatml chat %r != generate %r" % (got, want))
+        log = s2.log_text()
+        check("chat template chatml from the default" in log, log)
+        check("warning: %s has no chat template (tokenizer.chat_template): chat requests use "
+              "ChatML; choose another with --chat-template NAME" % MODEL in log, log)
         check(s2.stop() == 0, "exit status")
+
+
+def test_logging_and_llama_flags():
+    # start-up lines (drafter, tree bounds, kernels, memory), a line per request at the default
+    # level; llama.cpp's -np, -n -1, -ngl and -fa; variables for flags the command line lacks
+    env = {"SPECTREE_ARG_SERVED_MODEL_NAME": "from-env", "SPECTREE_ARG_CTX_SIZE": "300",
+           "SPECTREE_ARG_PORT": "not-a-port"}  # the command line's --port 0 wins
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        s = Server(BUILD, MODEL, "-np", "2", "-n", "-1", "-ngl", "99", "-fa", "on",
+                   "--speculative-algorithm", "NGRAM")
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    with s:
+        log = s.log_text()
+        for want in ["warning: this build runs on the CPU; --n-gpu-layers, --flash-attn ignored",
+                     "drafter NGRAM", "tree: top-k ", "kernels ", "memory: weights ",
+                     "KV cache at most ", "(600 positions: 2 slots of 300;",
+                     "as 'from-env' on http://127.0.0.1:%d (context 300, 2 slots," % s.port]:
+            check(want in log, "start-up lines lack %r: %s" % (want, log))
+        check(log.count("warning") == 2, "warnings: GPU flags and the template: %s" % log)
+        code, text = curl(s.url + "/v1/completions", {"prompt": PROMPT, "temperature": 0})
+        check(code == 200, "completion: %d %s" % (code, text))
+        d = json.loads(text)
+        # -n -1: the rest of the context (or the end of text)
+        u = d["usage"]
+        check(u["prompt_tokens"] + u["completion_tokens"] == 300 or
+              d["choices"][0]["finish_reason"] == "stop", "-n -1: %s" % u)
+        deadline = time.time() + 10
+        while d["id"] not in s.log_text() and time.time() < deadline:
+            time.sleep(0.05)
+        line = [l for l in s.log_text().splitlines() if d["id"] + ":" in l]
+        check(len(line) == 1, "one log line per request: %s" % s.log_text())
+        check(re.search(r"prompt 5 tokens, gen %d tokens, ttft [0-9.]+ ms, [0-9.]+ tok/s, tau "
+                        r"[0-9.]+, finish %s$" % (u["completion_tokens"],
+                                                  d["choices"][0]["finish_reason"]), line[0]),
+              line[0])
+        check(s.stop() == 0, "exit status")
+    # --log-level warn: no request lines; debug: the queue time and accepted drafts too
+    for level, want in [("warn", None), ("debug", "queue ")]:
+        with Server(BUILD, MODEL, "--log-level", level, "--speculative-algorithm", "NGRAM") as s:
+            code, text = curl(s.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 8})
+            check(code == 200, "completion: %d" % code)
+            rid = json.loads(text)["id"]
+            check(s.stop() == 0, "exit status")
+            log = s.log_text()
+            lines = [l for l in log.splitlines() if rid + ":" in l]
+            if want is None:
+                check(not lines and "drafter" not in log and "warning" in log,
+                      "--log-level warn: %s" % log)
+            else:
+                check(len(lines) == 1 and want in lines[0] and "speculative +" in lines[0],
+                      "--log-level debug: %s" % log)
 
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
@@ -879,7 +947,9 @@ def main():
         finally:
             if s.proc.poll() is None or s.proc.returncode not in (0, None):
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
-    run_tests([("startup errors", test_startup_errors), ("limits", test_limits),
+    run_tests([("startup errors", test_startup_errors),
+               ("logging and llama.cpp's flags", test_logging_and_llama_flags),
+               ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
                ("a second signal, SIGHUP", test_signals),
                ("connection limits", test_connection_limits),

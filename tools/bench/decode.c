@@ -1,5 +1,5 @@
 /*
- * bench_decode.c: `spectree-bench decode -m MODEL [--json]`: plain decode speed, one token per
+ * decode.c: `spectree-bench decode -m MODEL [--json]`: plain decode speed, one token per
  * forward pass with its logits, over 128 tokens (median of runs after a warm-up), and the
  * weight bandwidth it implies (bytes of weights per token x tokens/s) next to the machine's
  * copy bandwidth measured in the same run with the same threads, since on a CPU decode is bound

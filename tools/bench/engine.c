@@ -1,5 +1,5 @@
 /*
- * bench_engine.c: `spectree-bench engine`: the continuous-batching engine under a closed-loop
+ * engine.c: `spectree-bench engine`: the continuous-batching engine under a closed-loop
  * load, without HTTP: at each concurrency C, C requests are kept in flight (a new one is
  * submitted as soon as one finishes) until R have run; throughput and latencies with plain
  * decoding and with speculation, runs interleaved, medians of repeats after a warm-up. Greedy,

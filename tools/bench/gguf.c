@@ -1,5 +1,5 @@
 /*
- * bench_gguf.c: `spectree-bench gguf`: how long st_gguf_open takes on hostile headers of about
+ * gguf.c: `spectree-bench gguf`: how long st_gguf_open takes on hostile headers of about
  * M megabytes (default 100), the kind built to make a loader slow: millions of one-byte metadata
  * values under unique keys, the same with a duplicate of the first key at the very end (refused
  * only after every key is in the index), millions of empty tensor infos, and those with a

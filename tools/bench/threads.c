@@ -1,5 +1,5 @@
 /*
- * bench_threads.c: `spectree-bench threads -m MODEL`: decode tokens/s with 1 thread and with N
+ * threads.c: `spectree-bench threads -m MODEL`: decode tokens/s with 1 thread and with N
  * (default 2), first as the machine is, then with a busy loop on every core: the benchmark starts
  * one busy process per online core itself, and kills them when done (they also die with it and
  * after 10 minutes at most). Runs of the two thread counts alternate, so both see the same

@@ -1,5 +1,5 @@
 /*
- * bench_tree.c: `spectree-bench tree [--json] [--reps R]`: per-step overhead of tree speculative
+ * tree.c: `spectree-bench tree [--json] [--reps R]`: per-step overhead of tree speculative
  * decoding outside the model (verify-mask build, greedy verification, KV row commit) against
  * context length, for each mask layout. It shows what SGLang PR #32886 fixed: a FULL mask whose
  * prefix is filled every step costs O(N * sum L), every other layout stays flat (DESIGN.md

@@ -1,5 +1,5 @@
 /*
- * bench_verify.c: `spectree-bench verify -m MODEL [--json]`: the verify-cost curve that decides
+ * verify.c: `spectree-bench verify -m MODEL [--json]`: the verify-cost curve that decides
  * whether speculation pays (DESIGN.md cost model): the time of one target forward over N tokens
  * (a chain at positions L .. L+N-1 with the logits of all N, st_session_verify with causal
  * attention) after a committed context of L = 512 tokens, for N = 1, 2, 4, ..., 64, and

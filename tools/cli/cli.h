@@ -11,5 +11,6 @@ int cli_cmd_generate(int argc, char **argv);
 int cli_cmd_tokenize(int argc, char **argv);
 int cli_cmd_info(int argc, char **argv);
 int cli_cmd_convert(int argc, char **argv);
+int cli_cmd_chat(int argc, char **argv);
 
 #endif

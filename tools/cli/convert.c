@@ -1,4 +1,5 @@
-/* convert.c: `spectree convert`, a Hugging Face checkpoint written as a GGUF file. */
+/* convert.c: `spectree convert`, a Hugging Face checkpoint written as a GGUF file, with its
+ * progress (tensors and MB written) and a summary on stderr. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
@@ -24,7 +25,33 @@ static const char *convert_help =
     "                per-tensor mix (q4_k_m: output, and attn_v and ffn_down of the first and\n"
     "                last eighth of the layers and every third between, in q6_k, the rest\n"
     "                q4_k). K-quant rows that are not whole 256-element super-blocks get q4_0\n"
-    "                (q2_k, q3_k) or q8_0 (q4_k .. q6_k), f16 if not even 32 divides them\n";
+    "                (q2_k, q3_k) or q8_0 (q4_k .. q6_k), f16 if not even 32 divides them\n"
+    "\n"
+    "Progress (tensors and MB written) and a summary go to stderr.\n";
+
+/* Progress on stderr: rewritten in place on a terminal, else a line per quarter of the data. */
+typedef struct progress {
+    int tty, quarter;
+    double t0;
+    int64_t n_tensors;
+} progress;
+
+static void on_progress(void *user, int64_t done, int64_t n, size_t bytes, size_t total) {
+    progress *p = user;
+    const double mb = (double)bytes / 1e6, total_mb = (double)total / 1e6;
+    p->n_tensors = n;
+    if (p->tty) {
+        fprintf(stderr, "\rconvert: %" PRId64 "/%" PRId64 " tensors, %.1f/%.1f MB%s", done, n, mb,
+                total_mb, done == n ? "\n" : "");
+        return;
+    }
+    const int q = total ? (int)(4 * (double)bytes / (double)total) : 4;
+    if (q > p->quarter || done == n) {
+        p->quarter = q;
+        fprintf(stderr, "convert: %" PRId64 "/%" PRId64 " tensors, %.1f/%.1f MB\n", done, n, mb,
+                total_mb);
+    }
+}
 
 int cli_cmd_convert(int argc, char **argv) {
     static const struct option lo[] = {
@@ -51,6 +78,8 @@ int cli_cmd_convert(int argc, char **argv) {
                  {"q5_k_s", ST_CONVERT_Q5_K_S},
                  {"q5_k_m", ST_CONVERT_Q5_K_M}};
     int type = -1, c;
+    const char *type_name = "as stored";
+    argc = cli_common_argv("convert", argc, argv, "h", lo);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
@@ -64,6 +93,8 @@ int cli_cmd_convert(int argc, char **argv) {
                                          "q3_k, q4_k, q5_k, q6_k, q3_k_s, q3_k_m, q3_k_l, "
                                          "q4_k_s, q4_k_m, q5_k_s, q5_k_m, keep");
             type = types[i].type;
+            if (type != -1)
+                type_name = types[i].name;
             break;
         }
         case 'h':
@@ -84,9 +115,16 @@ int cli_cmd_convert(int argc, char **argv) {
         fprintf(stderr, "spectree: %s: not a checkpoint directory\n", dir);
         return 1;
     }
-    if (st_convert_hf(dir, out, type) != ST_OK) {
+    progress pr = {.tty = isatty(STDERR_FILENO), .t0 = st_time_seconds()};
+    if (st_convert_hf_ex(dir, out, type, on_progress, &pr) != ST_OK) {
+        if (pr.tty)
+            fputc('\n', stderr);
         fprintf(stderr, "spectree: %s\n", st_last_error());
         return 1;
     }
+    struct stat ob;
+    const double file_mb = stat(out, &ob) == 0 ? (double)ob.st_size / 1e6 : 0;
+    fprintf(stderr, "convert: wrote %s: %" PRId64 " tensors, %.1f MB, matrices %s, in %.2f s\n",
+            out, pr.n_tensors, file_mb, type_name, st_time_seconds() - pr.t0);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,17 +62,19 @@ static const char *generate_help =
     "usage: spectree generate -m MODEL (-p PROMPT | -f FILE) [options]\n"
     "\n"
     "Generates a continuation of PROMPT and streams it (not the prompt) to stdout.\n"
-    "Prompt and generation speed go to stderr.\n"
+    "Prompt and generation speed go to stderr. Ctrl-C stops the generation: the statistics\n"
+    "of what was generated are printed and the exit status is 130.\n"
     "\n"
     "  -m, --model PATH     GGUF Llama model (required)\n"
     "  -p, --prompt TEXT    prompt text (may be empty); '-p -' reads it from standard input\n"
     "  -f, --file FILE      read the prompt from FILE (one of -p and -f is required)\n"
-    "  -n, --n-predict N    tokens to generate (default 256; stops early at end of text)\n"
+    "  -n, --n-predict N    tokens to generate (default 256; -1: until the end of text or of\n"
+    "                       the context; stops early at end of text)\n"
     "      --temp T         temperature, 0 = greedy (default 0.8)\n"
     "      --top-k K        keep the K most likely tokens, 0 = off (default 40)\n"
     "      --top-p P        nucleus sampling, 1 = off (default 0.95)\n"
     "      --min-p P        drop tokens below P x the top probability, 0 = off (default 0.05)\n"
-    "      --seed S         sampling seed (default: from the clock, printed to stderr)\n"
+    "  -s, --seed S         sampling seed (default or -1: from the clock, printed to stderr)\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
@@ -142,8 +145,20 @@ static void printer_add(printer *p, const char *txt, size_t n, int final) {
     }
 }
 
+/* Ctrl-C: the generation stops at its next token and its statistics are printed; a second
+ * Ctrl-C ends the process at once (the default action, restored by the first). */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL);
+}
+
 static int on_token(void *user, int32_t tok) {
     printer *p = user;
+    if (interrupted)
+        return 1;
     size_t nb = 0;
     if (st_detok_push(&p->dt, tok, p->tok_buf, p->tok_cap, &nb) != ST_OK) {
         p->n_textless++; /* an id past the tokenizer's vocabulary: not dropped silently */
@@ -151,25 +166,25 @@ static int on_token(void *user, int32_t tok) {
     } else if (nb) {
         printer_add(p, p->tok_buf, nb, 0);
     }
-    return p->stopped;
+    return p->stopped || interrupted;
 }
 
 int cli_cmd_generate(int argc, char **argv) {
     gen_opts o = {.n_predict = 256};
     cli_common_init(&o.c);
-    enum { O_SEED = 1000, O_JSON, O_STOP };
+    enum { O_JSON = 1000, O_STOP };
     static const struct option own[] = {
-        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},    {"n-predict", required_argument, 0, 'n'},
-        {"seed", required_argument, 0, O_SEED}, {"ctx-size", required_argument, 0, 'c'},
-        {"json", no_argument, 0, O_JSON},       {"stop", required_argument, 0, O_STOP},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},  {"n-predict", required_argument, 0, 'n'},
+        {"seed", required_argument, 0, 's'},  {"ctx-size", required_argument, 0, 'c'},
+        {"json", no_argument, 0, O_JSON},     {"stop", required_argument, 0, O_STOP},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     struct option *lo = cli_common_options(own);
     int c;
-    cli_common_argv(argc, argv);
+    argc = cli_common_argv("generate", argc, argv, "m:p:f:n:t:c:s:h", lo);
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:s:h", lo, NULL)) != -1) {
         if (cli_common_parse("generate", c, optarg, &o.c))
             continue;
         switch (c) {
@@ -183,14 +198,16 @@ int cli_cmd_generate(int argc, char **argv) {
             o.prompt_file = optarg;
             break;
         case 'n':
-            cli_parse_int("generate", "-n", optarg, 0, 1 << 24, &o.n_predict);
+            cli_parse_int("generate", "-n", optarg, -1, 1 << 24, &o.n_predict);
             break;
         case 'c':
             cli_parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
             break;
-        case O_SEED:
-            o.c.sp.seed = cli_parse_u64("generate", "--seed", optarg);
-            o.seed_set = 1;
+        case 's':
+            if (strcmp(optarg, "-1") != 0) { /* -1: llama.cpp's random seed */
+                o.c.sp.seed = cli_parse_u64("generate", "--seed", optarg);
+                o.seed_set = 1;
+            }
             break;
         case O_JSON:
             o.json = 1;
@@ -215,8 +232,11 @@ int cli_cmd_generate(int argc, char **argv) {
         }
     }
     free(lo);
-    if (optind < argc)
-        cli_die_usage("generate", "unexpected argument");
+    if (optind < argc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "unexpected argument '%.256s'", argv[optind]);
+        cli_die_usage("generate", msg);
+    }
     if (!o.model)
         cli_die_usage("generate", "-m MODEL is required");
     if (!o.prompt && !o.prompt_file)
@@ -293,11 +313,15 @@ int cli_cmd_generate(int argc, char **argv) {
     st_detok_set_prev(&pr.dt, toks[n_prompt - 1]);
     st_gen_stats gs;
     st_gen_params gp = st_gen_default_params();
-    gp.n_predict = o.n_predict;
+    gp.n_predict = o.n_predict < 0 ? (int64_t)1 << 40 : o.n_predict; /* -1: the context */
     gp.sampler = o.c.sp;
     cli_common_apply(&o.c, &gp);
     gp.n_ctx = (int32_t)o.ctx;
+    struct sigaction sa = {.sa_handler = on_sigint}, old_sa;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
     st_status gst = st_generate(m, toks, n_prompt, &gp, on_token, &pr, &gs);
+    sigaction(SIGINT, &old_sa, NULL);
     if (gst != ST_OK) {
         if (pr.any)
             fputc('\n', stdout);
@@ -329,9 +353,10 @@ int cli_cmd_generate(int argc, char **argv) {
         (double)li->file_bytes / 1e6, (double)li->huge_bytes / 1e6, li->locked ? ", locked" : "");
     fprintf(stderr, "prompt: %" PRId64 " tokens in %.2f ms (%.1f tok/s)\n", gs.prompt_tokens,
             gs.prompt_ms, gs.prompt_tok_s);
+    const char *why = interrupted ? "interrupted" : st_stop_reason_name(gs.stop_reason[0]);
     fprintf(stderr, "generation: %" PRId64 " tokens in %.2f ms (%.1f tok/s), stopped: %s\n",
-            gs.gen_tokens, gs.gen_ms, gs.gen_tok_s, st_stop_reason_name(gs.stop_reason[0]));
-    if (gs.stop_reason[0] == ST_STOP_CONTEXT)
+            gs.gen_tokens, gs.gen_ms, gs.gen_tok_s, why);
+    if (gs.stop_reason[0] == ST_STOP_CONTEXT && o.n_predict >= 0)
         fprintf(stderr,
                 "spectree: warning: the context (%ld positions) is full; generation stopped "
                 "after %" PRId64 " of %ld tokens (use -c)\n",
@@ -378,11 +403,10 @@ int cli_cmd_generate(int argc, char **argv) {
             "\"load_cpu_s\": %.3f, \"load_mode\": \"%s\", \"load_huge_mb\": %.1f}\n",
             gs.draft_ms, gs.verify_ms, gs.overhead_ms, gs.topk, gs.num_steps, gs.num_draft_tokens,
             gs.auto_shape ? "true" : "false", gs.tree_tokens,
-            st_attn_backend_name(o.c.spec.backend), st_stop_reason_name(gs.stop_reason[0]),
-            li->seconds, li->cpu_seconds, st_load_mode_name(li->mode),
-            (double)li->huge_bytes / 1e6);
+            st_attn_backend_name(o.c.spec.backend), why, li->seconds, li->cpu_seconds,
+            st_load_mode_name(li->mode), (double)li->huge_bytes / 1e6);
     }
-    rc = 0;
+    rc = interrupted ? 130 : 0; /* the shell's status of a process ended by SIGINT */
 done:
     free(prompt_buf);
     free(toks);

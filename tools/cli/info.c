@@ -85,6 +85,7 @@ int cli_cmd_info(int argc, char **argv) {
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
+    argc = cli_common_argv("info", argc, argv, "m:h", lo);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:h", lo, NULL)) != -1) {

@@ -1,6 +1,6 @@
 /*
- * main.c: the `spectree` command's dispatch: generate, tokenize, info and convert (one file each
- * in this folder) and serve (tools/serve/, linked in when the build has libmicrohttpd).
+ * main.c: the `spectree` command's dispatch: generate, chat, tokenize, info and convert (one file
+ * each in this folder) and serve (tools/serve/, linked in when the build has libmicrohttpd).
  */
 #include "cli.h"
 
@@ -15,12 +15,14 @@ static const char *main_help =
     "\n"
     "commands:\n"
     "  generate   generate text from a prompt\n"
+    "  chat       a conversation in the terminal with the model's chat template\n"
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
     "  convert    write a Hugging Face checkpoint as a GGUF file\n"
     "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
     "\n"
-    "'spectree COMMAND --help' describes each command.\n";
+    "'spectree COMMAND --help' describes each command; 'spectree --version' prints the version,\n"
+    "the commit it was built from and the kernel table this CPU gets.\n";
 
 /* A command's exit status, made 1 when what it printed did not reach its file. */
 static int finish(const char *cmd, int rc) {
@@ -37,8 +39,14 @@ int main(int argc, char **argv) {
         fputs(main_help, stdout);
         return finish("help", 0);
     }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("spectree %s (commit %s), kernels %s\n", ST_VERSION, ST_COMMIT, st_kernels_name());
+        return finish("version", 0);
+    }
     if (!strcmp(cmd, "generate"))
         return finish(cmd, cli_cmd_generate(argc - 1, argv + 1));
+    if (!strcmp(cmd, "chat"))
+        return finish(cmd, cli_cmd_chat(argc - 1, argv + 1));
     if (!strcmp(cmd, "tokenize"))
         return finish(cmd, cli_cmd_tokenize(argc - 1, argv + 1));
     if (!strcmp(cmd, "info"))

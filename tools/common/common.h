@@ -15,6 +15,8 @@
 void cli_die_usage(const char *cmd, const char *msg);
 /* Names the option getopt_long just refused (missing value, or unknown). */
 void cli_die_option(const char *cmd, char **argv, int missing_value);
+/* "unknown option 'typed'" (exit 2). */
+void cli_die_unknown(const char *cmd, const char *typed);
 int cli_parse_int(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
 float cli_parse_float(const char *cmd, const char *flag, const char *v, double lo, double hi);
 uint64_t cli_parse_u64(const char *cmd, const char *flag, const char *v);
@@ -49,20 +51,31 @@ typedef struct cli_common {
     st_load_mode load;
     st_spec_params spec; /* spec.draft_model: set by cli_common_load */
     const char *draft_path;
-    int draft_type; /* --speculative-draft-type (-1: auto) */
-    int spec_flags; /* a speculative flag other than the algorithm and the path was given */
+    int draft_type;  /* --speculative-draft-type (-1: auto) */
+    int spec_flags;  /* a speculative flag other than the algorithm and the path was given */
+    int model_draft; /* the draft came with llama.cpp's -md (STANDALONE unless chosen) */
+    int draft_min, draft_min_given; /* llama.cpp's --draft-min (checked, then ignored) */
+    int threads_batch;              /* -tb was given (ignored) */
+    unsigned gpu_given;             /* GPU-only flags given (one warning names them) */
 } cli_common;
 extern const char cli_common_help[];
 void cli_common_init(cli_common *o);
 /* A malloc'd option table: own's entries (up to its zero entry), then the shared ones. */
 struct option *cli_common_options(const struct option *own);
-/* Rewrites llama.cpp's -ctk / -ctv to the long names (call before getopt_long). */
-void cli_common_argv(int argc, char **argv);
+/* Before getopt_long: rewrites llama.cpp's single-dash names of several letters (-ngl, -fa,
+ * -ctk, -md, -np, ...) to the long names in lo, and ends the program (exit 2) naming as typed
+ * any other -xyz that getopt would split into short options (-ngl as -n "gl"); a value glued
+ * to a short option must not start with a letter (-n16, not -pHello). Options' values are
+ * skipped (-p -x is the prompt "-x"). Drops the value word of "--flash-attn on". Returns the
+ * new argc. shortopts: getopt's string without the leading ':'. */
+int cli_common_argv(const char *cmd, int argc, char **argv, const char *shortopts,
+                    const struct option *lo);
 /* 1 when getopt_long's c is a shared flag (parsed into o; a bad value exits with status 2). */
 int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o);
-/* After parsing: the draft path against the algorithm (exit 2), warnings for flags that do
- * nothing. */
-void cli_common_check(const char *cmd, const cli_common *o);
+/* After parsing: -md's draft makes the algorithm STANDALONE when none was chosen; the draft
+ * path against the algorithm (exit 2), warnings for flags that do nothing (one for all the
+ * GPU-only flags). */
+void cli_common_check(const char *cmd, cli_common *o);
 /* cli_model_path_ok for the model and the draft path; 0 (message printed) if one is not. */
 int cli_common_paths_ok(const cli_common *o, const char *model);
 /* Loads the target and the drafter (a draft model or an EAGLE head) as the flags say, progress

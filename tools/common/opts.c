@@ -31,7 +31,23 @@ enum {
     O_BACKEND,
     O_NG_MIN,
     O_NG_MAX,
-    O_NG_BREADTH
+    O_NG_BREADTH,
+    O_MODEL_DRAFT,
+    O_DRAFT_MAX,
+    O_DRAFT_MIN,
+    O_THREADS_BATCH,
+    /* GPU-only flags of llama.cpp and SGLang: accepted, with one warning (cli_common_check) */
+    O_GPU_LAYERS,
+    O_GPU_LAYERS_DRAFT,
+    O_FLASH_ATTN,
+    O_SPLIT_MODE,
+    O_MAIN_GPU,
+    O_TENSOR_SPLIT,
+    O_MEM_FRACTION,
+    O_TP_SIZE,
+    O_DP_SIZE,
+    O_CUDA_GRAPH_BS,
+    O_NO_CUDA_GRAPH
 };
 
 static const struct option common_lo[] = {
@@ -59,7 +75,53 @@ static const struct option common_lo[] = {
     {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
     {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
     {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+    {"model-draft", required_argument, 0, O_MODEL_DRAFT},
+    {"draft-max", required_argument, 0, O_DRAFT_MAX},
+    {"draft", required_argument, 0, O_DRAFT_MAX},
+    {"draft-n", required_argument, 0, O_DRAFT_MAX},
+    {"draft-min", required_argument, 0, O_DRAFT_MIN},
+    {"threads-batch", required_argument, 0, O_THREADS_BATCH},
+    {"n-gpu-layers", required_argument, 0, O_GPU_LAYERS},
+    {"gpu-layers", required_argument, 0, O_GPU_LAYERS},
+    {"n-gpu-layers-draft", required_argument, 0, O_GPU_LAYERS_DRAFT},
+    {"gpu-layers-draft", required_argument, 0, O_GPU_LAYERS_DRAFT},
+    {"flash-attn", optional_argument, 0, O_FLASH_ATTN},
+    {"split-mode", required_argument, 0, O_SPLIT_MODE},
+    {"main-gpu", required_argument, 0, O_MAIN_GPU},
+    {"tensor-split", required_argument, 0, O_TENSOR_SPLIT},
+    {"mem-fraction-static", required_argument, 0, O_MEM_FRACTION},
+    {"tp-size", required_argument, 0, O_TP_SIZE},
+    {"tp", required_argument, 0, O_TP_SIZE},
+    {"dp-size", required_argument, 0, O_DP_SIZE},
+    {"dp", required_argument, 0, O_DP_SIZE},
+    {"cuda-graph-max-bs", required_argument, 0, O_CUDA_GRAPH_BS},
+    {"disable-cuda-graph", no_argument, 0, O_NO_CUDA_GRAPH},
     {0, 0, 0, 0}};
+
+/* llama.cpp's single-dash names of several letters, and the long names they stand for. */
+static const struct {
+    const char *dash, *name;
+} dash_names[] = {{"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
+                  {"-ngl", "--n-gpu-layers"}, {"-ngld", "--n-gpu-layers-draft"},
+                  {"-fa", "--flash-attn"},    {"-sm", "--split-mode"},
+                  {"-mg", "--main-gpu"},      {"-ts", "--tensor-split"},
+                  {"-md", "--model-draft"},   {"-np", "--parallel"},
+                  {"-tb", "--threads-batch"}, {"-sys", "--system-prompt"}};
+
+/* The GPU-only flags (O_GPU_LAYERS on, in order) as the warning names them; then SGLang's
+ * GPU attention backends, which --attention-backend accepts for the default. */
+static const char *const gpu_flags[] = {
+    "--n-gpu-layers", "--n-gpu-layers-draft", "--flash-attn",          "--split-mode",
+    "--main-gpu",     "--tensor-split",       "--mem-fraction-static", "--tp-size",
+    "--dp-size",      "--cuda-graph-max-bs",  "--disable-cuda-graph",  "--attention-backend"};
+enum { N_GPU_FLAGS = O_NO_CUDA_GRAPH - O_GPU_LAYERS + 1 };
+_Static_assert(sizeof gpu_flags / sizeof gpu_flags[0] == N_GPU_FLAGS + 1, "a name per flag");
+static const char *const sglang_backends[] = {
+    "flashinfer",  "triton",     "fa3",        "fa4",   "torch_native",   "flashmla",
+    "cutlass_mla", "trtllm_mha", "trtllm_mla", "aiter", "flex_attention", "wave"};
+
+/* The values --flash-attn takes as the next argument (llama.cpp's on|off|auto, and booleans). */
+static const char *const flash_attn_values[] = {"on", "off", "auto", "1", "0", "true", "false"};
 
 const char cli_common_help[] =
     "  -t, --threads N      threads (default: all cores; 1 for models under 16 MB)\n"
@@ -94,7 +156,23 @@ const char cli_common_help[] =
     "                       acceptance), or none\n"
     "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
     "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 8, 8);\n"
-    "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n";
+    "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n"
+    "\n"
+    "llama.cpp's names:\n"
+    "  -md, --model-draft PATH   a draft model: STANDALONE unless --speculative-algorithm says\n"
+    "                       otherwise (then PATH is its --speculative-draft-model-path)\n"
+    "      --draft-max N    drafted tokens per step, <= 63 (--speculative-num-draft-tokens N+1);\n"
+    "                       also --draft, --draft-n\n"
+    "      --draft-min N    checked and ignored: a step verifies a tree only when it pays\n"
+    "  -tb, --threads-batch N   ignored: prompts use the -t threads\n"
+    "  -ctk, -ctv           as above\n"
+    "\n"
+    "GPU-only flags, accepted and ignored with one warning (this build runs on the CPU):\n"
+    "  -ngl, --n-gpu-layers, --gpu-layers N|auto|all; -ngld, --n-gpu-layers-draft N;\n"
+    "  -fa, --flash-attn [on|off|auto]; -sm, --split-mode {none,layer,row}; -mg, --main-gpu N;\n"
+    "  -ts, --tensor-split A,B,...; SGLang's --mem-fraction-static F, --tp-size/--tp N,\n"
+    "  --dp-size/--dp N, --cuda-graph-max-bs N, --disable-cuda-graph, and --attention-backend\n"
+    "  with a GPU library's name (flashinfer, triton, fa3, ...: the default, cascade, is used)\n";
 
 void cli_common_init(cli_common *o) {
     memset(o, 0, sizeof *o);
@@ -119,10 +197,78 @@ struct option *cli_common_options(const struct option *own) {
     return lo;
 }
 
-void cli_common_argv(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) /* llama.cpp's short names of the cache types */
-        if (!strcmp(argv[i], "-ctk") || !strcmp(argv[i], "-ctv"))
-            argv[i] = argv[i][3] == 'k' ? "--cache-type-k" : "--cache-type-v";
+/* The entry of lo named name[0..len): exact, or the one it abbreviates (as getopt_long
+ * takes it); NULL when none or ambiguous. */
+static const struct option *find_long(const struct option *lo, const char *name, size_t len) {
+    const struct option *hit = NULL;
+    int n_hits = 0;
+    for (; lo->name; lo++) {
+        if (strncmp(lo->name, name, len) != 0)
+            continue;
+        if (!lo->name[len])
+            return lo;
+        if (!hit || hit->val != lo->val || hit->has_arg != lo->has_arg)
+            n_hits++;
+        hit = lo;
+    }
+    return n_hits == 1 ? hit : NULL;
+}
+
+static int is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+int cli_common_argv(const char *cmd, int argc, char **argv, const char *shortopts,
+                    const struct option *lo) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--"))
+            break;
+        if (a[0] != '-' || !a[1])
+            continue; /* an operand */
+        if (a[1] != '-') {
+            size_t d = 0;
+            while (d < sizeof dash_names / sizeof dash_names[0] && strcmp(a, dash_names[d].dash))
+                d++;
+            if (d < sizeof dash_names / sizeof dash_names[0]) { /* -ngl: --n-gpu-layers */
+                const struct option *o = lo;
+                while (o->name && strcmp(o->name, dash_names[d].name + 2) != 0)
+                    o++;
+                if (!o->name) /* -np in `generate`: named as typed */
+                    cli_die_unknown(cmd, a);
+                a = argv[i] = (char *)dash_names[d].name;
+            } else {
+                const char *so = strchr(shortopts, a[1]);
+                if (a[1] == ':' || !so)
+                    cli_die_unknown(cmd, a); /* -xyz, named as typed */
+                if (so[1] != ':') {
+                    if (a[2]) /* -hx: a group of flags; none of ours is meant that way */
+                        cli_die_unknown(cmd, a);
+                    continue;
+                }
+                if (a[2] && is_letter(a[2])) /* -cnv is no -c with the value "nv" */
+                    cli_die_unknown(cmd, a);
+                if (!a[2])
+                    i++; /* the value: -p -x is the prompt "-x" */
+                continue;
+            }
+        }
+        const char *eq = strchr(a + 2, '=');
+        const struct option *o = find_long(lo, a + 2, eq ? (size_t)(eq - a - 2) : strlen(a + 2));
+        if (!o || eq)
+            continue; /* getopt_long names an unknown option; a value after '=' is in place */
+        if (o->has_arg == required_argument) {
+            i++;
+        } else if (o->has_arg == optional_argument && i + 1 < argc) {
+            /* --flash-attn on: the value as a separate word, which getopt_long would take
+             * for an operand; dropped (the flag does nothing here either way) */
+            for (size_t v = 0; v < sizeof flash_attn_values / sizeof flash_attn_values[0]; v++)
+                if (!strcmp(argv[i + 1], flash_attn_values[v])) {
+                    memmove(argv + i + 1, argv + i + 2, (size_t)(argc - i - 2) * sizeof *argv);
+                    argv[--argc] = NULL;
+                    break;
+                }
+        }
+    }
+    return argc;
 }
 
 int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o) {
@@ -197,11 +343,84 @@ int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o) {
             cli_parse_auto(cmd, "--speculative-num-draft-tokens", arg, 2, ST_SPEC_MAX_N);
         break;
     case O_BACKEND:
+        for (size_t i = 0; i < sizeof sglang_backends / sizeof sglang_backends[0]; i++)
+            if (!strcmp(arg, sglang_backends[i])) { /* a GPU kernel library: the default here */
+                o->gpu_given |= 1u << N_GPU_FLAGS;
+                return 1;
+            }
         if (st_attn_backend_parse(arg, &o->spec.backend) != ST_OK) {
             fprintf(stderr, "spectree %s: %s\n", cmd, st_last_error());
             exit(2);
         }
         break;
+    case O_MODEL_DRAFT:
+        o->draft_path = arg;
+        o->model_draft = 1;
+        return 1;
+    case O_DRAFT_MAX: /* llama.cpp's drafted tokens; N counts the root too */
+        cli_parse_int(cmd, "--draft-max", arg, 1, ST_SPEC_MAX_N - 1, &v);
+        o->spec.num_draft_tokens = (int32_t)v + 1;
+        break;
+    case O_DRAFT_MIN:
+        cli_parse_int(cmd, "--draft-min", arg, 0, ST_SPEC_MAX_N - 1, &v);
+        o->draft_min = (int)v;
+        o->draft_min_given = 1;
+        break;
+    case O_THREADS_BATCH:
+        cli_parse_int(cmd, "--threads-batch", arg, 1, 1024, &v);
+        o->threads_batch = 1;
+        return 1;
+    case O_GPU_LAYERS:
+    case O_GPU_LAYERS_DRAFT:
+        if (strcmp(arg, "auto") != 0 && strcmp(arg, "all") != 0)
+            cli_parse_int(cmd, gpu_flags[c - O_GPU_LAYERS], arg, -1, 1 << 20, &v);
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    case O_FLASH_ATTN: {
+        size_t i = 0, n = sizeof flash_attn_values / sizeof flash_attn_values[0];
+        while (arg && i < n && strcmp(arg, flash_attn_values[i]) != 0)
+            i++;
+        if (arg && i == n) {
+            fprintf(stderr, "spectree %s: --flash-attn takes on, off or auto, got '%s'\n", cmd,
+                    arg);
+            exit(2);
+        }
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    }
+    case O_SPLIT_MODE:
+        if (strcmp(arg, "none") != 0 && strcmp(arg, "layer") != 0 && strcmp(arg, "row") != 0) {
+            fprintf(stderr, "spectree %s: --split-mode takes none, layer or row, got '%s'\n", cmd,
+                    arg);
+            exit(2);
+        }
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    case O_MAIN_GPU:
+        cli_parse_int(cmd, "--main-gpu", arg, -1, 1024, &v);
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    case O_TENSOR_SPLIT:
+        if (!arg[0] || arg[strspn(arg, "0123456789.,/")]) {
+            fprintf(stderr, "spectree %s: --tensor-split takes proportions like 3,1, got '%s'\n",
+                    cmd, arg);
+            exit(2);
+        }
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    case O_MEM_FRACTION:
+        cli_parse_float(cmd, "--mem-fraction-static", arg, 1e-6, 1);
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    case O_TP_SIZE:
+    case O_DP_SIZE:
+    case O_CUDA_GRAPH_BS:
+        cli_parse_int(cmd, gpu_flags[c - O_GPU_LAYERS], arg, 1, 1 << 20, &v);
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
+    case O_NO_CUDA_GRAPH:
+        o->gpu_given |= 1u << (c - O_GPU_LAYERS);
+        return 1;
     case O_NG_MIN:
         cli_parse_int(cmd, "--ngram-min-match", arg, 1, ST_NGRAM_MAX_MATCH, &v);
         o->spec.ngram_min_match = (int32_t)v;
@@ -225,13 +444,35 @@ static int is_eagle(const cli_common *o) {
     return o->spec.algo == ST_SPEC_EAGLE || o->spec.algo == ST_SPEC_EAGLE3;
 }
 
-void cli_common_check(const char *cmd, const cli_common *o) {
+void cli_common_check(const char *cmd, cli_common *o) {
+    if (o->model_draft && o->spec.algo == ST_SPEC_NONE) /* llama.cpp's -md: a draft model */
+        o->spec.algo = ST_SPEC_STANDALONE;
+    if (o->gpu_given) {
+        fprintf(stderr, "spectree: warning: this build runs on the CPU;");
+        for (int i = 0, first = 1; i <= N_GPU_FLAGS; i++)
+            if (o->gpu_given & (1u << i)) {
+                fprintf(stderr, "%s %s", first ? "" : ",", gpu_flags[i]);
+                first = 0;
+            }
+        fprintf(stderr, " ignored\n");
+    }
+    if (o->threads_batch)
+        fprintf(stderr, "spectree: warning: --threads-batch ignored: prompts are processed with "
+                        "the --threads threads\n");
+    if (o->draft_min_given && o->spec.num_draft_tokens > 0 &&
+        o->draft_min > o->spec.num_draft_tokens - 1)
+        cli_die_usage(cmd, "--draft-min is above --draft-max");
+    if (o->draft_min_given && o->spec.algo != ST_SPEC_NONE)
+        fprintf(stderr, "spectree: warning: --draft-min ignored: each step verifies a tree only "
+                        "when its expected gain pays for it\n");
     const int eagle = is_eagle(o), model_drafter = o->spec.algo == ST_SPEC_STANDALONE || eagle;
     if (model_drafter && !o->draft_path)
         cli_die_usage(cmd, "STANDALONE, EAGLE and EAGLE3 need --speculative-draft-model-path");
     if (!model_drafter && o->draft_path)
-        cli_die_usage(cmd, "--speculative-draft-model-path needs --speculative-algorithm "
-                           "STANDALONE, EAGLE or EAGLE3");
+        cli_die_usage(cmd, o->model_draft ? "--model-draft is a draft model: it goes with "
+                                            "--speculative-algorithm STANDALONE, EAGLE or EAGLE3"
+                                          : "--speculative-draft-model-path needs "
+                                            "--speculative-algorithm STANDALONE, EAGLE or EAGLE3");
     if (o->spec.algo == ST_SPEC_NONE && o->spec_flags)
         fprintf(stderr, "spectree: warning: speculative flags have no effect with "
                         "--speculative-algorithm NONE\n");

@@ -30,6 +30,12 @@ void cli_die_option(const char *cmd, char **argv, int missing_value) {
     exit(2);
 }
 
+void cli_die_unknown(const char *cmd, const char *typed) {
+    fprintf(stderr, "spectree %s: unknown option '%s' (see 'spectree %s --help')\n", cmd, typed,
+            cmd);
+    exit(2);
+}
+
 /* strtol/strtod skip leading blanks and take a sign: " -1" would pass as a number (and as
  * 2^64-1 through strtoull), and strtod takes hex, "inf" and "nan". A number starts with a
  * digit, or '-' or '.' then a digit; a real number has only decimal digits, '.', exponent. */

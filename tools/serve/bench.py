@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""serve_bench.py: throughput and latency of `spectree serve` at concurrency 1, 2, 4, ... with
+"""bench.py: throughput and latency of `spectree serve` at concurrency 1, 2, 4, ... with
 and without speculation, measured in one run: two servers on the same model (plain, and with
 the speculative flags given), idle but for the round being measured, the rounds interleaved
 (plain, speculative, plain, ...) and each figure the median over --reps rounds; the speed-up

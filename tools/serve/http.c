@@ -354,12 +354,6 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
                 return 500;
         }
     } else {
-        if (s->tmpl == SRV_TMPL_NONE) {
-            snprintf(err, SRV_ERR_CAP,
-                     "this model has no chat template (tokenizer.chat_template); start the "
-                     "server with --chat-template NAME to use /v1/chat/completions");
-            return 400;
-        }
         srv_rendered rd;
         if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err))
             return 400;

@@ -90,6 +90,33 @@ static int on_emit(void *user, int32_t token) {
     return stop;
 }
 
+/* --log-level info: one line per finished request (debug: its queue time and accepted
+ * drafts per step too). With s->mu held. */
+static void log_request(const srv *s, const srv_job *j) {
+    const st_request_stats *st = &j->stats;
+    const double decode_s = (st->total_ms - st->ttft_ms) / 1e3;
+    const char *why = st->status != ST_OK ? "error"
+                      : j->cancelled      ? "cancelled"
+                                          : st_stop_reason_name(st->stop_reason);
+    char hist[256] = "";
+    if (s->o.log_level >= SRV_LOG_DEBUG) {
+        size_t n = (size_t)snprintf(hist, sizeof hist,
+                                    ", queue %.1f ms, %" PRId64 " speculative + %" PRId64
+                                    " plain steps, accepted",
+                                    st->queue_ms, st->spec_steps, st->plain_steps);
+        for (int a = 0; a <= ST_SPEC_MAX_S && n < sizeof hist; a++)
+            if (st->accept_hist[a])
+                n += (size_t)snprintf(hist + n, sizeof hist - n, " %d:%" PRId64, a,
+                                      st->accept_hist[a]);
+    }
+    fprintf(stderr,
+            "spectree serve: %s: prompt %" PRId64 " tokens, gen %" PRId64
+            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s\n",
+            j->id, st->prompt_tokens, st->gen_tokens, st->ttft_ms < 0 ? 0.0 : st->ttft_ms,
+            st->gen_tokens > 1 && decode_s > 0 ? (double)(st->gen_tokens - 1) / decode_s : 0.0,
+            st->tau, why, hist);
+}
+
 static void on_finish(void *user, const st_request_stats *st) {
     srv_job *j = user;
     srv *s = j->srv;
@@ -115,6 +142,8 @@ static void on_finish(void *user, const st_request_stats *st) {
                 break;
             }
     srv_metrics_finish(s, j);
+    if (s->o.log_level >= SRV_LOG_INFO)
+        log_request(s, j);
     pthread_cond_broadcast(&j->cv);
     s->n_in_engine--;
     srv_job_release(s, j);

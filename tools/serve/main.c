@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "serve.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,8 +41,10 @@ static const char *serve_help =
     "      --served-model-name NAME     the model id of the API (default: the file name)\n"
     "      --api-key KEY    require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)\n"
     "      --chat-template NAME   llama-2, llama-3, chatml, zephyr or mistral (default: detected\n"
-    "                       from the GGUF's tokenizer.chat_template; chat is refused without one)\n"
-    "      --max-running-requests N   sequences decoded together (default 8, <= 64)\n"
+    "                       from the GGUF's tokenizer.chat_template; chatml, with a warning,\n"
+    "                       for a model without one)\n"
+    "      --max-running-requests N, -np, --parallel N   sequences decoded together (default 8,\n"
+    "                       <= 64)\n"
     "      --max-queued-requests N    requests waiting for a slot; beyond: 503 (default 256)\n"
     "      --context-length N, -c N   positions per sequence (default: the model's, <= 4096)\n"
     "      --chunked-prefill-size N   prompt tokens prefilled per step (default 256)\n"
@@ -59,15 +63,99 @@ static const char *serve_help =
     "                       its first request line is dropped then\n"
     "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests,\n"
     "                       then answer them 503 (default 60)\n"
-    "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; chat:\n"
-    "                       the rest of the context)\n"
+    "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; -1:\n"
+    "                       the rest of the context, as chat requests always get)\n"
+    "      --log-level L    error, warn, info (default: the start-up lines and one line per\n"
+    "                       request) or debug (each request's queue time and accepted drafts)\n"
     "      --temp T, --top-k K, --top-p P, --min-p P   sampling defaults of requests that give\n"
     "                       none (default OpenAI's: 1, off, 1, off)\n"
     "  -h, --help           this help\n"
     "\n"
+    "Every flag can come from the environment instead: SPECTREE_ARG_<FLAG>, the long name in\n"
+    "upper case with '_' for '-' (SPECTREE_ARG_PORT=8081, SPECTREE_ARG_CTX_SIZE=2048; a flag\n"
+    "without a value is set by any value but 0, false, off or empty); the command line wins.\n"
+    "\n"
     "as `spectree generate` (--no-bos: completion prompts; chat prompts follow the template):\n";
 
 static void die(const char *msg) { cli_die_usage("serve", msg); }
+
+/* llama-server's LLAMA_ARG_*: the arguments with "--flag value" put first for each
+ * SPECTREE_ARG_<FLAG> set (the long name upper-cased, '-' as '_') whose flag the command line
+ * does not give (the command line wins; it is parsed after, and a bad value in a variable it
+ * overrides is never read). A flag without a value is given for any value but "", "0", "false" or
+ * "off". The values stay the environment's; the array and the flag names are malloc'd. */
+typedef struct env_argv {
+    char **argv;
+    int argc;
+    char **names; /* the "--flag" strings made here */
+    int n_names;
+} env_argv;
+
+static void *env_alloc(size_t n) {
+    void *p = calloc(1, n);
+    if (!p) {
+        fprintf(stderr, "spectree serve: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* Whether the command line gives the flag whose getopt value is val (by any of its names). */
+static int given(int argc, char **argv, const struct option *lo, int val) {
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        const char *a = argv[i];
+        if (a[0] == '-' && a[1] == val && val < 128)
+            return 1;
+        if (a[0] != '-' || a[1] != '-')
+            continue;
+        const size_t len = strcspn(a + 2, "=");
+        for (const struct option *o = lo; o->name; o++)
+            if (o->val == val && strlen(o->name) == len && !strncmp(o->name, a + 2, len))
+                return 1;
+    }
+    return 0;
+}
+
+static void env_args(int argc, char **argv, const struct option *lo, env_argv *e) {
+    int n_lo = 0;
+    while (lo[n_lo].name)
+        n_lo++;
+    e->argv = env_alloc((size_t)(2 * n_lo + argc + 1) * sizeof *e->argv);
+    e->names = env_alloc((size_t)(n_lo + 1) * sizeof *e->names);
+    e->n_names = 0;
+    int n = 0;
+    e->argv[n++] = argv[0];
+    for (int i = 0; i < n_lo; i++) {
+        char var[96] = "SPECTREE_ARG_";
+        size_t k = strlen(var), len = strlen(lo[i].name);
+        if (!strcmp(lo[i].name, "help") || k + len >= sizeof var)
+            continue;
+        for (size_t j = 0; j < len; j++)
+            var[k + j] = lo[i].name[j] == '-' ? '_' : (char)toupper((unsigned char)lo[i].name[j]);
+        var[k + len] = 0;
+        const char *v = getenv(var);
+        if (!v || given(argc, argv, lo, lo[i].val) ||
+            (lo[i].has_arg != required_argument &&
+             (!v[0] || !strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "off"))))
+            continue;
+        char *flag = env_alloc(len + 3);
+        snprintf(flag, len + 3, "--%s", lo[i].name);
+        e->names[e->n_names++] = flag;
+        e->argv[n++] = flag;
+        if (lo[i].has_arg == required_argument)
+            e->argv[n++] = (char *)v;
+    }
+    for (int i = 1; i < argc; i++)
+        e->argv[n++] = argv[i];
+    e->argc = n;
+}
+
+static void env_args_free(env_argv *e) {
+    for (int i = 0; i < e->n_names; i++)
+        free(e->names[i]);
+    free(e->names);
+    free(e->argv);
+}
 
 static void parse_flags(int argc, char **argv, srv_opts *o) {
     enum {
@@ -86,7 +174,9 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_PROMPT,
         O_MAXTOK,
         O_TIMEOUT,
-        O_DRAIN
+        O_DRAIN,
+        O_PARALLEL,
+        O_LOG_LEVEL
     };
     static const struct option own[] = {{"model", required_argument, 0, 'm'},
                                         {"model-path", required_argument, 0, 'm'},
@@ -96,6 +186,8 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
                                         {"api-key", required_argument, 0, O_KEY},
                                         {"chat-template", required_argument, 0, O_TMPL},
                                         {"max-running-requests", required_argument, 0, O_RUNNING},
+                                        {"parallel", required_argument, 0, O_PARALLEL},
+                                        {"log-level", required_argument, 0, O_LOG_LEVEL},
                                         {"max-queued-requests", required_argument, 0, O_QUEUED},
                                         {"context-length", required_argument, 0, 'c'},
                                         {"ctx-size", required_argument, 0, 'c'},
@@ -115,7 +207,11 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
     const char *cmd = "serve";
     int c;
     long v;
-    cli_common_argv(argc, argv);
+    env_argv ea;
+    argc = cli_common_argv(cmd, argc, argv, "m:c:n:t:h", lo);
+    env_args(argc, argv, lo, &ea);
+    argv = ea.argv;
+    argc = ea.argc;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:c:n:t:h", lo, NULL)) != -1) {
@@ -146,9 +242,21 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
                 die("--chat-template expects llama-2, llama-3, chatml, zephyr or mistral");
             break;
         case O_RUNNING:
-            cli_parse_int(cmd, "--max-running-requests", optarg, 1, ST_GEN_MAX_BATCH, &v);
+        case O_PARALLEL:
+            cli_parse_int(cmd, c == O_RUNNING ? "--max-running-requests" : "--parallel", optarg, 1,
+                          ST_GEN_MAX_BATCH, &v);
             o->ep.max_running = (int32_t)v;
             break;
+        case O_LOG_LEVEL: {
+            static const char *const levels[] = {"error", "warn", "info", "debug"};
+            int l = 0;
+            while (l < 4 && strcmp(optarg, levels[l]) != 0)
+                l++;
+            if (l == 4)
+                die("--log-level takes error, warn, info or debug");
+            o->log_level = l;
+            break;
+        }
         case O_QUEUED:
             cli_parse_int(cmd, "--max-queued-requests", optarg, 1, 1 << 20, &v);
             o->ep.max_queued = (int32_t)v;
@@ -187,7 +295,10 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             cli_parse_int(cmd, "--drain-timeout", optarg, 0, 86400, &o->drain_s);
             break;
         case 'n':
-            cli_parse_int(cmd, "-n", optarg, 1, 1 << 24, &o->default_max_tokens);
+            if (!strcmp(optarg, "-1")) /* llama.cpp's "until the end": the rest of the context */
+                o->default_max_tokens = 1L << 30;
+            else
+                cli_parse_int(cmd, "-n", optarg, 1, 1 << 24, &o->default_max_tokens);
             break;
         case 'h':
             fputs(serve_help, stdout);
@@ -201,8 +312,12 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         }
     }
     free(lo);
-    if (optind < argc)
-        die("unexpected argument");
+    if (optind < argc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "unexpected argument '%.256s'", argv[optind]);
+        die(msg);
+    }
+    env_args_free(&ea);
     if (!o->model)
         die("-m MODEL is required");
     if (!o->max_conns_per_ip) {
@@ -228,7 +343,8 @@ static const char *base_name(const char *path, char *buf, size_t cap) {
 
 /* The chat template: --chat-template, else detected from the model's tokenizer.chat_template
  * (for a Hugging Face directory, tokenizer_config.json's chat_template, which the in-memory
- * conversion copies there). 0, or -1 with a message printed. */
+ * conversion copies there), else ChatML (llama-server's default) with a warning. 0, or -1 with
+ * a message printed. */
 static int find_template(srv *s) {
     if (s->o.tmpl != SRV_TMPL_NONE) {
         s->tmpl = s->o.tmpl;
@@ -239,8 +355,18 @@ static int find_template(srv *s) {
     st_gguf_str str = {0};
     int have = g && st_gguf_find(g, "tokenizer.chat_template") >= 0 &&
                st_gguf_get_str(g, "tokenizer.chat_template", &str) == ST_OK;
-    s->tmpl = have ? srv_tmpl_detect(str.ptr, (size_t)str.len) : SRV_TMPL_NONE;
-    if (have && s->tmpl == SRV_TMPL_NONE) {
+    if (!have) {
+        s->tmpl = SRV_TMPL_CHATML;
+        snprintf(s->tmpl_source, sizeof s->tmpl_source, "the default");
+        if (s->o.log_level >= SRV_LOG_WARN)
+            fprintf(stderr,
+                    "spectree serve: warning: %s has no chat template (tokenizer.chat_template): "
+                    "chat requests use ChatML; choose another with --chat-template NAME\n",
+                    s->o.model);
+        return 0;
+    }
+    s->tmpl = srv_tmpl_detect(str.ptr, (size_t)str.len);
+    if (s->tmpl == SRV_TMPL_NONE) {
         fprintf(stderr,
                 "spectree serve: %s: tokenizer.chat_template is none of the templates this "
                 "server renders (llama-2, llama-3, chatml, zephyr, mistral); choose one with "
@@ -248,13 +374,52 @@ static int find_template(srv *s) {
                 s->o.model);
         return -1;
     }
-    snprintf(s->tmpl_source, sizeof s->tmpl_source, "%s",
-             have ? "tokenizer.chat_template" : "none");
+    snprintf(s->tmpl_source, sizeof s->tmpl_source, "tokenizer.chat_template");
     return 0;
 }
 
 static const char *sig_name(int sig) {
     return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
+}
+
+/* The start-up lines of --log-level info: the drafter and its head or draft model, the tree
+ * bounds, the kernels and threads, and the memory plan (weights, the target's KV cache). */
+static void log_startup(const srv *s) {
+    const srv_opts *o = &s->o;
+    const st_engine_stats *es = &s->engine_stats;
+    const st_spec_algo algo = o->ep.gen.spec.algo;
+    if (algo == ST_SPEC_NONE)
+        fprintf(stderr, "spectree serve: drafter NONE (plain decoding)\n");
+    else if (algo == ST_SPEC_NGRAM)
+        fprintf(stderr, "spectree serve: drafter NGRAM (suffixes of %d..%d tokens, %d matches)\n",
+                o->ep.gen.spec.ngram_min_match, o->ep.gen.spec.ngram_max_match,
+                o->ep.gen.spec.ngram_breadth);
+    else
+        fprintf(stderr, "spectree serve: drafter %s, %s %s\n", st_spec_algo_name(algo),
+                algo == ST_SPEC_STANDALONE ? "draft model" : "head", o->c.draft_path);
+    if (algo != ST_SPEC_NONE) {
+        const st_spec_params *sp = &o->ep.gen.spec;
+        fprintf(stderr,
+                "spectree serve: tree: top-k %d, depth %d, at most %d nodes with the root (%s)\n",
+                es->topk, es->num_steps, es->num_draft_tokens,
+                sp->topk && sp->num_steps && sp->num_draft_tokens
+                    ? "fixed"
+                    : "auto: each step verifies the nodes that pay, or none");
+    }
+    char threads[32] = "all cores";
+    if (o->c.threads > 0)
+        snprintf(threads, sizeof threads, "%ld", o->c.threads);
+    fprintf(stderr, "spectree serve: kernels %s, threads %s\n", st_kernels_name(), threads);
+    const st_load_info *li = st_model_get_load_info(s->model);
+    const st_model_hparams *hp = st_model_get_hparams(s->model);
+    const double per_pos =
+        (double)hp->n_layer * hp->n_head_kv * hp->head_dim *
+        ((o->ep.gen.type_k == ST_DTYPE_F16 ? 2 : 4) + (o->ep.gen.type_v == ST_DTYPE_F16 ? 2 : 4));
+    fprintf(stderr,
+            "spectree serve: memory: weights %.1f MB (%s), KV cache at most %.1f MB (%" PRId64
+            " positions: %d slots of %d; committed as used)\n",
+            (double)li->file_bytes / 1e6, st_load_mode_name(li->mode),
+            per_pos * (double)es->kv_budget / 1e6, es->kv_budget, es->max_running, es->n_ctx);
 }
 
 int serve_cmd(int argc, char **argv) {
@@ -270,6 +435,7 @@ int serve_cmd(int argc, char **argv) {
     o->timeout_s = 10;
     o->drain_s = 60;
     o->default_max_tokens = 16;
+    o->log_level = SRV_LOG_INFO;
     parse_flags(argc, argv, o);
 
     if (!cli_common_paths_ok(&o->c, o->model))
@@ -292,6 +458,8 @@ int serve_cmd(int argc, char **argv) {
         o->max_prompt = s.n_ctx - 1;
     if (o->max_tokens_limit <= 0 || o->max_tokens_limit > s.n_ctx)
         o->max_tokens_limit = s.n_ctx;
+    if (o->log_level >= SRV_LOG_INFO)
+        log_startup(&s);
     static char name_buf[256];
     s.model_name = o->model_name ? o->model_name : base_name(o->model, name_buf, sizeof name_buf);
     s.created = (int64_t)time(NULL);

@@ -21,11 +21,15 @@ enum {
 
 enum { SRV_CUT_TIMEOUT = 1, SRV_CUT_SIGNAL }; /* why a drain was cut: --drain-timeout, signal */
 
+/* --log-level: what stderr gets (the line with the address is always printed). */
+enum { SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
+
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
     long port, max_conns, max_conns_per_ip, max_body, max_prompt, max_tokens_limit, timeout_s;
     long drain_s;
     long default_max_tokens;
+    int log_level; /* SRV_LOG_* (default info) */
     st_engine_params ep;
     cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
                    * (those in c.sp_given) */

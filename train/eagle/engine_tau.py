@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Measures an EAGLE head's acceptance through the engine: runs `spectree generate` with the head
 on every held-out prompt (greedy, chain drafting K=1, S drafts per step, --json) and prints each
-prompt's tau (mean accepted length, bonus token included) and their mean: the figure issue 10's
+prompt's tau (mean accepted length, bonus token included) and their mean: the figure the heads'
 tau >= 3.0 is about."""
 import argparse
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains candidate EAGLE-3 heads for stories260K on one GPU in one run (issue 11; README
+# Trains candidate EAGLE-3 heads for stories260K on one GPU in one run (docs/EAGLE.md,
 # "EAGLE-3"): the data is generated once per data size on the CPU (train3.py --data-cache), then
 # the candidates train side by side on the GPU (--device cuda), the main one twice to show that
 # its bytes are reproducible, and the main command also 20 steps on the CPU and on the GPU to
@@ -38,7 +38,7 @@ t3() { # NAME ARGS...: one train3.py run, stopped at the budget's end
 
 echo "device $dev; $("$py" -c 'import torch; print("torch", torch.__version__, "cuda",
       torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "")')"
-# the committed command (README "EAGLE-3") run to its full schedule; it makes its own data
+# the committed command (docs/EAGLE.md, "EAGLE-3") run to its full schedule; it makes its own data
 t3 A --layers 1,3,5 --samples 2 --epochs 15 --batch 64 --warmup 10 --save-every 10 \
     --log-every 10 --device "$dev" &
 # the data, once per size (one step trained on the CPU, thrown away)

@@ -2,7 +2,7 @@
 """Writes an EAGLE head with random weights in the layout of another head: the same
 config.json and the same tensor names, shapes and dtype, every weight drawn from a normal
 distribution with standard deviation 1/sqrt(fan-in) (norm weights 1, fc bias 0). Its drafts
-are as good as guesses: the head that `auto` must recognize as never paying (issue 10 asks
+are as good as guesses: the head that `auto` must recognize as never paying (the bar asks
 that auto then lose at most 3% against plain decoding).
 
   python3 train/eagle/random_head.py LIKE_DIR OUT_DIR [--seed N]

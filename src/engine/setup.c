@@ -1,40 +1,12 @@
 /*
- * engine.c: the generation's set-up. Resolves the parameters (SGLang's rules for the tree
- * shape), plans every buffer of the slots into one allocation and creates the session, the
- * drafters, the verify-mask owner and the controller; st_generate_batch runs its prompts as
- * the requests of one continuous-batching engine (sched.c) and gathers their statistics.
+ * setup.c: the generation's set-up, which the engine (sched.c) builds on. Resolves the
+ * parameters (SGLang's rules for the tree shape), plans every buffer of the slots into one
+ * allocation and creates the session, the drafters (through the table of drafting algorithms,
+ * draft/algos.c), the verify-mask owner and the controller.
  */
 #include "engine/engine.h"
 
 #include <string.h>
-#include <strings.h>
-
-st_status st_spec_algo_parse(const char *name, st_spec_algo *out) {
-    if (name && !strcasecmp(name, "NONE"))
-        *out = ST_SPEC_NONE;
-    else if (name && !strcasecmp(name, "STANDALONE"))
-        *out = ST_SPEC_STANDALONE;
-    else if (name && !strcasecmp(name, "NGRAM"))
-        *out = ST_SPEC_NGRAM;
-    else if (name && !strcasecmp(name, "EAGLE"))
-        *out = ST_SPEC_EAGLE;
-    else if (name && !strcasecmp(name, "EAGLE3"))
-        *out = ST_SPEC_EAGLE3;
-    else
-        return st_fail(ST_ERR_INVALID,
-                       "unknown speculative algorithm '%s' (NONE, STANDALONE, "
-                       "NGRAM, EAGLE, EAGLE3)",
-                       name ? name : "(null)");
-    return ST_OK;
-}
-
-const char *st_spec_algo_name(st_spec_algo a) {
-    return a == ST_SPEC_STANDALONE ? "STANDALONE"
-           : a == ST_SPEC_NGRAM    ? "NGRAM"
-           : a == ST_SPEC_EAGLE    ? "EAGLE"
-           : a == ST_SPEC_EAGLE3   ? "EAGLE3"
-                                   : "NONE";
-}
 
 st_spec_params st_spec_default_params(void) {
     st_spec_params p = {.algo = ST_SPEC_NONE,
@@ -63,7 +35,7 @@ st_status st_gen_resolve_shape(const st_spec_params *sp, int32_t *K, int32_t *S,
     *K = sp->topk, *S = sp->num_steps, *N = sp->num_draft_tokens;
     if (*K < 0 || *S < 0 || *N < 0)
         return st_fail(ST_ERR_INVALID, "speculative tree: negative topk/steps/draft tokens");
-    const int model = sp->algo != ST_SPEC_NGRAM;
+    const int model = st_draft_algo_of(sp->algo)->needs_model;
     if (*S == 0)
         *S = model ? ST_CTL_AUTO_S : 6;
     if (*K == 0)
@@ -144,9 +116,7 @@ st_status st_gen_check(const st_gen_params *p, const char *who, int32_t *K, int3
     st_status rc;
     if (p->spec.algo != ST_SPEC_NONE && (rc = st_gen_resolve_shape(&p->spec, K, S, N)))
         return rc;
-    if ((p->spec.algo == ST_SPEC_STANDALONE || p->spec.algo == ST_SPEC_EAGLE ||
-         p->spec.algo == ST_SPEC_EAGLE3) &&
-        !p->spec.draft_model)
+    if (st_draft_algo_of(p->spec.algo)->needs_model && !p->spec.draft_model)
         return st_fail(ST_ERR_INVALID,
                        "%s: %s needs a draft model "
                        "(--speculative-draft-model-path)",
@@ -177,131 +147,24 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     ps.n_ctx = st_session_get_params(g->s)->n_ctx; /* the default resolved */
     if ((rc = gen_alloc(g, ps.n_ctx)))
         return rc;
-    if (sp->algo == ST_SPEC_NONE)
+    const st_draft_algo *algo = st_draft_algo_of(sp->algo);
+    if (!algo->create)
         return ST_OK;
-    for (int32_t b = 0; b < g->bs; b++) {
-        if (sp->algo == ST_SPEC_NGRAM)
-            rc = st_drafter_ngram_create(sp->ngram_min_match, sp->ngram_max_match,
-                                         sp->ngram_breadth, K, S, ps.n_ctx + 1, &g->dr[b]);
-        else if (sp->algo == ST_SPEC_EAGLE)
-            rc = st_drafter_eagle_create(sp->draft_model, g->m, ps.n_ctx, g->s, K, S, &g->dr[b]);
-        else if (sp->algo == ST_SPEC_EAGLE3)
-            rc = st_drafter_eagle3_create(sp->draft_model, g->m, ps.n_ctx, g->s, K, S, &g->dr[b]);
-        else
-            rc = st_drafter_model_create(sp->draft_model, g->m, ps.n_ctx, g->s, K, S, &g->dr[b]);
-        if (rc)
+    for (int32_t b = 0; b < g->bs; b++)
+        if ((rc = algo->create(sp, g->m, ps.n_ctx, g->s, K, S, &g->dr[b])))
             return rc;
-    }
-    /* EAGLE-3 reads three of the target's layers: the session captures them for observe */
-    if (sp->algo == ST_SPEC_EAGLE3 &&
-        (rc = st_session_set_capture(g->s, sp->draft_model->n_cap, sp->draft_model->cap_layer)))
+    if (algo->attach && (rc = algo->attach(sp, g->s)))
         return rc;
     const int autotune = auto_shape(sp);
     /* a model drafter's bytes read per token (an EAGLE head's include the target's output
      * layer) over the target's */
-    const double wr =
-        sp->algo == ST_SPEC_STANDALONE || sp->algo == ST_SPEC_EAGLE || sp->algo == ST_SPEC_EAGLE3
-            ? (double)st_model_weight_bytes(sp->draft_model) / (double)st_model_weight_bytes(g->m)
-            : 0.0;
+    const double wr = algo->needs_model ? (double)st_model_weight_bytes(sp->draft_model) /
+                                              (double)st_model_weight_bytes(g->m)
+                                        : 0.0;
     g->stats->auto_shape = autotune;
     if ((rc = st_verify_mask_create(sp->backend, g->bs, N, (int64_t)g->bs * ps.n_ctx, &g->vm)) ||
         (rc = st_ctl_create(g->bs, K, S, N, autotune, wr, &g->ctl)))
         return rc;
     st_ctl_auto_shape(g->ctl, sp->topk == 0, sp->num_steps == 0);
     return ST_OK;
-}
-
-/* st_generate_batch's requests: the caller's emit for sequence seq, and its stop reason. */
-typedef struct batch_seq {
-    st_emit_seq_fn emit;
-    void *user;
-    int32_t seq;
-    st_stop_reason *reason;
-} batch_seq;
-
-static int batch_emit(void *user, int32_t token) {
-    batch_seq *q = user;
-    return q->emit ? q->emit(q->user, q->seq, token) : 0;
-}
-
-static void batch_finish(void *user, const st_request_stats *rs) {
-    batch_seq *q = user;
-    *q->reason = rs->stop_reason;
-}
-
-st_status st_generate_batch(const st_model *m, int32_t bs, const int32_t *const *prompts,
-                            const int64_t *n_prompts, const st_gen_params *p, st_emit_seq_fn emit,
-                            void *user, st_gen_stats *stats) {
-    const st_gen_params gp = p ? *p : st_gen_default_params();
-    if (!m || !prompts || !n_prompts || bs < 1 || bs > ST_GEN_MAX_BATCH)
-        return st_fail(ST_ERR_INVALID, "generate: need a model and 1..%d prompts",
-                       ST_GEN_MAX_BATCH);
-    int32_t K, S, N;
-    st_status rc = st_gen_check(&gp, "generate", &K, &S, &N);
-    if (rc)
-        return rc;
-    const int32_t n_ctx = gp.n_ctx > 0 ? gp.n_ctx : st_model_default_ctx(m);
-    for (int32_t b = 0; b < bs; b++) {
-        if (!prompts[b] || n_prompts[b] < 1)
-            return st_fail(ST_ERR_INVALID, "generate: prompt %d is empty", b);
-        if (n_prompts[b] >= n_ctx)
-            return st_fail(ST_ERR_RANGE,
-                           "generate: prompt %d (%lld tokens) does not fit the context of %d", b,
-                           (long long)n_prompts[b], n_ctx);
-    }
-    /* every prompt holds a slot from the start, prefilled whole in the first step */
-    st_engine_params ep = st_engine_default_params();
-    ep.gen = gp;
-    ep.max_running = bs;
-    ep.max_queued = bs;
-    ep.prefill_chunk = INT32_MAX;
-    st_gen_stats st0;
-    st_gen_stats *st = stats ? stats : &st0;
-    memset(st, 0, sizeof *st);
-    st_engine *e;
-    if ((rc = st_engine_create(m, &ep, &e)))
-        return rc;
-    batch_seq q[ST_GEN_MAX_BATCH];
-    const double t0 = st_time_now();
-    for (int32_t b = 0; b < bs && !rc; b++) {
-        q[b] = (batch_seq){emit, user, b, &st->stop_reason[b]};
-        rc = st_engine_submit(e, prompts[b], n_prompts[b], NULL, batch_emit, batch_finish, &q[b],
-                              NULL);
-    }
-    while (!rc && st_engine_running(e) + st_engine_queued(e) > 0)
-        rc = st_engine_step(e);
-    const double t1 = st_time_now();
-    if (!rc) {
-        /* the engine's totals are those of this generation (gen_tokens and stop_reason were
-         * filled in by the requests' callbacks) */
-        st_stop_reason reasons[ST_GEN_MAX_BATCH];
-        memcpy(reasons, st->stop_reason, sizeof reasons);
-        st_engine_gen_stats(e, st);
-        memcpy(st->stop_reason, reasons, sizeof reasons);
-        st->prompt_ms = st_engine_prefill_ms(e);
-        st->gen_ms = (t1 - t0) * 1e3 - st->prompt_ms;
-        st->overhead_ms = st->gen_ms - st->draft_ms - st->verify_ms;
-        st->prompt_tok_s =
-            st->prompt_ms > 0 ? (double)st->prompt_tokens / (st->prompt_ms / 1e3) : 0.0;
-        st->gen_tok_s = st->gen_ms > 0 ? (double)st->gen_tokens / (st->gen_ms / 1e3) : 0.0;
-    }
-    st_engine_free(e);
-    return rc;
-}
-
-typedef struct one_ctx {
-    st_emit_fn emit;
-    void *user;
-} one_ctx;
-
-static int emit_one(void *user, int32_t seq, int32_t token) {
-    (void)seq;
-    one_ctx *c = user;
-    return c->emit ? c->emit(c->user, token) : 0;
-}
-
-st_status st_generate(const st_model *m, const int32_t *prompt, int64_t n_prompt,
-                      const st_gen_params *p, st_emit_fn emit, void *user, st_gen_stats *stats) {
-    one_ctx c = {emit, user};
-    return st_generate_batch(m, 1, &prompt, &n_prompt, p, emit_one, &c, stats);
 }

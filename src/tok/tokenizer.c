@@ -1,12 +1,12 @@
 /*
- * tok.c: loading a tokenizer from the tokenizer.ggml.* keys of a GGUF file (FORMATS.md b.4),
- * the piece -> id hash table, special tokens, and st_tokenize, which splits the text around
- * user-defined tokens and hands each text fragment to the SentencePiece (tok_spm.c) or
+ * tokenizer.c: loading a tokenizer from the tokenizer.ggml.* keys of a GGUF file (FORMATS.md b.4),
+ * the piece -> id hash table (tok_vocab.c), special tokens, and st_tokenize, which splits the text
+ * around user-defined tokens and hands each text fragment to the SentencePiece (tok_spm.c) or
  * byte-level BPE (tok_bpe.c) algorithm. Every value read from the file is checked; bad data
  * gives an error naming the file and the key.
  */
-#include "tok/tok.h"
 #include "io/gguf_internal.h"
+#include "tok/tok.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -14,49 +14,6 @@
 
 /* Longest text st_tokenize accepts: symbol positions are 32-bit. */
 #define ST_TOK_MAX_TEXT ((size_t)1 << 30)
-
-static uint64_t str_hash(const char *s, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h ^ (h >> 29);
-}
-
-int32_t st_tok_find(const st_tokenizer *t, const char *s, size_t n) {
-    for (uint64_t h = str_hash(s, n) & t->map_mask;; h = (h + 1) & t->map_mask) {
-        int32_t id = t->map[h];
-        if (id < 0)
-            return -1;
-        size_t len;
-        const char *p = st_tok_text(t, id, &len);
-        if (len == n && memcmp(p, s, n) == 0)
-            return id;
-    }
-}
-
-/* Adds every non-empty piece; a repeated piece maps to its last id (as llama.cpp). */
-static void build_map(st_tokenizer *t) {
-    memset(t->map, 0xFF, (t->map_mask + 1) * sizeof *t->map);
-    for (int32_t id = 0; id < t->n_vocab; id++) {
-        size_t n;
-        const char *s = st_tok_text(t, id, &n);
-        if (n == 0)
-            continue;
-        uint64_t h = str_hash(s, n) & t->map_mask;
-        for (;; h = (h + 1) & t->map_mask) {
-            int32_t o = t->map[h];
-            if (o < 0)
-                break;
-            size_t on;
-            const char *os = st_tok_text(t, o, &on);
-            if (on == n && memcmp(os, s, n) == 0)
-                break;
-        }
-        t->map[h] = id;
-    }
-}
 
 static const char *gguf_type_str(st_gguf_type ty) {
     static const char *names[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
@@ -471,7 +428,7 @@ st_status st_tokenizer_load(const st_gguf *g, st_tokenizer **out) {
     read_pieces(t, g, kv);
     if ((s = read_scores_types(t, g, name)))
         goto fail;
-    build_map(t);
+    st_tok_build_map(t);
 
     /* special tokens: llama.cpp's defaults for SPM, none for BPE */
     t->bos = t->kind == ST_TOK_SPM && t->n_vocab > 1 ? 1 : -1;
