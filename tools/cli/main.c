@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *main_help =
     "usage: spectree COMMAND [options]\n"
@@ -30,6 +31,12 @@ static int finish(const char *cmd, int rc) {
 }
 
 int main(int argc, char **argv) {
+    /* stdout in one 64 KiB buffer unless it is a terminal: a command's output (help, info,
+     * tokenize) then reaches the final flush, whose failure cli_close_stdout reports with the
+     * system's message (a write failing midway leaves stdio's error flag, not its errno) */
+    static char out_buf[1 << 16];
+    if (!isatty(STDOUT_FILENO))
+        setvbuf(stdout, out_buf, _IOFBF, sizeof out_buf);
     if (argc < 2) {
         fputs(main_help, stderr);
         return 2;

@@ -511,7 +511,8 @@ static void wait_news(srv *s, srv_job *j) {
     pthread_cond_timedwait(&j->cv, &s->mu, &ts);
 }
 
-/* With s->mu held: ends a job the drain timeout cut (its answer: 503, or an SSE error event). */
+/* With s->mu held: ends a job the drain's end cut, at --drain-timeout or a second signal (its
+ * answer: 503, or an SSE error event). */
 static void cut_job(srv *s, srv_job *j) {
     j->cut = 1;
     srv_job_cancel(s, j);
@@ -804,8 +805,8 @@ static int authorized(srv *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-/* MHD_get_connection_values iterator: counts Content-Length headers, and those whose value
- * differs from the first. */
+/* MHD_get_connection_values iterator: keeps the first Content-Length header's value in cls[0]
+ * and one that differs from it in cls[1]. */
 static enum MHD_Result content_lengths(void *cls, enum MHD_ValueKind kind, const char *key,
                                        const char *value) {
     (void)kind;
