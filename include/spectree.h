@@ -268,7 +268,9 @@ enum {
  * each as stored. Q8_0/Q4_0 leave matrices whose rows are not a multiple of 32 in F16; the
  * K-quants give rows that are not whole 256-element super-blocks Q4_0 (for Q2_K, Q3_K) or Q8_0
  * (Q4_K .. Q6_K), F16 when not even 32 divides them. Norms are F32. Errors name the file and
- * the field or tensor at fault. */
+ * the field or tensor at fault. out_path appears whole or not at all (written beside it, then
+ * renamed); ST_ERR_INVALID when it is the checkpoint's directory or one of its files, or exists
+ * as anything but a regular file. */
 st_status st_convert_hf(const char *dir, const char *out_path, int type);
 /* Progress of st_convert_hf_ex, called after each tensor is written: tensors and data bytes
  * written so far, and their totals (the same function type as the GGUF writer's). */

@@ -3,7 +3,9 @@
  * - generate: the greedy continuation of "Once upon a time" is llama2.c's run.c text (its
  *   test_all.py expected output), speculative runs print the same text, --json has its keys,
  *   --stop cuts the text before the stop string.
- * - tokenize works on vocabulary-only files; info prints metadata and tensors.
+ * - tokenize works on vocabulary-only files; info prints metadata and tensors, tells a Hugging
+ *   Face checkpoint (refused as generate refuses it) from an EAGLE head; a head given as the
+ *   model or as a STANDALONE draft model is named as such.
  * - Bad arguments and files: a one-line message on stderr and a non-zero exit, no crash; every
  *   numeric flag refuses signs, blanks and garbage naming the flag; an unknown option is named;
  *   a FIFO given as the model is refused at once, a directory without config.json too.
@@ -14,6 +16,10 @@
  *   has pieces generates ids without text, which are printed as U+FFFD and counted.
  * - --mmap and --no-mmap (weights copied into huge pages) print the same text, plain and
  *   speculative, greedy and sampled; --json names the load mode and time.
+ * - Output that cannot be written (stdout on a full disk or closed, --json's stderr on a full
+ *   disk): exit status 1 and the system's message.
+ * - convert refuses to write over its checkpoint's files; convert's and spectree-mkmodel's
+ *   outputs appear whole or not at all (a write cut by a file size limit keeps the old file).
  * - llama.cpp's flags and habits: -md, --draft-max, -n -1, --seed -1, its long names, GPU-only
  *   flags (and SGLang's) accepted with one warning, -ngl / -xyz never split into short options;
  *   SPECTREE_ARG_<FLAG> for the server's flags; --version; Ctrl-C in generate prints the
@@ -545,6 +551,215 @@ static int count_words(const char *s) {
 }
 
 /* Tokenizer-sized buffers, and ids without text counted instead of dropped. */
+/* Runs `spectree ARGS REDIRECT` (REDIRECT: the shell's, of stdout or stderr); its exit status,
+ * its stderr (a file) in *err unless REDIRECT sends stderr elsewhere. */
+static int run_redirected(const char *args, const char *redirect, char **err) {
+    char cmd[4096], fe[600];
+    snprintf(fe, sizeof fe, "%s/cli_redirect_%d.err", ST_BUILD_DIR, (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s/spectree %s 2>%s %s </dev/null", ST_BUILD_DIR, args, fe,
+             redirect);
+    int st = system(cmd);
+    *err = tu_read_file(fe, NULL);
+    remove(fe);
+    assert_non_null(*err);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* 1 when path exists. */
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* 1 when dir holds a name with ".tmp-" in it (a temporary output left behind). */
+static int temporaries(const char *dir) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c '\\.tmp-' >/dev/null", dir);
+    return system(cmd) == 0;
+}
+
+static void test_convert_outputs(void **state) {
+    (void)state;
+    /* convert never writes over its checkpoint; an output appears whole or not at all */
+    char dir[600], cmd[2400], args[1400];
+    snprintf(dir, sizeof dir, "%s/cli_convert_ck", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir,
+             tu_data("models/TinyStories-656K"), dir);
+    assert_int_equal(system(cmd), 0);
+    char src[700];
+    snprintf(src, sizeof src, "%s/model.safetensors", dir);
+    size_t n_before = 0, n_after = 0;
+    char *before = tu_read_file(src, &n_before);
+    assert_non_null(before);
+    static const struct {
+        const char *out, *msg;
+    } refused[] = {{"/model.safetensors", "the checkpoint's model.safetensors"},
+                   {"/config.json", "the checkpoint's config.json"},
+                   {"", "the checkpoint directory"},
+                   {"/", "the checkpoint directory"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "convert %s %s%s", dir, dir, refused[i].out);
+        result r = run(args);
+        if (r.code != 1 || !strstr(r.err, refused[i].msg))
+            fail_msg("spectree %s: exit %d, stderr %s", args, r.code, r.err);
+        done(&r);
+    }
+    char *after = tu_read_file(src, &n_after);
+    assert_non_null(after);
+    assert_true(n_after == n_before && memcmp(before, after, n_before) == 0);
+    free(after);
+    result r = run("convert " ST_SOURCE_DIR "/models/TinyStories-656K /dev/full");
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "/dev/full: exists and is not a regular file"));
+    done(&r);
+    /* a write that fails midway (a file size limit) leaves the old output as it was and no
+     * temporary file; a whole one replaces it */
+    char out[700];
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    FILE *f = fopen(out, "wb");
+    assert_non_null(f);
+    fputs("the previous output", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(cmd, sizeof cmd,
+             "sh -c \"trap '' XFSZ; ulimit -f 64; exec '%s/spectree' convert '%s' '%s'\" "
+             ">/dev/null 2>&1",
+             ST_BUILD_DIR, tu_data("models/TinyStories-656K"), out);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    char *kept = tu_read_file(out, NULL);
+    assert_non_null(kept);
+    assert_string_equal(kept, "the previous output");
+    free(kept);
+    assert_false(temporaries(dir));
+    snprintf(args, sizeof args, "convert %s %s", tu_data("models/TinyStories-656K"), out);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    done(&r);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once' -n 4 --temp 0", out);
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    done(&r);
+    assert_false(temporaries(dir));
+    /* spectree-mkmodel likewise, and it refuses its --vocab file as OUT */
+    snprintf(cmd, sizeof cmd,
+             "sh -c \"trap '' XFSZ; ulimit -f 64; exec '%s/spectree-mkmodel' '%s' --vocab '%s' "
+             "--dim 64 --ff 96 --layers 8 --heads 8\" >/dev/null 2>&1",
+             ST_BUILD_DIR, out, tu_data("models/stories260K.gguf"));
+    size_t n_gguf = 0, n_kept = 0;
+    char *gguf = tu_read_file(out, &n_gguf);
+    assert_non_null(gguf);
+    st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    assert_false(temporaries(dir));
+    kept = tu_read_file(out, &n_kept);
+    assert_non_null(kept);
+    assert_true(n_kept == n_gguf && memcmp(kept, gguf, n_gguf) == 0);
+    free(kept);
+    free(gguf);
+    snprintf(cmd, sizeof cmd,
+             "'%s/spectree-mkmodel' '%s' --vocab '%s' --dim 64 --ff 96 --layers 1 --heads 8 "
+             ">/dev/null 2>&1",
+             ST_BUILD_DIR, out, out);
+    st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    assert_true(exists(out));
+    free(before);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_info_kinds(void **state) {
+    (void)state;
+    /* info tells a checkpoint from an EAGLE head, and refuses a checkpoint as generate does */
+    char args[1400], dir[600], cmd[4096];
+    snprintf(args, sizeof args, "info -m %s", tu_data("models/TinyStories-656K"));
+    result r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "checkpoint: "));
+    assert_non_null(strstr(r.out, "llama: n_vocab 2048, n_embd 128, n_layer 2"));
+    assert_null(strstr(r.out, "EAGLE"));
+    done(&r);
+    snprintf(args, sizeof args, "info -m %s", tu_data("models/eagle-stories260K"));
+    r = run(args);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "EAGLE head: "));
+    assert_non_null(strstr(r.out, "kind: EAGLE-1/2"));
+    done(&r);
+    snprintf(dir, sizeof dir, "%s/cli_info_gpt2", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && cp -r '%s' '%s' && sed -i 's/\"model_type\": *\"llama\"/"
+             "\"model_type\": \"gpt2\"/' '%s/config.json'",
+             dir, tu_data("models/TinyStories-656K"), dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(args, sizeof args, "info -m %s", dir);
+    r = run(args);
+    snprintf(args, sizeof args, "generate -m %s -p x -n 1", dir);
+    result g = run(args);
+    assert_int_equal(g.code, 1);
+    const char *why = strstr(g.err, dir); /* the loader's message, after the command's name */
+    assert_non_null(why);
+    if (r.code != 1 || !strstr(r.err, why) || !strstr(why, "model_type"))
+        fail_msg("info on a checkpoint generate refuses: exit %d, stdout %s, stderr %s", r.code,
+                 r.out, r.err);
+    assert_string_equal(r.out, "");
+    done(&r);
+    done(&g);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    /* an EAGLE head given as the model, or as a STANDALONE draft model, is named as such */
+    const char *head = tu_data("models/eagle-stories260K");
+    char head_copy[1024];
+    snprintf(head_copy, sizeof head_copy, "%s", head);
+    snprintf(args, sizeof args, "generate -m %s -p x -n 1", head_copy);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "is an EAGLE head, not a model"));
+    done(&r);
+    snprintf(args, sizeof args,
+             "generate -m %s -p x -n 1 --speculative-algorithm STANDALONE "
+             "--speculative-draft-model-path %s",
+             tu_data("models/stories260K.gguf"), head_copy);
+    r = run(args);
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "is an EAGLE head, not a model"));
+    done(&r);
+}
+
+static void test_output_errors(void **state) {
+    (void)state;
+    /* stdout on a full disk or closed: a non-zero exit with the system's message, for every
+     * command that prints; --json's record goes to stderr, which is checked too */
+    const char *model = tu_data("models/stories260K.gguf");
+    char args[5][1024];
+    snprintf(args[0], sizeof args[0], "generate -m %s -p 'Once upon a time' -n 300 --temp 0",
+             model);
+    snprintf(args[1], sizeof args[1], "generate -m %s -p 'Once' -n 3 --temp 0", model);
+    snprintf(args[2], sizeof args[2], "tokenize -m %s 'Once upon a time'", model);
+    snprintf(args[3], sizeof args[3], "info -m %s", model);
+    snprintf(args[4], sizeof args[4], "generate --help");
+    static const struct {
+        const char *redirect, *msg;
+    } outs[] = {{">/dev/full", "standard output: No space left on device"},
+                {">&-", "standard output: Bad file descriptor"}};
+    for (int i = 0; i < 5; i++)
+        for (int k = 0; k < 2; k++) {
+            char *err = NULL;
+            int code = run_redirected(args[i], outs[k].redirect, &err);
+            if (code != 1 || !strstr(err, outs[k].msg))
+                fail_msg("spectree %s %s: exit %d, stderr:\n%s", args[i], outs[k].redirect, code,
+                         err);
+            assert_int_equal(count_lines(strstr(err, "standard output")), 1);
+            free(err);
+        }
+    char *err = NULL;
+    char json[1200];
+    snprintf(json, sizeof json, "%s --json", args[1]);
+    assert_int_equal(run_redirected(json, ">/dev/null 2>/dev/full", &err), 1);
+    free(err);
+    assert_int_equal(run_redirected(json, ">/dev/null", &err), 0);
+    free(err);
+}
+
 static void test_tokenizer_sized_buffers(void **state) {
     (void)state;
     char path[512], args[2048];
@@ -839,6 +1054,9 @@ int main(void) {
         cmocka_unit_test(test_prompt_input),
         cmocka_unit_test(test_stop_reason_and_warnings),
         cmocka_unit_test(test_tokenizer_sized_buffers),
+        cmocka_unit_test(test_info_kinds),
+        cmocka_unit_test(test_output_errors),
+        cmocka_unit_test(test_convert_outputs),
         cmocka_unit_test(test_llama_flags),
         cmocka_unit_test(test_serve_env),
         cmocka_unit_test(test_generate_sigint),

@@ -8,6 +8,7 @@
  * - A header cut short says "truncated", not that a count is invalid.
  * - A FIFO or directory given as a file is refused at once instead of blocking on open.
  * - A weight of the wrong rank or shape is refused with its real shape, all dimensions.
+ * - Tensors whose data overlap are refused naming both.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -194,6 +195,48 @@ static void test_many_tensors(void **state) {
     free(b.p);
 }
 
+/* Two f32 tensors "a" (na elements at offset 0) and "b" (nb at offset ob), 128 data bytes. */
+static buf two_tensors(uint64_t na, uint64_t ob, uint64_t nb) {
+    buf b = {0};
+    header(&b, 2, 0);
+    const char *names[2] = {"a", "b"};
+    const uint64_t ne[2] = {na, nb}, off[2] = {0, ob};
+    for (int i = 0; i < 2; i++) {
+        put_str(&b, names[i]);
+        put_u32(&b, 1);
+        put_u64(&b, ne[i]);
+        put_u32(&b, ST_DTYPE_F32);
+        put_u64(&b, off[i]);
+    }
+    uint8_t zero[128] = {0};
+    put(&b, zero, (32 - b.n % 32) % 32);
+    put(&b, zero, sizeof zero);
+    return b;
+}
+
+static void test_overlapping_tensors(void **state) {
+    (void)state;
+    /* tensors whose data share bytes are refused naming both (as the safetensors reader does);
+     * adjacent ones, and an empty one anywhere, open */
+    static const struct {
+        uint64_t na, ob, nb;
+        int ok;
+    } cases[] = {{8, 0, 8, 0}, {16, 32, 8, 0}, {32, 32, 1, 0}, {8, 32, 8, 1}, {8, 0, 0, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        buf b = two_tensors(cases[i].na, cases[i].ob, cases[i].nb);
+        st_gguf *g = NULL;
+        st_status s = st_gguf_open_memory(b.p, b.n, "overlap.gguf", &g);
+        if (cases[i].ok) {
+            assert_int_equal(s, ST_OK);
+            st_gguf_free(g);
+        } else if (s != ST_ERR_FORMAT || !strstr(st_last_error(), "overlap.gguf: tensors 'a'") ||
+                   !strstr(st_last_error(), "'b'") || !strstr(st_last_error(), "overlap")) {
+            fail_msg("case %zu: status %d, '%s'", i, (int)s, st_last_error());
+        }
+        free(b.p);
+    }
+}
+
 static void test_truncated_header(void **state) {
     (void)state;
     size_t size = 0;
@@ -301,7 +344,7 @@ int main(void) {
         cmocka_unit_test(test_siphash_vectors),  cmocka_unit_test(test_name_index),
         cmocka_unit_test(test_many_keys),        cmocka_unit_test(test_many_tensors),
         cmocka_unit_test(test_truncated_header), cmocka_unit_test(test_not_regular),
-        cmocka_unit_test(test_weight_shapes),
+        cmocka_unit_test(test_weight_shapes),    cmocka_unit_test(test_overlapping_tensors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

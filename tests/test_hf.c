@@ -12,7 +12,8 @@
  * - Tokenization of 300 strings equals the independent Python BPE (tests/oracle/hf_bpe.py) for
  *   the SentencePiece-style vocabulary of TinyStories-656K and for synthetic byte-level
  *   vocabularies with Llama 3's, Qwen2's and SmolLM's pre-tokenizers.
- * - Malformed checkpoints: one-line errors naming the file and the field.
+ * - Malformed checkpoints: one-line errors naming the file and the field (tokenizer.json: an
+ *   empty vocabulary beside added tokens, merges naming unknown pieces, repeated merges too).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -431,6 +432,24 @@ static void test_errors(void **state) {
                     ".append({\"id\":10531111,\"content\":\"<x>\",\"special\":True});"
                     "json.dump(t,open(\"tokenizer.json\",\"w\"))'",
                  "tokenizer.json", "more than half the ids would be unused");
+    /* a vocabulary of added tokens only; merges naming pieces the vocabulary lacks (either
+     * piece, or what they merge into); a merge repeated a million times */
+    expect_error(PY "'import json;t=json.load(open(\"tokenizer.json\"));t[\"model\"][\"vocab\"]={};"
+                    "t[\"model\"][\"merges\"]=[];json.dump(t,open(\"tokenizer.json\",\"w\"))'",
+                 "tokenizer.json", "\"model.vocab\" is empty (there are only added tokens)");
+    expect_error(PY "'import json;t=json.load(open(\"tokenizer.json\"));m=t[\"model\"][\"merges\"];"
+                    "m.append(\"zzqx \"+m[0].split()[1] if isinstance(m[0],str) else "
+                    "[\"zzqx\",m[0][1]]);json.dump(t,open(\"tokenizer.json\",\"w\"))'",
+                 "tokenizer.json", "the left piece is not in \"model.vocab\"");
+    expect_error(PY "'import json;t=json.load(open(\"tokenizer.json\"));v=t[\"model\"][\"vocab\"];"
+                    "m=t[\"model\"][\"merges\"];ks=sorted(v,key=v.get)[-40:];"
+                    "a,b=next((a,b) for a in ks for b in ks if a+b not in v);"
+                    "m.append(a+\" \"+b if isinstance(m[0],str) else [a,b]);"
+                    "json.dump(t,open(\"tokenizer.json\",\"w\"))'",
+                 "tokenizer.json", "the merged piece is not in \"model.vocab\"");
+    expect_error(PY "'import json;t=json.load(open(\"tokenizer.json\"));m=t[\"model\"][\"merges\"];"
+                    "m.extend([m[0]]*1000000);json.dump(t,open(\"tokenizer.json\",\"w\"))'",
+                 "tokenizer.json", "repeats merges[0]");
     /* config.json missing a field, or with one unsupported */
     expect_error(PY "'import json;c=json.load(open(\"config.json\"));del c[\"hidden_size\"];"
                     "json.dump(c,open(\"config.json\",\"w\"))'",

@@ -1,5 +1,6 @@
 /*
- * core.c: errors (thread-local detail), counted allocation, file mapping, time and the
+ * core.c: errors (thread-local detail), counted allocation, file mapping, files written whole
+ * (a temporary file renamed on success), time and the
  * counter-based RNG. The RNG is SplitMix64's finalizer applied to seed and counter, so a draw
  * is a pure function of (seed, counter) with no state to carry.
  */
@@ -227,6 +228,65 @@ static const char *file_kind(mode_t m) {
            : S_ISBLK(m)  ? "a block device"
            : S_ISSOCK(m) ? "a socket"
                          : "not a plain file";
+}
+
+st_status st_outfile_open(const char *path, st_outfile *out) {
+    memset(out, 0, sizeof *out);
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return st_fail(ST_ERR_INVALID, "%s: exists and is not a regular file", path);
+    size_t n = strlen(path) + 48;
+    out->tmp = st_malloc(n);
+    out->path = st_strdup(path);
+    if (!out->tmp || !out->path) {
+        st_outfile_close(out, 0);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", path);
+    }
+    static atomic_uint serial;
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(out->tmp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&serial, 1));
+        int fd = open(out->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST)
+            continue;
+        if (fd < 0 || !(out->f = fdopen(fd, "wb"))) {
+            st_status s = st_fail(ST_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+            if (fd >= 0) {
+                close(fd);
+                unlink(out->tmp);
+            }
+            st_free(out->tmp);
+            out->tmp = NULL;
+            st_outfile_close(out, 0);
+            return s;
+        }
+        return ST_OK;
+    }
+    st_outfile_close(out, 0);
+    return st_fail(ST_ERR_IO, "%s: cannot create a temporary file beside it", path);
+}
+
+st_status st_outfile_close(st_outfile *o, int ok) {
+    st_status s = ST_OK;
+    if (o->f) {
+        /* every byte on the disk before the rename: the old file, or the whole new one */
+        int bad = fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0;
+        int e = errno;
+        if (fclose(o->f) != 0 && !bad) {
+            bad = 1;
+            e = errno;
+        }
+        o->f = NULL;
+        if (ok && bad)
+            s = st_fail(ST_ERR_IO, "%s: write failed: %s", o->path, strerror(e));
+        else if (ok && rename(o->tmp, o->path) != 0)
+            s = st_fail(ST_ERR_IO, "%s: cannot replace: %s", o->path, strerror(errno));
+        if (!ok || s)
+            unlink(o->tmp);
+    }
+    st_free(o->tmp);
+    st_free(o->path);
+    o->tmp = o->path = NULL;
+    return s;
 }
 
 st_status st_mmap_open(const char *path, st_mmap *out) {

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #if defined(__GNUC__)
 #define ST_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -99,6 +100,19 @@ void st_mmap_close(st_mmap *m);
 /* Drops this process's pages of the whole pages inside [p, p + n) of a read-only file mapping
  * (MADV_DONTNEED): they leave the resident set and are read again from the file if touched. */
 void st_mmap_drop(const void *p, size_t n);
+
+/* A file written whole or not at all: st_outfile_open creates a temporary file beside path
+ * (in its folder, so that the rename stays on one file system; the umask applies), and
+ * st_outfile_close closes it and, when ok is set and every write reached it, renames it over
+ * path, else removes it. A path that exists as anything but a regular file (a device, a FIFO,
+ * a directory) is refused. The error names path. */
+typedef struct st_outfile {
+    FILE *f;
+    char *tmp;  /* the temporary file's path */
+    char *path; /* the file it becomes */
+} st_outfile;
+st_status st_outfile_open(const char *path, st_outfile *out);
+st_status st_outfile_close(st_outfile *o, int ok);
 
 /* Monotonic time in seconds. */
 double st_time_now(void);

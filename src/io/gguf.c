@@ -1,16 +1,18 @@
 /*
  * gguf.c: a bounds-checked GGUF v2/v3 reader over a read-only mapping (FORMATS.md §b).
  * One pass validates the whole header: every key, value, array and tensor info is checked
- * against the end of the buffer before it is used, so a truncated or corrupt file gives an
- * error naming the file and the problem, never a crash. Values are not copied: the KV table
- * keeps offsets into the mapping. Keys and tensor names are copied, NUL-terminated, into two
- * growing blocks (a hostile header of millions of names costs a few allocations, not millions).
+ * against the end of the buffer before it is used (and no two tensors' data may overlap), so a
+ * truncated or corrupt file gives an error naming the file and the problem, never a crash. Values
+ * are not copied: the KV table keeps offsets into the mapping. Keys and tensor names are copied,
+ * NUL-terminated, into two growing blocks (a hostile header of millions of names costs a few
+ * allocations, not millions).
  */
 #include "io/gguf_internal.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { GGUF_MAX_DIMS = 4, GGUF_MAX_NAME = 64, GGUF_DEFAULT_ALIGNMENT = 32 };
@@ -336,6 +338,37 @@ static const char *tensor_name(const void *t, int64_t i) {
     return ((const st_gguf_tensor *)t)[i].name;
 }
 
+static int cmp_by_offset(const void *a, const void *b) {
+    const st_gguf_tensor *x = *(const st_gguf_tensor *const *)a,
+                         *y = *(const st_gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* No two tensors share a byte of data (a write into one would change the other, and a crafted
+ * file could pass one blob off as several weights); empty tensors share nothing. */
+static st_status check_overlaps(const st_gguf *g) {
+    const st_gguf_tensor **by = st_malloc((size_t)g->n_tensors * sizeof *by);
+    if (!by)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory", g->name);
+    int64_t n = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].size)
+            by[n++] = &g->tensors[i];
+    qsort(by, (size_t)n, sizeof *by, cmp_by_offset);
+    st_status s = ST_OK;
+    for (int64_t i = 1; i < n && !s; i++) {
+        const st_gguf_tensor *a = by[i - 1], *b = by[i];
+        if (b->offset < a->offset + a->size)
+            s = st_fail(ST_ERR_FORMAT,
+                        "%s: tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64
+                        ", %" PRIu64 ") overlap",
+                        g->name, a->name, a->offset, a->offset + a->size, b->name, b->offset,
+                        b->offset + b->size);
+    }
+    st_free(by);
+    return s;
+}
+
 static st_status gguf_parse(st_gguf *g) {
     name_block keys = {0}, tensor_names = {0};
     cursor c = {g->data, g->size, 0, g->name, &keys};
@@ -445,7 +478,7 @@ static st_status gguf_parse(st_gguf *g) {
                            g->name, t->name, t->offset, t->size);
         t->data = g->data + g->data_off + t->offset;
     }
-    return ST_OK;
+    return check_overlaps(g);
 }
 
 /* A zeroed reader named name (the path, or the caller's name for a buffer). */

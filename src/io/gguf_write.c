@@ -42,7 +42,7 @@ struct st_gguf_writer {
     int64_t n_tensors, cap_tensors;
     uint32_t alignment;
     /* output state during a write */
-    FILE *f;
+    st_outfile out; /* the file being written: a temporary beside path until end_file */
     char *path;
     uint8_t *mem; /* memory target of write_memory */
     size_t mem_size;
@@ -101,8 +101,8 @@ st_status st_gguf_writer_create(st_gguf_writer **out) {
 void st_gguf_writer_free(st_gguf_writer *w) {
     if (!w)
         return;
-    if (w->f)
-        fclose(w->f);
+    if (w->out.f) /* freed while writing: the temporary file is removed */
+        st_outfile_close(&w->out, 0);
     for (int64_t i = 0; i < w->n_kv; i++)
         st_free(w->keys[i]);
     st_free(w->keys);
@@ -488,7 +488,7 @@ static st_status out_write(st_gguf_writer *w, const void *p, size_t n) {
         if (n > w->mem_size - w->pos)
             return st_fail(ST_ERR_INVALID, "gguf writer: memory image overflow");
         memcpy(w->mem + w->pos, p, n);
-    } else if (fwrite(p, 1, n, w->f) != n) {
+    } else if (fwrite(p, 1, n, w->out.f) != n) {
         return st_fail(ST_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
     }
     w->pos += n;
@@ -592,12 +592,12 @@ st_status st_gguf_writer_begin_file(st_gguf_writer *w, const char *path) {
     st_free(w->path);
     if (!(w->path = st_strdup(path)))
         return st_fail(ST_ERR_NOMEM, "gguf writer: out of memory");
-    w->f = fopen(path, "wb");
-    if (!w->f)
-        return st_fail(ST_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    st_status s = st_outfile_open(path, &w->out);
+    if (s)
+        return s;
     w->writing = 1;
     w->pos = 0;
-    st_status s = write_meta(w);
+    s = write_meta(w);
     return s ? s : advance(w);
 }
 
@@ -609,10 +609,10 @@ st_status st_gguf_writer_end_file(st_gguf_writer *w) {
     if (w->cur < w->n_tensors)
         s = st_fail(ST_ERR_INVALID, "%s: tensor '%s' is missing %zu bytes of data", w->path,
                     w->tensors[w->cur].name, w->tensors[w->cur].size - w->cur_done);
-    if (w->f) {
-        if (fclose(w->f) != 0 && !s)
-            s = st_fail(ST_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
-        w->f = NULL;
+    if (w->out.f) { /* renamed over path when every byte came and reached the disk */
+        st_status e = st_outfile_close(&w->out, s == ST_OK);
+        if (!s)
+            s = e;
     }
     return s;
 }

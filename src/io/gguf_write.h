@@ -92,7 +92,9 @@ st_status st_gguf_tensor_bytes(uint32_t type, uint32_t n_dims, const int64_t *ne
 uint32_t st_gguf_writer_alignment(const st_gguf_writer *w);
 size_t st_gguf_writer_file_size(const st_gguf_writer *w);
 
-/* Writes the whole file (every tensor must have data). ST_ERR_IO names the path on failure. */
+/* Writes the whole file (every tensor must have data). ST_ERR_IO names the path on failure.
+ * Files appear at their path whole or not at all: they are written to a temporary file beside
+ * it, renamed over it at the end (see st_outfile_open). */
 st_status st_gguf_writer_write_file(st_gguf_writer *w, const char *path);
 /* The same, calling progress (may be NULL) after each tensor's data is written: tensors and
  * data bytes written so far, and their totals. */
@@ -107,7 +109,8 @@ st_status st_gguf_writer_write_memory(st_gguf_writer *w, void **buf, size_t *siz
 /* Streaming, for files larger than memory: begin_file writes everything up to the tensor data;
  * then stream passes the data of the tensors in order, in chunks of any size (a chunk may span
  * tensors; tensors given data at add time must be streamed too); end_file checks that every
- * byte came and closes the file. No KV or tensor may be added after begin_file. */
+ * byte came and closes the file (renamed into place only then; freeing the writer before
+ * end_file removes it). No KV or tensor may be added after begin_file. */
 st_status st_gguf_writer_begin_file(st_gguf_writer *w, const char *path);
 st_status st_gguf_writer_stream(st_gguf_writer *w, const void *data, size_t size);
 st_status st_gguf_writer_end_file(st_gguf_writer *w);

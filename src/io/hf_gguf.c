@@ -9,11 +9,13 @@
 #include "io/hf.h"
 #include "io/safetensors.h"
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct hf_hp {
     int32_t n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx;
@@ -480,6 +482,30 @@ fail:
     return s;
 }
 
+/* The name of the checkpoint's file (or "the checkpoint directory") that path is, through any
+ * link, in buf; NULL when path is none of them or does not exist. */
+static const char *input_named(const char *dir, const char *path, char *buf, size_t cap) {
+    struct stat so, si;
+    if (stat(path, &so) != 0)
+        return NULL;
+    if (stat(dir, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        return "the checkpoint directory";
+    DIR *d = opendir(dir);
+    const char *hit = NULL;
+    for (struct dirent *e; d && !hit && (e = readdir(d));) {
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        if (stat(full, &si) == 0 && S_ISREG(si.st_mode) && si.st_dev == so.st_dev &&
+            si.st_ino == so.st_ino) {
+            snprintf(buf, cap, "the checkpoint's %s", e->d_name);
+            hit = buf;
+        }
+    }
+    if (d)
+        closedir(d);
+    return hit;
+}
+
 st_status st_convert_hf(const char *dir, const char *out_path, int type) {
     return st_convert_hf_ex(dir, out_path, type, NULL, NULL);
 }
@@ -488,6 +514,11 @@ st_status st_convert_hf_ex(const char *dir, const char *out_path, int type,
                            st_convert_progress_fn progress, void *user) {
     if (!dir || !out_path)
         return st_fail(ST_ERR_INVALID, "st_convert_hf: NULL argument");
+    char name[512];
+    const char *in = input_named(dir, out_path, name, sizeof name);
+    if (in)
+        return st_fail(ST_ERR_INVALID, "%s: the output is %s; write the GGUF file elsewhere",
+                       out_path, in);
     st_gguf_writer *w;
     st_status s = st_hf_to_gguf(dir, type, &w);
     if (s)

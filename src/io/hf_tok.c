@@ -15,6 +15,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "io/hf.h"
 
+#include "core/core.h"
+
 #include <jansson.h>
 
 #include <errno.h>
@@ -228,6 +230,10 @@ static int merge_parts(const json_t *m, const char **l, size_t *nl, const char *
     return 0;
 }
 
+static const char *merge_name(const void *ctx, int64_t i) {
+    return ((const st_gguf_str *)ctx)[i].ptr;
+}
+
 /* The conversion of parsed files (root: tokenizer.json, named path; cfg: tokenizer_config.json
  * or NULL). Takes both references. */
 static st_status convert(const char *path, json_t *root, json_t *cfg, st_gguf_writer *w,
@@ -296,8 +302,9 @@ static st_status convert(const char *path, json_t *root, json_t *cfg, st_gguf_wr
         if (json_integer_value(id) >= n_vocab)
             n_vocab = json_integer_value(id) + 1;
     }
-    if (n_vocab == 0) {
-        s = st_fail(ST_ERR_FORMAT, "%s: field \"model.vocab\" is empty", path);
+    if (json_object_size(vocab) == 0) { /* added tokens alone cannot spell any text */
+        s = st_fail(ST_ERR_FORMAT, "%s: field \"model.vocab\" is empty%s", path,
+                    n_vocab ? " (there are only added tokens)" : "");
         goto done;
     }
     /* ids left unused become placeholder tokens: a few are seen (reserved ids), but an 85 KB
@@ -381,20 +388,46 @@ static st_status convert(const char *path, json_t *root, json_t *cfg, st_gguf_wr
             goto done;
         }
         memcpy(str, l, nl);
-        str[nl] = ' ';
+        str[nl] = 0;
         memcpy(str + nl + 1, r, nr);
         str[nl + 1 + nr] = 0;
         owned[n_owned++] = str;
         merges[n_merges++] = (st_gguf_str){str, nl + nr + 1};
-        if (spm) {
-            memmove(str + nl, str + nl + 1, nr + 1); /* the product's text, temporarily */
-            const json_t *id = json_object_get(vocab, str);
-            if (json_is_integer(id) && scores[json_integer_value(id)] == 0.0f)
-                scores[json_integer_value(id)] = -(float)(mi + 1);
-            memmove(str + nl + 1, str + nl, nr + 1);
-            str[nl] = ' ';
+        /* both pieces and their product are in the vocabulary, as Hugging Face's BPE requires
+         * (a merge that can never apply would leave text only <unk> can spell) */
+        const char *missing = !json_object_get(vocab, str)            ? "the left piece"
+                              : !json_object_get(vocab, str + nl + 1) ? "the right piece"
+                                                                      : NULL;
+        memmove(str + nl, str + nl + 1, nr + 1); /* the product's text, temporarily */
+        const json_t *id = json_object_get(vocab, str);
+        if (!missing && !id)
+            missing = "the merged piece";
+        if (missing) {
+            s = st_fail(ST_ERR_FORMAT,
+                        "%s: field \"model.merges\"[%zu] (\"%.*s %.*s\"): %s is not in "
+                        "\"model.vocab\"",
+                        path, mi, (int)(nl > 32 ? 32 : nl), l, (int)(nr > 32 ? 32 : nr), r,
+                        missing);
+            goto done;
         }
+        if (spm && scores[json_integer_value(id)] == 0.0f)
+            scores[json_integer_value(id)] = -(float)(mi + 1);
+        memmove(str + nl + 1, str + nl, nr + 1);
+        str[nl] = ' ';
     }
+    /* a pair merged twice has two ranks (Hugging Face keeps the last, llama.cpp the first) */
+    st_name_index ix = {0};
+    int64_t dup = -1;
+    if ((s = st_name_index_build(&ix, n_merges, merge_name, merges, &dup)))
+        goto done;
+    if (dup >= 0)
+        s = st_fail(ST_ERR_FORMAT,
+                    "%s: field \"model.merges\"[%" PRId64 "] (\"%.64s\") repeats merges[%" PRId64
+                    "]",
+                    path, dup, merges[dup].ptr, st_name_index_find(&ix, merges[dup].ptr));
+    st_name_index_free(&ix);
+    if (s)
+        goto done;
     int64_t bos = config_token(cfg, "bos_token", vocab, added),
             eos = config_token(cfg, "eos_token", vocab, added),
             pad = config_token(cfg, "pad_token", vocab, added);

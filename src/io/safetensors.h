@@ -101,7 +101,8 @@ st_status st_sf_tensor_dtype(const st_sf_tensor *t, st_dtype *out);
 /* Writer, for tools and tests: one file holding n tensors (n_dims, shape, dtype, data and
  * size are read; name must be unique; size must equal dtype x shape), in the order given,
  * data 8-byte aligned after a space-padded header, with __metadata__ {"format": "pt"}.
- * ST_ERR_INVALID for a bad tensor, ST_ERR_IO when the file cannot be written. */
+ * ST_ERR_INVALID for a bad tensor, ST_ERR_IO when the file cannot be written; the file appears
+ * whole or not at all (written beside path, then renamed). */
 st_status st_safetensors_write(const char *path, const st_sf_tensor *tensors, int64_t n);
 
 /* config.json of a checkpoint, for typed reads of its fields. */

@@ -1,9 +1,12 @@
 /*
  * safetensors_write.c: writes one safetensors file (FORMATS.md §c.1) for tools and tests. The
  * header is built and escaped by jansson, padded with spaces so the data starts 8-byte
- * aligned, and the tensors are stored back to back in the order given.
+ * aligned, and the tensors are stored back to back in the order given. The file appears whole
+ * or not at all (st_outfile).
  */
 #include "io/safetensors.h"
+
+#include "core/core.h"
 
 #include <jansson.h>
 
@@ -48,7 +51,6 @@ static json_t *tensor_entry(const st_sf_tensor *t, int64_t begin, int64_t end) {
 st_status st_safetensors_write(const char *path, const st_sf_tensor *tensors, int64_t n) {
     json_t *root = json_object(), *meta = json_object();
     char *header = NULL;
-    FILE *fp = NULL;
     st_status s = ST_OK;
     if (!root || !meta || json_object_set_new(meta, "format", json_string("pt")) != 0 ||
         json_object_set(root, "__metadata__", meta) != 0) {
@@ -87,21 +89,22 @@ st_status st_safetensors_write(const char *path, const st_sf_tensor *tensors, in
     uint8_t le[8];
     for (int i = 0; i < 8; i++)
         le[i] = (uint8_t)(len >> (8 * i));
-    fp = fopen(path, "wb");
-    bool ok = fp && fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, hn, fp) == hn;
+    st_outfile out;
+    if ((s = st_outfile_open(path, &out)))
+        goto fail;
+    FILE *fp = out.f;
+    bool ok = fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, hn, fp) == hn;
     for (size_t i = 0; ok && i < pad; i++)
         ok = fputc(' ', fp) != EOF;
     for (int64_t i = 0; ok && i < n; i++)
         ok = tensors[i].size == 0 ||
              fwrite(tensors[i].data, 1, tensors[i].size, fp) == tensors[i].size;
-    if (fp && fclose(fp) != 0)
-        ok = false;
-    fp = NULL;
     if (!ok)
         s = st_fail(ST_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    st_status e = st_outfile_close(&out, ok);
+    if (!s)
+        s = e;
 fail:
-    if (fp)
-        fclose(fp);
     free(header);
     json_decref(meta);
     json_decref(root);

@@ -2,8 +2,9 @@
 """ctest test_eagle_train: retrains a tiny EAGLE-1 head for stories260K for a few steps, twice with
 the same seed, and checks what train/eagle/train.py wrote: model.safetensors parsed here with its
 own reader (header, keys, shapes, dtypes, data size), config.json's fields, that the loss fell,
-that the two runs wrote byte-identical files, that train/eagle/eval.py loads the head, and that
-bad input gets a one-line error naming the file or field.
+that the two runs wrote byte-identical files, that train/eagle/eval.py loads the head, that
+bad input gets a one-line error naming the file or field, and that a write failing midway leaves
+the old file whole and no temporary file.
 
 usage: test_train.py STORIES260K.gguf
 """
@@ -195,6 +196,26 @@ def main():
                              {k: torch.from_numpy(v.copy()) for k, v in loaded.items()}, "F32")
         bad([EVAL, "--target", target, "--head", broken],
             ["model.safetensors", "fc.bias", "missing"], "a head without fc.bias")
+
+        # every file the trainers write appears whole or not at all: a write that fails midway
+        # leaves the old file as it was and no temporary file beside it
+        check(sorted(os.listdir(dirs[0])) == ["config.json", "model.safetensors"],
+              "a head directory holds its two files only: %s" % sorted(os.listdir(dirs[0])))
+        with open(st, "rb") as f:
+            before = f.read()
+
+        def fails(f):
+            f.write(b"half a file")
+            raise OSError("the disk is full")
+        try:
+            el.write_whole(st, fails)
+            check(False, "write_whole passes its writer's error on")
+        except OSError:
+            pass
+        with open(st, "rb") as f:
+            check(f.read() == before, "a failed write leaves model.safetensors as it was")
+        check(sorted(os.listdir(dirs[0])) == ["config.json", "model.safetensors"],
+              "a failed write leaves no temporary file: %s" % sorted(os.listdir(dirs[0])))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,93 @@ def curl(url, body=None, key=None, method=None, headers=(), raw=None, timeout=12
     return int(code), text
 
 
+class Conn:
+    """One raw HTTP/1.1 connection from a chosen loopback source address: send bytes, read
+    whole responses (interim 1xx answers skipped, chunked bodies decoded)."""
+
+    def __init__(self, port, source="127.0.0.1", timeout=30):
+        self.sock = socket.socket()
+        self.sock.settimeout(timeout)
+        self.sock.bind((source, 0))
+        self.sock.connect(("127.0.0.1", port))
+        self.buf = b""
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _more(self):
+        b = self.sock.recv(65536)
+        if not b:
+            raise EOFError("the server closed the connection")
+        self.buf += b
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._more()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            self._more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def response(self):
+        """(status, headers with lower-case names, body bytes) of the next final response."""
+        while True:
+            status = int(self._line().split(b" ")[1])
+            headers = {}
+            while True:
+                line = self._line()
+                if not line:
+                    break
+                k, _, v = line.partition(b":")
+                headers[k.strip().lower().decode()] = v.strip().decode()
+            if status >= 200:
+                break
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                n = int(self._line().split(b";")[0], 16)
+                body += self._take(n)
+                self._line()
+                if n == 0:
+                    break
+        else:
+            body = self._take(int(headers.get("content-length", "0")))
+        return status, headers, body
+
+    def closed(self, seconds):
+        """True when the server closes (or resets) the connection within seconds."""
+        self.sock.settimeout(seconds)
+        try:
+            while True:
+                self._more()
+        except EOFError:
+            return True
+        except socket.timeout:
+            return False
+        except OSError:
+            return True
+
+    def close(self):
+        self.sock.close()
+
+
+def http_request(method, path, body=None, key=None, version="1.1", extra=b""):
+    """The bytes of one request (Host given, a JSON body with its Content-Length)."""
+    head = ("%s %s HTTP/%s\r\nHost: 127.0.0.1\r\n" % (method, path, version)).encode()
+    if key:
+        head += b"Authorization: Bearer " + key.encode() + b"\r\n"
+    data = b""
+    if body is not None:
+        data = json.dumps(body).encode()
+        head += (b"Content-Type: application/json\r\nContent-Length: " +
+                 str(len(data)).encode() + b"\r\n")
+    return head + extra + b"\r\n" + data
+
+
 def sse_events(text):
     """The data payloads of a server-sent event stream."""
     ev = [line[6:] for line in text.split("\n") if line.startswith("data: ")]

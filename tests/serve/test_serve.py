@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
 """test_serve.py: `spectree serve` end to end on stories260K, driven with curl and with the
 official `openai` npm package (tests/serve/openai_client.mjs under Debian's nodejs):
-- the endpoints: /health, /v1/models, /metrics (Prometheus names), the bearer check;
+- the endpoints: /health, /v1/models, /metrics (Prometheus names), the bearer check; keep-alive
+  and pipelining after every kind of answer;
 - completions and chat, greedy and seeded sampling, stop strings, token-id prompts: the text
   equals `spectree generate` with the same parameters (the server speculates with NGRAM);
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
-  bodies and prompts each get their status and an OpenAI error object;
-- faults: a client that disconnects mid-stream frees its sequence; a client that sends its
+  bodies and prompts each get their status and an OpenAI error object; so do malformed request
+  lines, a %00 in the path, a missing Host and two different Content-Length headers (400);
+- faults: a client that disconnects mid-stream frees its sequence, one that only half-closes
+  after its request gets its answer; a client that sends its
   request a byte at a time is dropped without taking a slot; a client that stops reading a
   stream has its request cancelled --timeout after the socket buffers fill, while other streams
-  run; SIGTERM lets running requests finish, then the server exits 0;
+  run; SIGTERM lets running requests finish, then the server exits 0; requests still running at
+  --drain-timeout or at a second signal are answered 503 (a stream: an error event and
+  [DONE]); SIGHUP drains as SIGTERM does;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error; none: ChatML, with a warning;
 - logging: the start-up lines, one line per request, --log-level; llama.cpp's flags (-np,
   -n -1, GPU-only flags) and SPECTREE_ARG_<FLAG> variables on a running server;
 - limits: a full queue or a request over the KV budget answers 503, connections past
-  --max-connections are closed.
+  --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
+  silent sockets are closed after 2 s, a spare connection answers /health on a full server.
 Usage: test_serve.py BUILD_DIR SOURCE_DIR"""
 import json
 import os
@@ -31,8 +37,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import (Fail, Server, check, curl, generate, gguf_with_template, metrics,  # noqa
-                        run_tests, sse_events)
+from serve_util import (Conn, Fail, Server, check, curl, generate, gguf_with_template,  # noqa
+                        http_request, metrics, run_tests, sse_events)
 
 BUILD, SRC = sys.argv[1:3]
 MODEL = os.path.join(SRC, "models", "stories260K.gguf")
@@ -75,6 +81,29 @@ def test_endpoints():
     check(code == 405, "POST /health: %d" % code)
 
 
+def test_keep_alive():
+    # every answer keeps the connection open: 1,000 GETs on one connection, then a GET with
+    # three requests pipelined after it (a GET, a completion and a 404) are all answered
+    c = Conn(srv.port)
+    paths = ["/health", "/metrics", "/v1/models", "/nowhere"]
+    for i in range(1000):
+        path = paths[i % 4]
+        c.send(http_request("GET", path, key=KEY))
+        code, h, _ = c.response()
+        check(code == (404 if path == "/nowhere" else 200), "GET %s #%d: %d" % (path, i, code))
+        check(h.get("connection", "").lower() != "close", "GET %s #%d closes" % (path, i))
+    c.send(http_request("POST", "/health", {}))  # 405
+    check(c.response()[0] == 405, "POST /health on a kept connection")
+    c.send(http_request("GET", "/health") + http_request("GET", "/v1/models", key=KEY) +
+           http_request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                    "temperature": 0}, key=KEY) +
+           http_request("GET", "/nowhere"))
+    codes = [c.response()[0] for _ in range(4)]
+    check(codes == [200, 200, 200, 404], "pipelined after a GET: %s" % codes)
+    check(not c.closed(0.3), "the connection closed after the pipelined requests")
+    c.close()
+
+
 def test_auth():
     for key in [None, "wrong", KEY + "x", KEY[:-1]]:
         code, text = post("/v1/completions", {"prompt": "x", "max_tokens": 1}, key=key)
@@ -83,6 +112,50 @@ def test_auth():
         check(e["type"] == "authentication_error" and "API key" in e["message"], text)
     code, _ = curl(srv.url + "/v1/models")
     check(code == 401, "/v1/models without a key: %d" % code)
+    for scheme in ("bearer", "BEARER", "Bearer "):  # the scheme is case-insensitive
+        code, text = curl(srv.url + "/v1/models", headers=["Authorization: %s %s" % (scheme, KEY)])
+        check(code == 200, "Authorization: %s KEY: %d %s" % (scheme, code, text))
+
+
+def test_bad_requests():
+    # what HTTP refuses and MHD lets through: 400 with an error object, the connection closed
+    body = b'{"prompt": "x", "max_tokens": 1}'
+    auth = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+    cases = [
+        ("two different Content-Length headers",
+         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 32\r\n"
+         b"Content-Length: 30\r\n\r\n" + body, "Content-Length"),
+        ("a method that is not a token", b"G@T /health HTTP/1.1\r\nHost: x\r\n\r\n", "method"),
+        ("control bytes for a method", b"\x01\x02 /health HTTP/1.1\r\nHost: x\r\n\r\n",
+         "method"),
+        ("a target that is not a path", b"GET health HTTP/1.1\r\nHost: x\r\n\r\n", "target"),
+        ("%00 in the path", b"GET /health%00 HTTP/1.1\r\nHost: x\r\n\r\n", "NUL"),
+        ("%00 inside the path", b"GET /v1/mo%00dels HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n",
+         "NUL"),
+        ("HTTP/1.1 without Host", b"GET /health HTTP/1.1\r\n\r\n", "Host"),
+    ]
+    for what, raw, word in cases:
+        c = Conn(srv.port, timeout=10)
+        c.send(raw)
+        try:
+            code, _, text = c.response()
+        except (EOFError, OSError) as e:
+            raise Fail("%s: no answer (%s)" % (what, e))
+        check(code == 400, "%s: %d %s" % (what, code, text[:200]))
+        e = json.loads(text)["error"]
+        check(e["type"] == "invalid_request_error" and word in e["message"], "%s: %s" % (what, e))
+        check(c.closed(5), "%s: the connection stays open" % what)
+        c.close()
+    # the same Content-Length twice, HTTP/1.0 without Host: served
+    c = Conn(srv.port)
+    c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 32\r\n"
+           b"Content-Length: 32\r\n\r\n" + body)
+    check(c.response()[0] == 200, "the same Content-Length twice")
+    c.close()
+    c = Conn(srv.port)
+    c.send(b"GET /health HTTP/1.0\r\n\r\n")
+    check(c.response()[0] == 200, "HTTP/1.0 without Host")
+    c.close()
 
 
 def test_completions_equal_generate():
@@ -267,6 +340,31 @@ def test_disconnect():
     wait_metric("spectree_running_sequences", lambda v: v == 0, 10)
 
 
+def test_half_close():
+    # a client that closes its write side after a whole request (nc -N, socat, some proxies)
+    # still reads: it gets its answer, streamed or not, and its request is not cancelled
+    key = 'spectree_requests_finished_total{reason="cancelled"}'
+    before = metrics(srv.url).get(key, 0)
+    want = generate(BUILD, MODEL, PROMPT, 200)
+    for stream in (False, True):
+        c = Conn(srv.port)
+        c.send(http_request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 200,
+                                                        "temperature": 0, "stream": stream},
+                            key=KEY))
+        c.sock.shutdown(socket.SHUT_WR)
+        try:
+            code, _, body = c.response()
+        except (EOFError, OSError) as e:
+            raise Fail("half-closed client, stream %s: no answer (%s)" % (stream, e))
+        c.close()
+        check(code == 200, "half-closed client, stream %s: %d" % (stream, code))
+        text = body.decode()
+        got = ("".join(e["choices"][0]["text"] for e in sse_events(text)) if stream
+               else json.loads(text)["choices"][0]["text"])
+        check(got == want, "half-closed client, stream %s: the text differs" % stream)
+    check(metrics(srv.url).get(key, 0) == before, "a half-closed client's request was cancelled")
+
+
 def test_slow_client():
     # headers, then the body a byte every 0.3 s: the server drops it after --timeout (3 s)
     # without giving it a slot, and serves others meanwhile
@@ -343,6 +441,106 @@ def test_sigterm_drain():
     check(m and int(m.group(1)) >= 1, "nothing was in flight at SIGTERM: %s" % srv.log_text())
 
 
+def test_drain_cut():
+    # requests still running at --drain-timeout are answered: 503 with an error object, or a
+    # stream's error event and [DONE]; /metrics and the last log line count them
+    with Server(BUILD, MODEL, "--drain-timeout", "1", "--max-running-requests", "2", "-c",
+                "32768") as s:
+        results = {}
+
+        def run(i):
+            results[i] = curl(s.url + "/v1/completions",
+                              {"prompt": PROMPT, "max_tokens": 30000, "temperature": 0.9,
+                               "seed": i, "stream": i == 0})
+
+        check(metrics(s.url).get("spectree_requests_cut_total", 0) == 0, "cut before the drain")
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = metrics(s.url)
+            if (m["spectree_running_sequences"] == 2 and
+                    m['spectree_requests_total{endpoint="completions"}'] == 3):
+                break
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        check(s.stop(timeout=30) == 0, "exit status after the drain timeout")
+        code, text = results[0]
+        check(code == 200, "the cut stream: %d" % code)
+        ev = sse_events(text)
+        check(ev[-1].get("error", {}).get("code") == 503 and ev[-1]["error"]["message"],
+              "the cut stream's last event: %r" % ev[-1])
+        for i in (1, 2):
+            code, text = results[i]
+            check(code == 503, "cut request %d: %d %s" % (i, code, text[:200]))
+            e = json.loads(text)["error"]
+            check(e["type"] == "server_overloaded" and "drain timeout" in e["message"],
+                  "cut request %d: %s" % (i, text))
+        log = s.log_text()
+        check("drain timeout: 3 requests cut" in log and "requests (3 cut)" in log, log)
+
+
+def test_signals():
+    # a second SIGTERM or SIGINT during a drain cuts it: the stream still running ends with an
+    # error event and [DONE], the server exits 0 at once; SIGHUP drains as SIGTERM does
+    for first, second in ((signal.SIGTERM, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)):
+        with Server(BUILD, MODEL, "-c", "32768") as s:
+            result = {}
+
+            def run():
+                result[0] = curl(s.url + "/v1/completions",
+                                 {"prompt": PROMPT, "max_tokens": 30000, "temperature": 0.9,
+                                  "seed": 3, "stream": True})
+
+            t = threading.Thread(target=run)
+            t.start()
+            wait_until(lambda: metrics(s.url)["spectree_running_sequences"] == 1, 30)
+            s.proc.send_signal(first)
+            time.sleep(0.3)
+            t0 = time.time()
+            s.proc.send_signal(second)
+            t.join(60)
+            check(s.stop(timeout=30) == 0, "exit status after a second signal")
+            check(time.time() - t0 < 5, "the second signal took %.1f s" % (time.time() - t0))
+            code, text = result[0]
+            ev = sse_events(text)
+            check(code == 200 and ev[-1].get("error", {}).get("code") == 503,
+                  "the stream cut by a second signal: %d %r" % (code, ev[-1]))
+            check("a second signal: 1 requests cut" in s.log_text(), s.log_text())
+    with Server(BUILD, MODEL) as s:
+        result = {}
+
+        def run():
+            result[0] = curl(s.url + "/v1/completions",
+                             {"prompt": PROMPT, "max_tokens": 300, "temperature": 0, "stream": True})
+
+        t = threading.Thread(target=run)
+        t.start()
+        wait_until(lambda: metrics(s.url)['spectree_requests_total{endpoint="completions"}'] == 1,
+                   30)
+        s.proc.send_signal(signal.SIGHUP)
+        t.join(60)
+        rc = s.stop(timeout=30)
+        check(rc == 0, "exit status after SIGHUP: %d" % rc)
+        code, text = result[0]
+        got = "".join(e["choices"][0]["text"] for e in sse_events(text))
+        check(code == 200 and got == generate(BUILD, MODEL, PROMPT, 300),
+              "the stream drained at SIGHUP")
+        check("SIGHUP: draining" in s.log_text(), s.log_text())
+
+
+def wait_until(pred, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise Fail("a condition not met in %d s" % seconds)
+
+
 def test_startup_errors():
     r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--chat-template",
                         "vicuna"], capture_output=True, timeout=60)
@@ -353,6 +551,10 @@ def test_startup_errors():
     r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "x"],
                        capture_output=True, timeout=60)
     check(r.returncode == 2 and b"--port" in r.stderr, r.stderr.decode())
+    r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "0",
+                        "--max-queued-requests", "0"], capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"--max-queued-requests expects an integer in [1," in r.stderr,
+          "--max-queued-requests 0: %d %s" % (r.returncode, r.stderr.decode()))
     # templates from the GGUF: a known one is used, an unknown one stops the server at start
     tmp = os.path.join(BUILD, "serve_tmpl_%d.gguf" % os.getpid())
     try:
@@ -653,6 +855,77 @@ def test_limits():
         check(s2.stop() == 0, "exit status")
 
 
+def test_connection_limits():
+    # one address cannot fill --max-connections (256): of 256 silent sockets from 127.0.0.1,
+    # those past --max-connections-per-ip (default 64) are closed at once, the others 2 s after
+    # they opened, though --timeout is 30 s; another address is served meanwhile
+    with Server(BUILD, MODEL, "--timeout", "30") as s:
+        idle = []
+        for _ in range(256):
+            k = socket.socket()
+            k.bind(("127.0.0.1", 0))
+            k.connect(("127.0.0.1", s.port))
+            idle.append(k)
+        t0 = time.time()
+        time.sleep(0.3)
+        shut = 0
+        for k in idle:
+            k.settimeout(0.001)
+            try:
+                shut += k.recv(1) == b""
+            except socket.timeout:
+                pass
+            except OSError:
+                shut += 1
+        check(shut == 256 - 64, "%d of 256 silent sockets from one address closed at once" % shut)
+        c = Conn(s.port, source="127.0.0.2", timeout=5)
+        c.send(http_request("GET", "/health"))
+        try:
+            code = c.response()[0]
+        except (EOFError, OSError) as e:
+            raise Fail("/health from another address beside 256 idle sockets: %s" % e)
+        check(code == 200, "/health beside 256 idle sockets: %d" % code)
+        c.close()
+        for k in idle:
+            k.settimeout(max(0.1, t0 + 6 - time.time()))
+            try:
+                gone = k.recv(1) == b""
+            except socket.timeout:
+                gone = False
+            except OSError:
+                gone = True
+            check(gone, "a silent socket still open %.1f s after it opened" % (time.time() - t0))
+            k.close()
+        check(time.time() - t0 < 6, "the silent sockets took %.1f s to close" % (time.time() - t0))
+        check(s.stop() == 0, "exit status")
+    # with --max-connections open (4 from each of two addresses, past their first request),
+    # a spare connection answers /health and /metrics, other requests 503
+    with Server(BUILD, MODEL, "--timeout", "30", "--max-connections", "8",
+                "--max-connections-per-ip", "4") as s:
+        held = []
+        for src in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(4):
+                c = Conn(s.port, source=src)
+                c.send(http_request("GET", "/health"))
+                check(c.response()[0] == 200, "a connection below the limits")
+                held.append(c)
+        for path, want in (("/health", 200), ("/metrics", 200), ("/v1/models", 503)):
+            c = Conn(s.port, source="127.0.0.4", timeout=5)
+            c.send(http_request("GET", path))
+            try:
+                code, h, body = c.response()
+            except (EOFError, OSError) as e:
+                raise Fail("GET %s on a full server: %s" % (path, e))
+            check(code == want, "GET %s on a full server: %d %s" % (path, code, body[:200]))
+            check(h.get("connection") == "close", "a spare connection kept open")
+            if want == 503:
+                check(b"--max-connections" in body, "the 503's message: %s" % body)
+            c.close()
+        for c in held:
+            c.close()
+        check(s.stop() == 0, "exit status")
+
+
 def main():
     global srv
     with Server(BUILD, MODEL, "--chat-template", "llama-2", "--speculative-algorithm", "NGRAM",
@@ -661,12 +934,15 @@ def main():
                 name="stories") as s:
         srv = s
         try:
-            run_tests([("endpoints", test_endpoints), ("auth", test_auth),
+            run_tests([("endpoints", test_endpoints), ("keep-alive and pipelining", test_keep_alive),
+                       ("auth", test_auth), ("malformed requests", test_bad_requests),
                        ("completions equal generate", test_completions_equal_generate),
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),
                        ("openai npm client", test_openai_client),
-                       ("disconnect cancels", test_disconnect), ("slow client", test_slow_client),
+                       ("disconnect cancels", test_disconnect),
+                       ("a client that half-closes", test_half_close),
+                       ("slow client", test_slow_client),
                        ("SIGTERM drains", test_sigterm_drain)])
         finally:
             if s.proc.poll() is None or s.proc.returncode not in (0, None):
@@ -674,6 +950,9 @@ def main():
     run_tests([("startup errors", test_startup_errors),
                ("logging and llama.cpp's flags", test_logging_and_llama_flags),
                ("limits", test_limits),
+               ("requests cut at the drain timeout", test_drain_cut),
+               ("a second signal, SIGHUP", test_signals),
+               ("connection limits", test_connection_limits),
                ("waits longer than --timeout", test_long_waits),
                ("a client that stops reading", test_stalled_reader),
                ("templates from a Hugging Face directory", test_hf_dir_templates)])

@@ -102,6 +102,7 @@ typedef struct printer {
     char *tok_buf; /* (st_detok_max_bytes) one token's text */
     size_t tok_cap;
     int64_t n_textless; /* generated ids the tokenizer has no text for (printed as U+FFFD) */
+    int werr;           /* errno of a write to stdout that failed */
 } printer;
 
 static void printer_add(printer *p, const char *txt, size_t n, int final) {
@@ -138,7 +139,10 @@ static void printer_add(printer *p, const char *txt, size_t n, int final) {
     fwrite(p->pend, 1, cut, stdout);
     memmove(p->pend, p->pend + cut, p->n_pend - cut);
     p->n_pend -= cut;
-    fflush(stdout);
+    if (fflush(stdout) != 0 || ferror(stdout)) { /* nothing more can be printed: stop */
+        p->werr = errno ? errno : EIO;
+        p->stopped = 1;
+    }
 }
 
 /* Ctrl-C: the generation stops at its next token and its statistics are printed; a second
@@ -331,6 +335,13 @@ int cli_cmd_generate(int argc, char **argv) {
     free(pr.tok_buf);
     if (!pr.stopped)
         printer_add(&pr, "", 0, 1);
+    if (pr.werr) { /* reported here, with its errno (stdio keeps only the flag); stdout then
+                    * leads nowhere, so that main's close does not report it again */
+        fprintf(stderr, "spectree generate: standard output: %s\n", strerror(pr.werr));
+        FILE *sink = freopen("/dev/null", "w", stdout);
+        (void)sink;
+        goto done;
+    }
     fputc('\n', stdout);
     fflush(stdout);
     if (!o.seed_set && o.c.sp.temp > 0)

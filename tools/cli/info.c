@@ -19,11 +19,13 @@ static const char *info_help =
     "       spectree info -m HEAD_DIR [--target MODEL]\n"
     "\n"
     "Prints a GGUF file's metadata, its tensor table and, for a Llama model, the\n"
-    "hyper-parameters the engine derives. For an EAGLE head directory: its kind (EAGLE-1/2 or\n"
+    "hyper-parameters the engine derives; for a Hugging Face checkpoint (refused as generate\n"
+    "refuses it) the hyper-parameters. For an EAGLE head directory: its kind (EAGLE-1/2 or\n"
     "EAGLE-3), the target layers it reads, its vocabulary sizes and the target it fits; with\n"
     "--target, whether it loads for that model.\n"
     "\n"
-    "  -m, --model PATH   GGUF file or EAGLE head directory (required)\n"
+    "  -m, --model PATH   GGUF file, Hugging Face checkpoint or EAGLE head directory\n"
+    "                     (required)\n"
     "      --target PATH  a head's target model (GGUF)\n"
     "  -h, --help         this help\n";
 
@@ -109,17 +111,23 @@ int cli_cmd_info(int argc, char **argv) {
     if (optind < argc)
         cli_die_usage("info", "unexpected argument");
     struct stat mst;
-    if (stat(model, &mst) == 0 && S_ISDIR(mst.st_mode))
+    const int is_dir = stat(model, &mst) == 0 && S_ISDIR(mst.st_mode);
+    if (is_dir && cli_is_eagle_head(model))
         return info_head(model, target);
     if (target)
         cli_die_usage("info", "--target goes with an EAGLE head directory");
     if (!cli_model_path_ok(model, 0))
         return 1;
-    struct stat sb;
-    const int is_dir = stat(model, &sb) == 0 && S_ISDIR(sb.st_mode);
-    if (is_dir) {
+    st_model *m = NULL;
+    st_load_params lp = st_load_default_params();
+    lp.mode = ST_LOAD_MMAP; /* the checks only: no copy of the weights */
+    if (is_dir) {           /* a checkpoint is described once it loads, as generate loads it */
+        if (st_model_load_ex(model, &lp, &m) != ST_OK) {
+            fprintf(stderr, "spectree: %s\n", st_last_error());
+            return 1;
+        }
         printf("checkpoint: %s (Hugging Face; 'spectree convert' writes the GGUF file this "
-               "command lists)\n",
+               "command would list)\n",
                model);
     } else {
         st_gguf *g = NULL;
@@ -152,10 +160,7 @@ int cli_cmd_info(int argc, char **argv) {
         }
         st_gguf_free(g);
     }
-    st_model *m = NULL;
-    st_load_params lp = st_load_default_params();
-    lp.mode = ST_LOAD_MMAP; /* the checks only: no copy of the weights */
-    if (st_model_load_ex(model, &lp, &m) == ST_OK) {
+    if (m || st_model_load_ex(model, &lp, &m) == ST_OK) {
         const st_model_hparams *hp = st_model_get_hparams(m);
         printf("\nllama: n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d, head_dim %d, "
                "n_ff %d, n_ctx_train %d, rope base %g, rms eps %g, %s output, weights %s, "

@@ -26,6 +26,13 @@ int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo
 int cli_parse_draft_type(const char *cmd, const char *v);
 /* A model path worth opening (dir_ok: an EAGLE head directory); prints why not and returns 0. */
 int cli_model_path_ok(const char *path, int dir_ok);
+/* The last call of a command that prints: flushes and closes stdout, flushes stderr. 0, or -1
+ * when something printed did not reach its file (a full disk, a closed descriptor), with the
+ * system's message on stderr (when stderr is the one that failed, only the status says so). */
+int cli_close_stdout(const char *cmd);
+/* 1 when the directory holds an EAGLE head (its safetensors name fc.weight, which EAGLE-1/2 and
+ * EAGLE-3 heads have and a model has not), 0 otherwise (a model's checkpoint, or unreadable). */
+int cli_is_eagle_head(const char *dir);
 /* Tokenizes text into *out (malloc'd; free it even on failure); 0 on success. */
 int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
                      int32_t **out, int64_t *n);

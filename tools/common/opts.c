@@ -508,13 +508,29 @@ int cli_common_load(const char *cmd, cli_common *o, const char *model, st_model 
     lp.mode = o->load;
     lp.mlock = o->mlock;
     lp.progress = load_progress;
-    if (st_model_load_ex(model, &lp, m) != ST_OK ||
-        (o->draft_path && o->spec.algo == ST_SPEC_STANDALONE &&
-         st_model_load_ex(o->draft_path, &lp, dm) != ST_OK) ||
-        (o->draft_path && is_eagle(o) &&
-         (st_eagle_head_load(o->draft_path, *m, dm) != ST_OK ||
-          st_eagle_head_set_type(*dm, o->draft_type) != ST_OK))) {
-        fprintf(stderr, "spectree %s: %s\n", cmd, st_last_error());
+    const char *head = NULL; /* a model path that is an EAGLE head: named as such */
+    int bad = 0;
+    if (st_model_load_ex(model, &lp, m) != ST_OK) {
+        bad = 1;
+        head = cli_is_eagle_head(model) ? model : NULL;
+    } else if (o->draft_path && o->spec.algo == ST_SPEC_STANDALONE) {
+        if (st_model_load_ex(o->draft_path, &lp, dm) != ST_OK) {
+            bad = 1;
+            head = cli_is_eagle_head(o->draft_path) ? o->draft_path : NULL;
+        }
+    } else if (o->draft_path && is_eagle(o)) {
+        bad = st_eagle_head_load(o->draft_path, *m, dm) != ST_OK ||
+              st_eagle_head_set_type(*dm, o->draft_type) != ST_OK;
+    }
+    if (bad) {
+        if (head)
+            fprintf(stderr,
+                    "spectree %s: %s is an EAGLE head, not a model: give it with "
+                    "--speculative-algorithm EAGLE (or EAGLE3) --speculative-draft-model-path %s "
+                    "beside its target model ('spectree info -m %s' says which kind)\n",
+                    cmd, head, head, head);
+        else
+            fprintf(stderr, "spectree %s: %s\n", cmd, st_last_error());
         st_model_free(*dm);
         st_model_free(*m);
         *m = *dm = NULL;

@@ -1,13 +1,15 @@
 /*
  * parse.c: the argument helpers every `spectree` subcommand shares (a bad value ends the program
- * with a one-line message naming the flag and exit status 2), the model path check and the
- * tokenizer loop that sizes its output from what the tokenizer reports.
+ * with a one-line message naming the flag and exit status 2), the model path check, the
+ * tokenizer loop that sizes its output from what the tokenizer reports, the check that what a
+ * command printed reached its file, and how an EAGLE head's directory is told from a model's.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,4 +146,58 @@ int cli_parse_draft_type(const char *cmd, const char *v) {
             "'%s'\n",
             cmd, v);
     exit(2);
+}
+
+int cli_close_stdout(const char *cmd) {
+    errno = 0;
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad)
+        fprintf(stderr, "spectree %s: standard output: %s\n", cmd,
+                e ? strerror(e) : "a write failed");
+    if (fflush(stderr) != 0 || ferror(stderr))
+        bad = 1;
+    return bad ? -1 : 0;
+}
+
+/* The JSON at the start of path: a safetensors header (after its 8-byte length) or, with
+ * header 0, a whole index file. NULL when unreadable. */
+static json_t *json_at(const char *path, int header) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    json_t *v = NULL;
+    unsigned char le[8];
+    uint64_t n = 0;
+    if (header && fread(le, 1, 8, f) == 8)
+        for (int i = 7; i >= 0; i--)
+            n = n << 8 | le[i];
+    if (!header && fseek(f, 0, SEEK_END) == 0 && ftell(f) > 0) {
+        n = (uint64_t)ftell(f);
+        rewind(f);
+    }
+    char *b = n && n <= (100u << 20) ? malloc((size_t)n) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) == n)
+        v = json_loadb(b, (size_t)n, 0, NULL);
+    free(b);
+    fclose(f);
+    return v;
+}
+
+int cli_is_eagle_head(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    json_t *h = json_at(path, 1), *names = h;
+    if (!h) {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        h = json_at(path, 0);
+        names = json_object_get(h, "weight_map");
+    }
+    int head = json_object_get(names, "fc.weight") != NULL;
+    json_decref(h);
+    return head;
 }

@@ -3,7 +3,8 @@
  * weights and a tokenizer copied from another GGUF, for tests and benchmarks without downloads.
  * Each tensor is drawn from its own stream seeded by (seed, tensor name), so a model written
  * with --keep-layers N has blocks bitwise equal to the first N of the full model (a draft
- * model). Tensors are generated and streamed to the file one row at a time.
+ * model). Tensors are generated and streamed to the file one row at a time (a temporary file
+ * beside OUT, renamed over it when whole).
  * With --inflate SRC it widens a real model instead: SRC's weights sit in the top-left corner of
  * larger matrices, laid out so the result computes what SRC computes (see inflate_specs), which
  * gives a bandwidth-bound benchmark target whose greedy text is known.
@@ -245,6 +246,13 @@ static int is_quantized(uint32_t type) {
 
 static void die_st(st_status s) {
     fprintf(stderr, "spectree-mkmodel: %s (%s)\n", st_last_error(), st_status_str(s));
+    exit(1);
+}
+
+/* die_st once the file is begun: freeing the writer removes the temporary file. */
+static void die_writing(st_gguf_writer *w, st_status s) {
+    fprintf(stderr, "spectree-mkmodel: %s (%s)\n", st_last_error(), st_status_str(s));
+    st_gguf_writer_free(w);
     exit(1);
 }
 
@@ -606,6 +614,10 @@ int main(int argc, char **argv) {
         p.kv_heads = p.heads / (hp.n_head / hp.n_head_kv);
         tied = hp.tied_output;
     } else {
+        struct stat so, sv;
+        if (stat(p.out, &so) == 0 && stat(p.vocab, &sv) == 0 && so.st_dev == sv.st_dev &&
+            so.st_ino == sv.st_ino)
+            usage_error("OUT %s is the --vocab file", p.out);
         st_gguf *vocab;
         if ((s = st_gguf_open(p.vocab, &vocab)))
             die_st(s);
@@ -678,16 +690,17 @@ int main(int argc, char **argv) {
         uint64_t state = tensor_seed(p.seed, t->name);
         size_t row_bytes;
         if ((s = st_gguf_tensor_bytes(type, 1, &t->n_in, &row_bytes)))
-            die_st(s);
+            die_writing(w, s);
         for (int64_t r = 0; r < t->n_out; r++) {
             if ((s = fill_row(t, r, &state, row))) {
                 fprintf(stderr, "spectree-mkmodel: %s: tensor '%s': %s\n", p.inflate, t->name,
                         st_last_error());
+                st_gguf_writer_free(w);
                 return 1;
             }
             if ((s = st_quantize_row(type, row, t->n_in, qrow)) ||
                 (s = st_gguf_writer_stream(w, qrow, row_bytes)))
-                die_st(s);
+                die_writing(w, s);
             done += row_bytes;
         }
         if (verbose && (done >= next_report || i == n_t - 1)) {
@@ -697,7 +710,7 @@ int main(int argc, char **argv) {
         }
     }
     if ((s = st_gguf_writer_end_file(w)))
-        die_st(s);
+        die_writing(w, s);
     char what[1100];
     if (p.inflate)
         snprintf(what, sizeof what, "%s widened to %ld layers", p.inflate, p.layers);

@@ -113,14 +113,22 @@ static const char *type_name(const json_t *v) {
     }
 }
 
-/* A number field in [lo, hi]; JSON integers and reals both count. */
+/* A number field in [lo, hi]; JSON integers and reals both count. Its value is shown in the
+ * shortest decimal that reads back as it (100.0001 as sent, where %g prints 100). */
 static int get_number(const json_t *v, const char *k, double lo, double hi, double *out, char *err,
                       char *param) {
     if (!json_is_number(v))
         return fail(err, param, k, "'%s' must be a number, not %s", k, type_name(v));
     double x = json_number_value(v);
-    if (!isfinite(x) || x < lo || x > hi)
-        return fail(err, param, k, "'%s' must be in [%g, %g], got %g", k, lo, hi, x);
+    if (!isfinite(x) || x < lo || x > hi) {
+        char got[32];
+        for (int digits = 1; digits <= 17; digits++) {
+            snprintf(got, sizeof got, "%.*g", digits, x);
+            if (strtod(got, NULL) == x)
+                break;
+        }
+        return fail(err, param, k, "'%s' must be in [%g, %g], got %s", k, lo, hi, got);
+    }
     *out = x;
     return 0;
 }

@@ -14,20 +14,29 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-enum { WAIT_MS = 100, SEND_BUFFER_BYTES = 64 << 10 };
+enum {
+    WAIT_MS = 100,
+    SEND_BUFFER_BYTES = 64 << 10,
+    FIRST_LINE_S = 2, /* the longest silence before a connection's first request line */
+    SPARE_CONNS = 8   /* connections past --max-connections, for /health and /metrics only */
+};
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct conn_ctx {
     char *body;
     size_t n_body, cap_body;
     int too_big;
+    int http11; /* the request is HTTP/1.1 (not 1.0) */
     double t_start;
 } conn_ctx;
 
@@ -36,11 +45,29 @@ typedef struct conn_ctx {
  * not delivered a whole request within --timeout seconds of starting one. */
 typedef struct srv_watch {
     int fd;
+    uint32_t addr;  /* the client's IPv4 address */
     double t_begin; /* when the connection opened or its last response ended */
+    int spoke;      /* a request line arrived on it */
+    int nul_target; /* the last request line's target holds "%00" */
     int busy;       /* a whole request arrived and is being answered */
     int shut;
+    int spare; /* opened while --max-connections were open: only /health and /metrics */
     struct srv_watch *prev, *next;
 } srv_watch;
+
+/* With s->mu held: 1 when the address holds --max-connections-per-ip connections that have not
+ * sent a request line and have no byte waiting to be read (one client holding sockets open; a
+ * busy one is not limited). */
+static int addr_full(const srv *s, uint32_t addr) {
+    long n = 0;
+    for (const srv_watch *w = s->watches; w; w = w->next) {
+        int pending = 0;
+        if (w->addr == addr && !w->spoke && !w->shut &&
+            (ioctl(w->fd, FIONREAD, &pending) != 0 || pending == 0))
+            n++;
+    }
+    return n >= s->o.max_conns_per_ip;
+}
 
 static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode code) {
@@ -48,19 +75,33 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         srv_watch *w = calloc(1, sizeof *w);
-        if (!w || !ci) {
+        if (!w || !ci || !ai) {
             free(w);
             return;
         }
         w->fd = ci->connect_fd;
+        if (ai->client_addr->sa_family == AF_INET)
+            w->addr = ((const struct sockaddr_in *)(const void *)ai->client_addr)->sin_addr.s_addr;
         w->t_begin = st_time_seconds();
         /* a bounded send buffer: Linux grows it to megabytes, which a client that stops
          * reading would fill for seconds (its request running all the while) before the writes
          * block and MHD's idle timeout (--timeout) ends the connection and the request */
         int sndbuf = SEND_BUFFER_BYTES;
         setsockopt(w->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        /* a connection silent for FIRST_LINE_S before its first request line is closed (MHD's
+         * idle timeout; --timeout from the request line on, see request_line): idle sockets
+         * cannot hold the server's connections for --timeout */
+        unsigned first = s->o.timeout_s < FIRST_LINE_S ? (unsigned)s->o.timeout_s : FIRST_LINE_S;
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, first);
         pthread_mutex_lock(&s->mu);
+        w->spare = ++s->n_conns > s->o.max_conns;
+        if (addr_full(s, w->addr)) { /* closed at once: MHD sees the end of the stream */
+            shutdown(w->fd, SHUT_RDWR);
+            w->shut = 1;
+        }
         w->next = s->watches;
         if (s->watches)
             s->watches->prev = w;
@@ -69,7 +110,14 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         *socket_context = w;
     } else if (*socket_context) {
         srv_watch *w = *socket_context;
+        if (!w->spoke) {
+            static const char m[] =
+                "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+            ssize_t k = send(w->fd, m, sizeof m - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            fprintf(stderr, "CLOSED probe %zd %s\n", k, k < 0 ? strerror(errno) : "");
+        }
         pthread_mutex_lock(&s->mu);
+        s->n_conns--;
         if (w->prev)
             w->prev->next = w->next;
         else
@@ -86,6 +134,21 @@ static srv_watch *watch_of(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+/* MHD's URI log callback, called with each request line's target as sent (MHD then decodes
+ * it, and a %00 would cut it short): --timeout from the first on. */
+static void *request_line(void *cls, const char *uri, struct MHD_Connection *c) {
+    srv *s = cls;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.timeout_s);
+    srv_watch *w = watch_of(c);
+    if (w) {
+        pthread_mutex_lock(&s->mu);
+        w->spoke = 1;
+        w->nul_target = strstr(uri, "%00") != NULL;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
 }
 
 static void *watchdog_main(void *arg) {
@@ -130,8 +193,11 @@ static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code,
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    const srv_watch *w = watch_of(c);
     pthread_mutex_lock(&s->mu);
-    if (s->draining) /* the client (or nginx) should take its next request elsewhere */
+    /* draining: the client (or nginx) should take its next request elsewhere; a spare
+     * connection serves one request */
+    if (s->draining || (w && w->spare))
         MHD_add_response_header(r, "Connection", "close");
     pthread_mutex_unlock(&s->mu);
     if (code == 401)
@@ -395,15 +461,33 @@ static unsigned job_create(srv *s, srv_request *req, srv_job **out, char *err) {
 /* ---------------------------------------------------------------------------------------- */
 /* Waiting, disconnects, streaming                                                           */
 
-/* 1 when the client has closed its side (or reset the connection). */
-static int peer_gone(struct MHD_Connection *c) {
+/* 1 when the client has gone: its connection was reset. A client that closed only its write
+ * side (nc -N, socat and some proxies do after a whole request) still reads the answer, and a
+ * socket's end of stream looks the same whether the client half-closed or closed it: the first
+ * time the end is seen, an HTTP/1.1 client is sent "100 Continue" (an interim answer every
+ * HTTP/1.1 client skips) or, on a stream, an SSE comment; a closed socket answers it with a
+ * reset, which the next look sees. An HTTP/1.0 client's end of stream is not looked into. */
+static int peer_gone(srv_job *j, int *probe_stream) {
     const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci)
+        MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct tcp_info ti;
+    socklen_t n = sizeof ti;
+    if (!ci || getsockopt(ci->connect_fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0)
         return 1;
-    char b;
-    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (ti.tcpi_state == TCP_ESTABLISHED)
+        return 0;
+    if (ti.tcpi_state != TCP_CLOSE_WAIT) /* reset */
+        return 1;
+    if (j->probed || !j->http11)
+        return 0;
+    j->probed = 1;
+    if (probe_stream) { /* the stream's reader sends the comment */
+        *probe_stream = 1;
+        return 0;
+    }
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    return send(ci->connect_fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+           errno != EAGAIN && errno != EWOULDBLOCK;
 }
 
 /* Restarts the connection's idle clock: time spent waiting for the engine is not the client's
@@ -425,6 +509,26 @@ static void wait_news(srv *s, srv_job *j) {
         ts.tv_nsec -= 1000000000L;
     }
     pthread_cond_timedwait(&j->cv, &s->mu, &ts);
+}
+
+/* With s->mu held: ends a job the drain's end cut, at --drain-timeout or a second signal (its
+ * answer: 503, or an SSE error event). */
+static void cut_job(srv *s, srv_job *j) {
+    j->cut = 1;
+    srv_job_cancel(s, j);
+    s->metrics.cut++;
+}
+
+static json_t *cut_error(const srv *s) {
+    char msg[128];
+    if (s->cut == SRV_CUT_SIGNAL)
+        snprintf(msg, sizeof msg,
+                 "the server shut down before this request finished (a second signal)");
+    else
+        snprintf(msg, sizeof msg,
+                 "the server shut down before this request finished (drain timeout, %ld s)",
+                 s->o.drain_s);
+    return error_obj(503, msg, NULL);
 }
 
 static int sse_add(srv_job *j, json_t *v) {
@@ -481,9 +585,11 @@ static int sse_fill(srv_job *j) {
         rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL));
         j->n_sent = avail;
     }
-    if (!j->done || rc)
+    if ((!j->done && !j->cut) || rc)
         return rc ? -1 : 0;
-    if (j->status != ST_OK) {
+    if (j->cut) {
+        rc |= sse_add(j, cut_error(j->srv));
+    } else if (j->status != ST_OK) {
         json_t *e = error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
         rc |= sse_add(j, e);
     } else {
@@ -525,13 +631,21 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     j->n_sse = j->sse_off = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        int r = sse_fill(j);
+        if (s->cut && !j->done && !j->cut)
+            cut_job(s, j);
+        int r = sse_fill(j), probe = 0;
         if (r < 0 || j->n_sse > 0)
             break;
-        if (peer_gone(j->conn)) {
+        if (peer_gone(j, &probe)) {
             srv_job_cancel(s, j);
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (probe) {
+            pthread_mutex_unlock(&s->mu);
+            static const char comment[] = ":\n\n";
+            memcpy(buf, comment, sizeof comment - 1);
+            return (ssize_t)(sizeof comment - 1);
         }
         wait_news(s, j);
     }
@@ -594,11 +708,12 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     else
         s->metrics.completions++;
     j->conn = c;
+    j->http11 = cc->http11;
     srv_job_submit(s, j);
     /* the engine's answer first (a step or so), so that a refusal gets its own status even
      * when the response would be a stream */
-    while (!j->engine_id && !j->done) {
-        if (peer_gone(c)) {
+    while (!j->engine_id && !j->done && !s->cut) {
+        if (peer_gone(j, NULL)) {
             srv_job_cancel(s, j);
             srv_job_release(s, j);
             pthread_mutex_unlock(&s->mu);
@@ -606,7 +721,9 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         }
         wait_news(s, j);
     }
-    if (j->req.stream && !j->refused) {
+    if (!j->done && s->cut)
+        cut_job(s, j);
+    if (j->req.stream && !j->refused && !j->cut) {
         j->refs++; /* the response's, released by stream_free */
         pthread_mutex_unlock(&s->mu);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096,
@@ -625,8 +742,12 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         count_code(s, 200);
         return rc;
     }
-    while (!j->done) {
-        if (peer_gone(c)) {
+    while (!j->done && !j->cut) {
+        if (s->cut) {
+            cut_job(s, j);
+            break;
+        }
+        if (peer_gone(j, NULL)) {
             srv_job_cancel(s, j);
             srv_job_release(s, j);
             pthread_mutex_unlock(&s->mu);
@@ -636,7 +757,10 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     }
     json_t *v = NULL;
     code = 200;
-    if (j->status == ST_ERR_BUSY) {
+    if (j->cut) {
+        code = 503;
+        v = cut_error(s);
+    } else if (j->status == ST_ERR_BUSY) {
         code = 503;
         v = error_obj(code, j->error, NULL);
     } else if (j->refused && j->status == ST_ERR_RANGE) {
@@ -669,9 +793,11 @@ static int authorized(srv *s, struct MHD_Connection *c) {
     if (!s->o.api_key)
         return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0)
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) /* the scheme is case-insensitive */
         return 0;
     const char *k = h + 7, *want = s->o.api_key;
+    while (*k == ' ')
+        k++;
     size_t n = strlen(k), m = strlen(want);
     unsigned diff = (unsigned)(n ^ m); /* compare in time independent of where they differ */
     for (size_t i = 0; i < m; i++)
@@ -679,10 +805,46 @@ static int authorized(srv *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
+/* MHD_get_connection_values iterator: keeps the first Content-Length header's value in cls[0]
+ * and one that differs from it in cls[1]. */
+static enum MHD_Result content_lengths(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value) {
+    (void)kind;
+    const char **first = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0)
+        return MHD_YES;
+    if (!first[0])
+        first[0] = value;
+    else if (strcmp(first[0], value) != 0)
+        first[1] = value;
+    return MHD_YES;
+}
+
+/* What MHD lets through and HTTP refuses (RFC 9110, 9112): NULL, or the 400's message. */
+static const char *bad_request(struct MHD_Connection *c, const char *url, const char *method,
+                               int http11) {
+    static const char tchar[] = "!#$%&'*+-.^_`|~";
+    for (const char *m = method; *m; m++)
+        if (!((*m >= 'a' && *m <= 'z') || (*m >= 'A' && *m <= 'Z') || (*m >= '0' && *m <= '9') ||
+              strchr(tchar, *m)))
+            return "the request line is malformed: the method is not a token";
+    if (url[0] != '/' && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
+        return "the request line is malformed: the target is neither a path nor a URL";
+    const srv_watch *w = watch_of(c);
+    if (w && w->nul_target)
+        return "the request target holds a NUL byte (%00)";
+    if (http11 && !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
+        return "an HTTP/1.1 request needs a Host header";
+    const char *cl[2] = {NULL, NULL};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, content_lengths, cl);
+    if (cl[1])
+        return "the request has two different Content-Length headers";
+    return NULL;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload_data,
                                size_t *upload_size, void **con_cls) {
-    (void)version;
     srv *s = cls;
     conn_ctx *cc = *con_cls;
     const int post = !strcmp(method, "POST");
@@ -693,10 +855,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!cc)
             return MHD_NO;
         cc->t_start = st_time_seconds();
+        cc->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         *con_cls = cc;
         pthread_mutex_lock(&s->mu);
         s->active_requests++;
         pthread_mutex_unlock(&s->mu);
+        const char *bad = bad_request(c, url, method, cc->http11);
+        if (bad) { /* answered now: MHD closes the connection, whose framing is in doubt */
+            cc->too_big = 2;
+            return send_error(s, c, 400, bad, NULL);
+        }
         if (post && (is_compl || is_chat)) {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -706,11 +874,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                 cc->too_big = 2;
                 return send_error(s, c, 413, msg, NULL);
             }
-            return MHD_YES; /* the body follows */
         }
+        /* answered on a later call, once MHD has read the whole request (a response queued
+         * with the headers closes the connection, dropping the requests pipelined after it) */
+        return MHD_YES;
     }
     if (cc->too_big == 2)
-        return MHD_YES; /* answered already; MHD discards the rest */
+        return MHD_YES; /* answered already (413, 400); MHD discards the rest */
     if (*upload_size) {
         if (st_time_seconds() - cc->t_start > (double)s->o.timeout_s)
             return MHD_NO; /* a client too slow to send its request: dropped */
@@ -740,6 +910,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         w->busy = 1;
         pthread_mutex_unlock(&s->mu);
     }
+    const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    const int probe = get && (!strcmp(url, "/health") || !strcmp(url, "/metrics"));
+    if (w && w->spare && !probe) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the server has --max-connections (%ld) connections open; this spare one "
+                 "answers only GET /health and /metrics",
+                 s->o.max_conns);
+        return send_error(s, c, 503, msg, NULL);
+    }
     if (!strncmp(url, "/v1/", 4) && !authorized(s, c))
         return send_error(s, c, 401, "invalid or missing API key (Authorization: Bearer KEY)",
                           NULL);
@@ -753,7 +933,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         }
         return generate(s, c, cc, is_chat);
     }
-    const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
         return get ? send_buf(s, c, 200, "text/html; charset=utf-8", (const char *)srv_page_html,
                               srv_page_html_len)
@@ -820,10 +999,10 @@ int srv_http_start(srv *s) {
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
             MHD_USE_ERROR_LOG,
         (uint16_t)s->o.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)s->o.timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u,
-        MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->o.max_conns + SPARE_CONNS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.timeout_s, MHD_OPTION_URI_LOG_CALLBACK,
+        request_line, s, MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "spectree serve: cannot listen on %s:%ld: %s\n", s->o.host, s->o.port,
                 strerror(errno));

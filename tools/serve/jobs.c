@@ -237,12 +237,14 @@ void srv_job_submit(srv *s, srv_job *j) {
     pthread_cond_signal(&s->engine_cv);
 }
 
-/* Asks the engine to drop a job (its client went away). With s->mu held. */
+/* Asks the engine to drop a job (its client went away, or the drain timed out). With s->mu
+ * held. */
 void srv_job_cancel(srv *s, srv_job *j) {
     if (j->done || j->cancelled)
         return;
     j->cancelled = 1;
-    s->metrics.cancelled++;
+    if (!j->cut)
+        s->metrics.cancelled++;
     if (j->engine_id && s->n_cancels < SRV_MAX_CANCELS) {
         s->cancels[s->n_cancels++] = j->engine_id;
         pthread_cond_signal(&s->engine_cv);

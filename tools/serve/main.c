@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+enum { CUT_GRACE_S = 2 }; /* after the drain timeout, for the cut requests' answers */
+
 /* ---------------------------------------------------------------------------------------- */
 /* Flags                                                                                     */
 
@@ -29,8 +31,9 @@ static const char *serve_help =
     "\"stream\": true: server-sent events ending with [DONE]), GET /v1/models, GET /health,\n"
     "GET /metrics (Prometheus text). Requests run together, joining and leaving between steps\n"
     "(continuous batching); a seeded request returns what `spectree generate` prints for the\n"
-    "same prompt and parameters, whatever else runs. SIGTERM or SIGINT stops accepting,\n"
-    "finishes the running requests and exits.\n"
+    "same prompt and parameters, whatever else runs. SIGTERM, SIGINT or SIGHUP stops\n"
+    "accepting, finishes the running requests and exits; a second signal, or --drain-timeout,\n"
+    "cuts what still runs (answered 503, a stream with an error event).\n"
     "\n"
     "  -m, --model, --model-path PATH   GGUF Llama model (required)\n"
     "      --host ADDR      IPv4 address to listen on (default 127.0.0.1)\n"
@@ -47,14 +50,19 @@ static const char *serve_help =
     "      --chunked-prefill-size N   prompt tokens prefilled per step (default 256)\n"
     "      --max-total-tokens N       KV positions all running requests may reserve together\n"
     "                       (default: every slot a full context)\n"
-    "      --max-connections N        open connections at once (default 256)\n"
+    "      --max-connections N        open connections at once (default 256); 8 more answer\n"
+    "                       only GET /health and /metrics (others: 503)\n"
+    "      --max-connections-per-ip N connections one address may hold open before their\n"
+    "                       first request line; more are closed at once (default: a quarter\n"
+    "                       of --max-connections, at least 8 or all of them)\n"
     "      --max-body-bytes N         largest request body (default 1048576; beyond: 413)\n"
     "      --max-prompt-tokens N      longest prompt (default: the context length - 1)\n"
     "      --max-tokens-limit N       largest max_tokens (default: the context length)\n"
     "      --timeout S      drop a connection idle for S seconds or whose request takes longer\n"
-    "                       than S seconds to arrive (default 10)\n"
-    "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests\n"
-    "                       (default 60)\n"
+    "                       than S seconds to arrive (default 10); one silent for 2 s before\n"
+    "                       its first request line is dropped then\n"
+    "      --drain-timeout S          on SIGTERM, wait at most S seconds for running requests,\n"
+    "                       then answer them 503 (default 60)\n"
     "  -n, --n-predict N    max_tokens when a completion request gives none (default 16; -1:\n"
     "                       the rest of the context, as chat requests always get)\n"
     "      --log-level L    error, warn, info (default: the start-up lines and one line per\n"
@@ -161,6 +169,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_CHUNK,
         O_TOTAL,
         O_CONNS,
+        O_PER_IP,
         O_BODY,
         O_PROMPT,
         O_MAXTOK,
@@ -185,6 +194,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
                                         {"chunked-prefill-size", required_argument, 0, O_CHUNK},
                                         {"max-total-tokens", required_argument, 0, O_TOTAL},
                                         {"max-connections", required_argument, 0, O_CONNS},
+                                        {"max-connections-per-ip", required_argument, 0, O_PER_IP},
                                         {"max-body-bytes", required_argument, 0, O_BODY},
                                         {"max-prompt-tokens", required_argument, 0, O_PROMPT},
                                         {"max-tokens-limit", required_argument, 0, O_MAXTOK},
@@ -248,7 +258,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             break;
         }
         case O_QUEUED:
-            cli_parse_int(cmd, "--max-queued-requests", optarg, 0, 1 << 20, &v);
+            cli_parse_int(cmd, "--max-queued-requests", optarg, 1, 1 << 20, &v);
             o->ep.max_queued = (int32_t)v;
             break;
         case 'c':
@@ -265,6 +275,9 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             break;
         case O_CONNS:
             cli_parse_int(cmd, "--max-connections", optarg, 1, 65536, &o->max_conns);
+            break;
+        case O_PER_IP:
+            cli_parse_int(cmd, "--max-connections-per-ip", optarg, 1, 65536, &o->max_conns_per_ip);
             break;
         case O_BODY:
             cli_parse_int(cmd, "--max-body-bytes", optarg, 64, 1L << 30, &o->max_body);
@@ -307,6 +320,10 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
     env_args_free(&ea);
     if (!o->model)
         die("-m MODEL is required");
+    if (!o->max_conns_per_ip) {
+        long floor = o->max_conns < 8 ? o->max_conns : 8;
+        o->max_conns_per_ip = o->max_conns / 4 > floor ? o->max_conns / 4 : floor;
+    }
     cli_common_check(cmd, &o->c);
 }
 
@@ -359,6 +376,10 @@ static int find_template(srv *s) {
     }
     snprintf(s->tmpl_source, sizeof s->tmpl_source, "tokenizer.chat_template");
     return 0;
+}
+
+static const char *sig_name(int sig) {
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
 }
 
 /* The start-up lines of --log-level info: the drafter and its head or draft model, the tree
@@ -447,12 +468,13 @@ int serve_cmd(int argc, char **argv) {
     pthread_cond_init(&s.engine_cv, NULL);
     pthread_cond_init(&s.drain_cv, NULL);
 
-    /* SIGTERM/SIGINT reach this thread only (sigwait below); SIGPIPE is ignored (a client that
-     * goes away makes a write fail, not the process die) */
+    /* SIGTERM/SIGINT/SIGHUP reach this thread only (sigwait below); SIGPIPE is ignored (a
+     * client that goes away makes a write fail, not the process die) */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -478,21 +500,35 @@ int serve_cmd(int argc, char **argv) {
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n",
-            sig == SIGTERM ? "SIGTERM" : "SIGINT", s.live_jobs);
+    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n", sig_name(sig),
+            s.live_jobs);
     srv_http_quiesce(&s);
     pthread_mutex_lock(&s.mu);
     s.draining = 1;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += o->drain_s;
-    while (s.live_jobs > 0 || s.active_requests > 0)
-        if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
-            break;
+    /* until the running requests finish, --drain-timeout passes or a second signal comes */
+    const double t_end = st_time_seconds() + (double)o->drain_s;
+    int again = 0;
+    while ((s.live_jobs > 0 || s.active_requests > 0) && st_time_seconds() < t_end && !again) {
+        pthread_mutex_unlock(&s.mu);
+        const struct timespec tick = {0, 100 * 1000000L};
+        again = sigtimedwait(&sigs, NULL, &tick) > 0 ? 1 : 0;
+        pthread_mutex_lock(&s.mu);
+    }
     int left = s.live_jobs > s.active_requests ? s.live_jobs : s.active_requests;
+    struct timespec until;
+    if (left) {
+        /* the connections answer what is left with 503 (a stream: an error event and [DONE])
+         * within a wait or two; a client that does not read its answer is not waited for */
+        fprintf(stderr, "spectree serve: %s: %d requests cut\n",
+                again ? "a second signal" : "drain timeout", left);
+        s.cut = again ? SRV_CUT_SIGNAL : SRV_CUT_TIMEOUT;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += CUT_GRACE_S;
+        while (s.active_requests > 0)
+            if (pthread_cond_timedwait(&s.drain_cv, &s.mu, &until) == ETIMEDOUT)
+                break;
+    }
     pthread_mutex_unlock(&s.mu);
-    if (left)
-        fprintf(stderr, "spectree serve: drain timeout: %d requests cut\n", left);
     srv_http_stop(&s);
     pthread_mutex_lock(&s.mu);
     s.stop_engine = 1;
@@ -506,8 +542,8 @@ int serve_cmd(int argc, char **argv) {
         srv_job_refuse(&s, j, ST_ERR_BUSY, "the server is shutting down");
     }
     pthread_mutex_unlock(&s.mu);
-    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests\n",
-            s.metrics.requests_total);
+    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests (%" PRId64 " cut)\n",
+            s.metrics.requests_total, s.metrics.cut);
     rc = 0;
 done:
     st_engine_free(s.engine);

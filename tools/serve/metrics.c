@@ -105,6 +105,9 @@ char *srv_metrics_text(srv *s, size_t *len) {
     for (int i = 0; i < 4; i++)
         fprintf(f, "spectree_requests_finished_total{reason=\"%s\"} %" PRId64 "\n", why[i],
                 m->finished[i]);
+    put_metric(f, "spectree_requests_cut_total", "counter",
+               "requests cut at the drain timeout (answered 503 or with an SSE error event)",
+               (double)m->cut);
     put_metric(f, "spectree_prompt_tokens_total", "counter", "prompt tokens of finished requests",
                (double)m->prompt_tokens);
     put_metric(f, "spectree_generation_tokens_total", "counter",

@@ -19,12 +19,15 @@ enum {
     SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
 };
 
+enum { SRV_CUT_TIMEOUT = 1, SRV_CUT_SIGNAL }; /* why a drain was cut: --drain-timeout, signal */
+
 /* --log-level: what stderr gets (the line with the address is always printed). */
 enum { SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
 
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
-    long port, max_conns, max_body, max_prompt, max_tokens_limit, timeout_s, drain_s;
+    long port, max_conns, max_conns_per_ip, max_body, max_prompt, max_tokens_limit, timeout_s;
+    long drain_s;
     long default_max_tokens;
     int log_level; /* SRV_LOG_* (default info) */
     st_engine_params ep;
@@ -49,8 +52,10 @@ typedef struct srv_metrics {
                                    [3] 500, [4] 503, [5] other */
     int64_t completions, chats; /* generation requests accepted */
     int64_t prompt_tokens, gen_tokens;
-    int64_t finished[4]; /* stop, length, cancelled (client gone), error */
+    int64_t finished[4]; /* stop, length, cancelled (client gone or cut at the
+                            drain timeout), error */
     int64_t cancelled;
+    int64_t cut;               /* requests cut at the drain timeout */
     int64_t spec_verify_steps; /* decoding passes of finished requests */
     srv_hist ttft, tpot, e2e, accept_len;
 } srv_metrics;
@@ -77,6 +82,7 @@ typedef struct srv_job {
     size_t n_text, cap_text;
     int64_t n_gen;
     int done, cancelled, refused, oom;
+    int cut;          /* cut at the drain timeout (answered 503 or with an SSE error event) */
     int wake_pending; /* text added in this engine step, its connection not yet woken */
     st_status status;
     char error[256];
@@ -89,6 +95,8 @@ typedef struct srv_job {
     char *sse;
     size_t n_sse, sse_off;
     void *conn; /* struct MHD_Connection * */
+    int http11; /* the client speaks HTTP/1.1 (its end of stream may be probed) */
+    int probed; /* its end of stream was probed (http.c's peer_gone) */
 } srv_job;
 
 struct srv {
@@ -125,8 +133,10 @@ struct srv {
     int live_jobs;
     int active_requests;       /* HTTP requests begun and not yet answered in full */
     struct srv_watch *watches; /* open connections (http.c) */
+    long n_conns;
     int stop_watchdog;
     int draining, stop_engine;
+    int cut; /* SRV_CUT_*: the drain was cut; unfinished requests are answered 503, cancelled */
     uint64_t next_id;
     st_engine_stats engine_stats;
     srv_metrics metrics;

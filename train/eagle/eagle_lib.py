@@ -19,6 +19,7 @@ import os
 import shlex
 import struct
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -720,12 +721,39 @@ def write_safetensors_maps(path, tensors):
         off += len(raw)
     h = json.dumps(header, separators=(",", ":")).encode("utf-8")
     h += b" " * (-len(h) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+
+    def fill(f):
         f.write(struct.pack("<Q", len(h)) + h)
         for raw in blobs:
             f.write(raw)
-    os.replace(tmp, path)
+    write_whole(path, fill)
+
+
+def write_whole(path, fill):
+    """Writes path whole or not at all: fill(f) writes a temporary file (binary) in path's folder,
+    which replaces path once it is on the disk; on any error it is removed, path untouched."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 otherwise
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path, obj):
+    """obj as indented JSON and a newline (a config.json), written whole (write_whole)."""
+    write_whole(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode("utf-8")))
 
 
 def read_safetensors(path, maps=False):

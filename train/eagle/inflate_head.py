@@ -116,9 +116,7 @@ def write(a, cfg, tensors, d, D, NH, NKV):
     cfg["spectree"] = info
     os.makedirs(a.out, exist_ok=True)
     eagle_lib.write_safetensors_maps(os.path.join(a.out, "model.safetensors"), tensors)
-    with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    eagle_lib.write_json(os.path.join(a.out, "config.json"), cfg)
     print("inflate_head: wrote %s: hidden %d -> %d, heads %d/%d -> %d/%d" % (a.out, d, D, nh, nkv,
                                                                             NH, NKV),
           file=sys.stderr)

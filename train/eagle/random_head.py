@@ -10,7 +10,6 @@ that auto then lose at most 3% against plain decoding).
 import argparse
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -49,7 +48,9 @@ def main():
         out[name] = torch.from_numpy(r)
     os.makedirs(a.out, exist_ok=True)
     eagle_lib.write_safetensors(os.path.join(a.out, "model.safetensors"), out, dts.pop())
-    shutil.copyfile(os.path.join(a.like, "config.json"), os.path.join(a.out, "config.json"))
+    with open(os.path.join(a.like, "config.json"), "rb") as f:
+        cfg = f.read()
+    eagle_lib.write_whole(os.path.join(a.out, "config.json"), lambda f: f.write(cfg))
     print("random_head: wrote %s: %d random tensors in the layout of %s" % (a.out, len(out),
                                                                           a.like))
 

@@ -12,7 +12,6 @@ layout (FORMATS.md d.1; q/k rows in Hugging Face's half-split RoPE order).
 Deterministic for a given --seed and --threads.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -134,8 +133,9 @@ def train(args):
                                                    gen)
         feats, toks, valid = build_data(target, prompts, args, gen)
         if args.data_cache:
-            torch.save({"key": key, "feats": feats, "toks": toks, "valid": valid,
-                        "gen_state": gen.get_state()}, args.data_cache)
+            data = {"key": key, "feats": feats, "toks": toks, "valid": valid,
+                    "gen_state": gen.get_state()}
+            el.write_whole(args.data_cache, lambda f: torch.save(data, f))
     # element t: input (f_t, x_{t+1}) at position t; target f_{t+1} and softmax(lm_head(f_{t+1}))
     x_in, f_in, f_next = toks[:, 1:].to(dev), feats[:, :-1].to(dev), feats[:, 1:].to(dev)
     mask = valid[:, 1:].float().to(dev)
@@ -234,9 +234,7 @@ def train(args):
         "loss_first": round(first_loss, 6),
         "loss_last": round(last_loss, 6),
     }
-    with open(os.path.join(args.out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    el.write_json(os.path.join(args.out, "config.json"), cfg)
     el.log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
 
     if args.eval:

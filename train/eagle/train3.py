@@ -19,7 +19,6 @@ target's is used), with the layers read recorded as SGLang's eagle_aux_hidden_st
 Deterministic for a given --seed and --threads.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -276,9 +275,9 @@ def train(args):
             vs.append(valid)
         toks, feats, states, valid = torch.cat(ts), torch.cat(fs), torch.cat(xs), torch.cat(vs)
         if args.data_cache:
-            torch.save({"key": key, "toks": toks, "feats": feats, "states": states,
-                        "valid": valid, "freq": sorted(freq.items()),
-                        "gen_state": gen.get_state()}, args.data_cache)
+            data = {"key": key, "toks": toks, "feats": feats, "states": states, "valid": valid,
+                    "freq": sorted(freq.items()), "gen_state": gen.get_state()}
+            el.write_whole(args.data_cache, lambda f: torch.save(data, f))
     # the three layers read, low to high as given: (N, total, 3H)
     aux = states[:, :, layers].reshape(states.shape[0], states.shape[1], 3 * target.dim)
     # the draft vocabulary: the D most frequent generated tokens (ties: lower id), sorted
@@ -410,9 +409,7 @@ def save(args, cfg, head, d2t, t2d, info):
     el.write_safetensors_maps(os.path.join(args.out, "model.safetensors"), tensors)
     cfg = dict(cfg, torch_dtype={"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[args.dtype],
                spectree=info)
-    with open(os.path.join(args.out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    el.write_json(os.path.join(args.out, "config.json"), cfg)
     el.log("wrote %s/config.json and %s/model.safetensors (%s)" % (args.out, args.out, dtype))
 
 
