@@ -169,9 +169,10 @@ static int on_token(void *user, int32_t tok) {
     return p->stopped || interrupted;
 }
 
-int cli_cmd_generate(int argc, char **argv) {
-    gen_opts o = {.n_predict = 256};
-    cli_common_init(&o.c);
+/* Parses generate's command line into o (a bad flag ends the program with status 2); 1 when
+ * --help was printed. A seed not given comes from the clock. */
+static int parse_generate(int argc, char **argv, gen_opts *o) {
+    cli_common_init(&o->c);
     enum { O_JSON = 1000, O_STOP };
     static const struct option own[] = {
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
@@ -185,45 +186,45 @@ int cli_cmd_generate(int argc, char **argv) {
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:s:h", lo, NULL)) != -1) {
-        if (cli_common_parse("generate", c, optarg, &o.c))
+        if (cli_common_parse("generate", c, optarg, &o->c))
             continue;
         switch (c) {
         case 'm':
-            o.model = optarg;
+            o->model = optarg;
             break;
         case 'p':
-            o.prompt = optarg;
+            o->prompt = optarg;
             break;
         case 'f':
-            o.prompt_file = optarg;
+            o->prompt_file = optarg;
             break;
         case 'n':
-            cli_parse_int("generate", "-n", optarg, -1, 1 << 24, &o.n_predict);
+            cli_parse_int("generate", "-n", optarg, -1, 1 << 24, &o->n_predict);
             break;
         case 'c':
-            cli_parse_int("generate", "-c", optarg, 1, 1 << 24, &o.ctx);
+            cli_parse_int("generate", "-c", optarg, 1, 1 << 24, &o->ctx);
             break;
         case 's':
             if (strcmp(optarg, "-1") != 0) { /* -1: llama.cpp's random seed */
-                o.c.sp.seed = cli_parse_u64("generate", "--seed", optarg);
-                o.seed_set = 1;
+                o->c.sp.seed = cli_parse_u64("generate", "--seed", optarg);
+                o->seed_set = 1;
             }
             break;
         case O_JSON:
-            o.json = 1;
+            o->json = 1;
             break;
         case O_STOP:
-            if (o.n_stops == MAX_STOPS)
+            if (o->n_stops == MAX_STOPS)
                 cli_die_usage("generate", "at most 16 --stop strings");
             if (!optarg[0] || strlen(optarg) > 1024)
                 cli_die_usage("generate", "--stop needs a text of 1..1024 bytes");
-            o.stops[o.n_stops++] = optarg;
+            o->stops[o->n_stops++] = optarg;
             break;
         case 'h':
             fputs(generate_help, stdout);
             fputs(cli_common_help, stdout);
             free(lo);
-            return 0;
+            return 1;
         case ':':
             cli_die_option("generate", argv, 1);
             break;
@@ -237,19 +238,26 @@ int cli_cmd_generate(int argc, char **argv) {
         snprintf(msg, sizeof msg, "unexpected argument '%.256s'", argv[optind]);
         cli_die_usage("generate", msg);
     }
-    if (!o.model)
+    if (!o->model)
         cli_die_usage("generate", "-m MODEL is required");
-    if (!o.prompt && !o.prompt_file)
+    if (!o->prompt && !o->prompt_file)
         cli_die_usage("generate", "-p PROMPT or -f FILE is required");
-    if (o.prompt && o.prompt_file)
+    if (o->prompt && o->prompt_file)
         cli_die_usage("generate", "give the prompt with -p or with -f, not both");
-    cli_common_check("generate", &o.c);
-    if (!o.seed_set) { /* nanoseconds and the process id: two runs never share a seed */
+    cli_common_check("generate", &o->c);
+    if (!o->seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        o.c.sp.seed =
+        o->c.sp.seed =
             ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 32);
     }
+    return 0;
+}
+
+int cli_cmd_generate(int argc, char **argv) {
+    gen_opts o = {.n_predict = 256};
+    if (parse_generate(argc, argv, &o))
+        return 0;
 
     st_model *m = NULL, *dm = NULL;
     int32_t *toks = NULL;
