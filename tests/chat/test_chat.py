@@ -4,7 +4,7 @@
   generate` prints for the conversation rendered with ChatML (stories260K has no template:
   ChatML is the default, with a warning);
 - /stats (tokens/s, tau, speculative steps of the last turn; the KV cache kept across turns:
-  only the new turn is prefilled), /regen (the same greedy answer),
+  only the new turn's own tokens are prefilled), /regen (the same greedy answer),
   /clear (a new conversation answers as the first did), an unknown command;
 - Ctrl-C mid-answer stops it and returns to the prompt; Ctrl-D leaves with status 0; Ctrl-C at
   the prompt leaves too;
@@ -116,9 +116,17 @@ def test_turns_and_commands():
                   r"stopped: length; NGRAM: \d+ speculative steps \(\+\d+ plain\), tau "
                   r"[0-9.]+$", stats)
     check(m, "/stats: %r" % stats)
-    # the KV cache kept across turns: the new turn is prefilled, not the conversation
+    # the KV cache kept across turns: the new turn is prefilled, not the conversation: the
+    # tokens of the turn's own text (the end of the answer, the user's message, the assistant's
+    # header), plus the answer's last token, sampled but not yet evaluated
     check(int(m.group(2)) < int(m.group(1)) // 2, "/stats: the whole conversation prefilled: %r"
           % stats)
+    own = subprocess.run([SPECTREE, "tokenize", "-m", MODEL,
+                          "<|im_end|>\n<|im_start|>user\nTell me more<|im_end|>\n"
+                          "<|im_start|>assistant\n"], capture_output=True, text=True, timeout=60)
+    n_own = len(own.stdout.split())
+    check(own.returncode == 0 and 0 < int(m.group(2)) <= n_own + 2,
+          "/stats: %s tokens prefilled for a turn of %d: %r" % (m.group(2), n_own, stats))
     check(c.turn("/regen\n") == a2, "/regen gave another greedy answer")
     check(c.turn("/clear\n") == "(a new conversation)", "/clear")
     want = generate(BUILD, MODEL, chatml([("system", "Be kind"), ("user", "Hello")]), 30)
