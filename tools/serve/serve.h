@@ -10,6 +10,7 @@
 #include "serve_cmd.h"
 #include "spectree.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -151,6 +152,16 @@ void srv_job_cancel(srv *s, srv_job *j);
 /* With s->mu held: ends a job the engine refused or never saw, with rc and msg (no engine
  * callback will come for it). */
 void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg);
+
+/* reply.c: a job from a checked request (moved into it; 0, or an HTTP status with a message
+ * in err), and the JSON of its answer: the finish reason, SGLang's speculative meta_info,
+ * usage, a text (valid UTF-8), the whole non-streamed response. */
+unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err);
+const char *srv_finish_reason(const srv_job *j);
+json_t *srv_spec_info(const srv_job *j);
+json_t *srv_usage_obj(const srv_job *j);
+json_t *srv_text_str(const char *t, size_t n);
+json_t *srv_full_response(const srv_job *j);
 
 /* http.c */
 int srv_http_start(srv *s);
