@@ -102,8 +102,11 @@ typedef struct st_kernels {
     /* NULL where packing does not pay (the AVX2 table: measured slower than its row-major
      * kernel with 16 registers); then weights stay unpacked. */
     st_matmul_packed_fn matmul_f32_packed;
-    /* Q8_0 weights packed by st_pack_q8_0; NULL where the table has no use for them (AVX2). */
+    /* Q8_0 weights packed by st_pack_q8_0 (every table has it). */
     st_matmul_q8p_fn matmul_q8_0_packed;
+    /* Q4_K / Q6_K weights packed by st_pack_kq (kquant.h); NULL where the table keeps them
+     * row-major (the AVX-512 table: its row-major kernels are the measured ones there). */
+    st_matmul_q8p_fn matmul_q4_k_packed, matmul_q6_k_packed;
     /* Canonical dot product (see above). */
     float (*dot)(const float *a, const float *b, int64_t n);
     /* Attention scores of nq queries against n key rows:
@@ -164,6 +167,10 @@ void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const 
 void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
                                   const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                   int64_t r1);
+/* The AVX2 table's Q8_0 matmul on packed weights (q8p_avx2.c). */
+void st_matmul_q8_0_packed_avx2(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                int64_t r1);
 int st_amx_ready(void);
 int st_amx_set(int on);
 
