@@ -140,6 +140,90 @@ static void test_matmul_kquant(void **state) {
                            ms[im]);
 }
 
+/* Packed Q4_K / Q6_K (st_pack_kq): the packed matmul of every table that has one against the
+ * row-major reference, bitwise, on whole ranges and ranges cut at and inside groups, with guard
+ * values around the outputs, for row counts around the 8-row groups and 1..64 tokens; packing in
+ * place gives the bytes of packing into a copy, and every row reads back as it was. */
+static st_matmul_q8p_fn packed_of(const st_kernels *k, uint32_t type) {
+    return type == ST_DTYPE_Q4_K ? k->matmul_q4_k_packed : k->matmul_q6_k_packed;
+}
+
+static void check_packed(uint32_t type, int64_t K, int64_t rows, int64_t M) {
+    const st_kernels *tabs[3] = {st_kernels_ref(), st_kernels_avx2(), st_kernels_avx512()};
+    size_t rb;
+    uint8_t *w = make_weights(type, rows, K, &rb);
+    uint8_t *wp = malloc(rb * (size_t)rows), *wi = malloc(rb * (size_t)rows), *row = malloc(rb);
+    assert_int_equal(st_pack_kq(type, wp, w, rb, rows, K), 0);
+    memcpy(wi, w, rb * (size_t)rows);
+    assert_int_equal(st_pack_kq(type, wi, wi, rb, rows, K), 0);
+    assert_memory_equal(wp, wi, rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        st_kq_packed_row(type, wp, rb, rows, K, r, row);
+        assert_memory_equal(row, w + (size_t)r * rb, rb);
+    }
+    const int64_t nb = K / ST_QK_K, ldy = rows + 3;
+    float *x = malloc((size_t)(M * K) * 4);
+    for (int64_t i = 0; i < M * K; i++)
+        x[i] = frand() * (i % 89 == 0 ? 8.0f : 1.0f);
+    st_block_q8k *xq = malloc(sizeof(st_block_q8k) * (size_t)(M * nb));
+    for (int64_t m = 0; m < M; m++)
+        st_quantize_q8k(xq + m * nb, x + m * K, K);
+    float *y1 = malloc((size_t)(M * ldy) * 4), *y2 = malloc((size_t)(M * ldy) * 4);
+    for (int64_t i = 0; i < M * ldy; i++)
+        y1[i] = -7.0f;
+    matmul_of(tabs[0], type)(y1, ldy, w, rb, xq, nb, K, M, 0, rows);
+    const int64_t cuts[][2] = {{0, rows}, {0, rows / 2}, {rows / 2, rows},
+                               {8, rows}, {3, rows - 1}, {9, 10}};
+    for (int it = 0; it < 3; it++) {
+        const st_kernels *k = tabs[it];
+        if (!k || !packed_of(k, type))
+            continue;
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            const int64_t a = cuts[c][0] < rows ? cuts[c][0] : 0;
+            const int64_t cb = cuts[c][1] < rows ? cuts[c][1] : rows;
+            const int64_t b = cb > a ? cb : rows;
+            for (int64_t i = 0; i < M * ldy; i++)
+                y2[i] = -7.0f;
+            packed_of(k, type)(y2, ldy, wp, rb, rows, xq, nb, K, M, a, b);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t i = 0; i < ldy; i++) {
+                    const float want = i >= a && i < b ? y1[m * ldy + i] : -7.0f;
+                    if (memcmp(&want, &y2[m * ldy + i], 4))
+                        fail_msg("%s packed %s K=%ld rows=%ld M=%ld [%ld,%ld): token %ld row "
+                                 "%ld: %a, want %a",
+                                 k->name, st_dtype_name(type), (long)K, (long)rows, (long)M,
+                                 (long)a, (long)b, (long)m, (long)i, (double)y2[m * ldy + i],
+                                 (double)want);
+                }
+        }
+    }
+    /* ggml's order on packed rows equals it on row-major ones */
+    for (int64_t i = 0; i < M * ldy; i++)
+        y1[i] = y2[i] = -7.0f;
+    st_matmul_kq_ggml(type, y1, ldy, w, rb, xq, nb, K, M, 0, rows);
+    st_matmul_kq_packed_rows(type, 1, y2, ldy, wp, rb, rows, xq, nb, K, M, 0, rows);
+    assert_memory_equal(y1, y2, (size_t)(M * ldy) * 4);
+    free(w), free(wp), free(wi), free(row), free(x), free(xq), free(y1), free(y2);
+}
+
+static void test_matmul_kquant_packed(void **state) {
+    (void)state;
+    const uint32_t pt[] = {ST_DTYPE_Q4_K, ST_DTYPE_Q6_K};
+    const int64_t ks[] = {256, 768, 2048};
+    const int64_t rowss[] = {1, 7, 8, 9, 16, 23, 40};
+    const int64_t mss[] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 64};
+    for (size_t t = 0; t < 2; t++) {
+        assert_true(st_kq_packable(pt[t]));
+        for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
+            for (size_t b = 0; b < sizeof rowss / sizeof rowss[0]; b++)
+                for (size_t c = 0; c < sizeof mss / sizeof mss[0]; c++)
+                    if (ks[a] * rowss[b] * mss[c] <= 768 * 40 * 64)
+                        check_packed(pt[t], ks[a], rowss[b], mss[c]);
+    }
+    assert_false(st_kq_packable(ST_DTYPE_Q5_K));
+    assert_int_equal(st_pack_kq(ST_DTYPE_Q5_K, NULL, NULL, 176, 8, 256), -1);
+}
+
 /* st_kq_unpack: sc * (q - zero) - min rebuilds each dequantized value (up to rounding). */
 static void test_unpack(void **state) {
     (void)state;
@@ -192,6 +276,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_q8k),
         cmocka_unit_test(test_unpack),
         cmocka_unit_test(test_matmul_kquant),
+        cmocka_unit_test(test_matmul_kquant_packed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -299,6 +299,7 @@ st_status st_eagle3_head_load(const char *dir, const st_model *target, st_model 
         m->tok_embd = target->tok_embd; /* borrowed: never packed or freed by the head */
         m->tok_embd.packed = NULL;
         m->tok_embd.q8p_own = NULL;
+        m->tok_embd.kqp_own = NULL;
     }
     if (ec.tie)
         m->output = m->tok_embd;
@@ -306,6 +307,7 @@ st_status st_eagle3_head_load(const char *dir, const st_model *target, st_model 
         st_head_set_wt(&m->output, &ht[E3_LM_HEAD]);
     m->output.packed = NULL;
     m->output.q8p_own = NULL;
+    m->output.kqp_own = NULL;
     m->eagle3 = 1;
     m->n_cap = ST_CAP_MAX;
     memcpy(m->cap_layer, ec.cap, sizeof ec.cap);

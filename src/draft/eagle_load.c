@@ -186,10 +186,12 @@ st_status st_eagle1_head_load(const char *dir, const st_model *target, st_model 
         m->tok_embd = target->tok_embd;
         m->tok_embd.packed = NULL;
         m->tok_embd.q8p_own = NULL;
+        m->tok_embd.kqp_own = NULL;
     }
     m->output = target->output; /* borrowed: never packed or freed by the head */
     m->output.packed = NULL;
     m->output.q8p_own = NULL;
+    m->output.kqp_own = NULL;
     hp->wtype = L->wq.type;
     m->target = target;
     st_safetensors_free(sf);

@@ -131,6 +131,42 @@ size_t st_kquant_block_bytes(uint32_t type);
 /* Unpacks one block of a K-quant type (scalar; the SIMD files have their own). */
 void st_kq_unpack(uint32_t type, const void *blk, st_kq_unpacked *u);
 
+/* K-quant weights packed for batches (kqp.c, Q4_K and Q6_K): each full group of ST_KQP_ROWS = 8
+ * rows becomes, super-block by super-block, one group-block of the 8 rows' blocks (8 x 144 or
+ * 8 x 210 bytes, so a packed matrix is as big as a row-major one and packs in place), laid out
+ * so that one 32-byte load holds four bytes of quants of each row, byte 4r + e of a vector from
+ * row r:
+ * - Q4_K: d[8], dmin[8] (fp16, row r at 2r), the 12 scale bytes as planes (byte i of row r's
+ *   scales at 32 + 8i + r), then 32 vectors of quants at 128 + 32(8c + k): row r's
+ *   qs[32c + 4k + e].
+ * - Q6_K: d[8] (fp16), the scales at 16 + 8j + r, ql as 32 vectors at 144 + 32(16h + 8s + k):
+ *   row r's ql[64h + 32s + 4k + e], then qh as 16 vectors at 1168 + 32(8h + k): row r's
+ *   qh[32h + 4k + e].
+ * Rows past the last full group stay row-major after the groups. The packed matmuls have the
+ * st_matmul_q8p_fn contract (kernels.h) and give bitwise the row-major kernels' results. */
+enum { ST_KQP_ROWS = 8 };
+int st_kq_packable(uint32_t type);
+/* Packs rows x K weights of a packable type (rows row_bytes apart); dst may be src. 0, or -1
+ * (nothing changed) for a type it does not pack or when a scratch of 8 rows is not there. */
+int st_pack_kq(uint32_t type, void *dst, const void *src, size_t row_bytes, int64_t rows,
+               int64_t K);
+/* Row r of a packed matrix, row-major, into out (row_bytes). */
+void st_kq_packed_row(uint32_t type, const void *wp, size_t row_bytes, int64_t rows, int64_t K,
+                      int64_t r, void *out);
+/* Rows [r0, r1) of a packed matrix, each read back into row-major blocks and multiplied by the
+ * reference kernel or, with ggml set, by st_matmul_kq_ggml. */
+void st_matmul_kq_packed_rows(uint32_t type, int ggml, float *y, int64_t ldy, const void *wp,
+                              size_t row_bytes, int64_t rows, const void *x, int64_t ldx, int64_t K,
+                              int64_t M, int64_t r0, int64_t r1);
+#define ST_KQP_DECLARE(isa)                                                                        \
+    void st_matmul_q4_k_packed_##isa(float *, int64_t, const void *, size_t, int64_t,              \
+                                     const void *, int64_t, int64_t, int64_t, int64_t, int64_t);   \
+    void st_matmul_q6_k_packed_##isa(float *, int64_t, const void *, size_t, int64_t,              \
+                                     const void *, int64_t, int64_t, int64_t, int64_t, int64_t);
+ST_KQP_DECLARE(ref)
+ST_KQP_DECLARE(avx2)
+#undef ST_KQP_DECLARE
+
 /* The matmuls of each table (st_matmul_fn, kernels.h; x is st_block_q8k, ldx in blocks). */
 #define ST_KQ_DECLARE(isa)                                                                         \
     void st_matmul_q2_k_##isa(float *, int64_t, const void *, size_t, const void *, int64_t,       \

@@ -220,6 +220,7 @@ void st_model_free(st_model *m) {
         for (int64_t i = 0; i < n_mats(m); i++) {
             st_free_aligned(mat_at(m, i)->packed);
             st_free_aligned(mat_at(m, i)->q8p_own);
+            st_free_aligned(mat_at(m, i)->kqp_own);
         }
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             st_free(m->layers[l].attn_norm);
@@ -265,34 +266,51 @@ static void pack_matrices(st_model *m) {
     }
 }
 
-/* Packs the Q8_0 matrices (not the embedding, nor a tied output layer: their rows are read)
- * for the table's matmul_q8_0_packed (kernels.h: 1.6-3.3x the row-major kernel's arithmetic
- * per weight on this machine, 2-16 tokens): in place where the model holds its own copy of the
- * file (COPY loads), else into a copy, after which the file mapping's pages of the matrix are
- * dropped (their row-major bytes are not read again; the kernel would re-read them if they
- * were). A failed allocation leaves the rest row-major (same results). ST_PACK=0 turns it off. */
-static void pack_q8_0(st_model *m) {
-    if (!st_env_get().pack || !st_kernels_get()->matmul_q8_0_packed)
+/* The table's matmul on weights of this type packed at load, or NULL (kernels.h, kquant.h). */
+static st_matmul_q8p_fn packed_fn(uint32_t type) {
+    const st_kernels *k = st_kernels_get();
+    return type == ST_DTYPE_Q8_0   ? k->matmul_q8_0_packed
+           : type == ST_DTYPE_Q4_K ? k->matmul_q4_k_packed
+           : type == ST_DTYPE_Q6_K ? k->matmul_q6_k_packed
+                                   : NULL;
+}
+
+/* Packs the Q8_0, Q4_K and Q6_K matrices (not the embedding, nor a tied output layer: their
+ * rows are read) for the table's packed matmuls, which need no horizontal reductions (Q8_0:
+ * st_pack_q8_0, kernels.h; the K-quants: st_pack_kq, kquant.h): in place where the model holds
+ * its own copy of the file (COPY loads), else into a copy, after which the file mapping's pages
+ * of the matrix are dropped (their row-major bytes are not read again; the kernel would re-read
+ * them if they were). A failed allocation leaves the rest row-major (same results). ST_PACK=0
+ * turns it off. */
+static void pack_quant(st_model *m) {
+    if (!st_env_get().pack)
         return;
     const int kind = st_gguf_data_kind(m->gguf);
     for (int64_t i = 0; i < n_mats(m); i++) {
         st_wt *w = mat_at(m, i);
-        if (w->type != ST_DTYPE_Q8_0 || w->n_out < ST_PACK_ROWS || w->q8p ||
-            (w == &m->output && m->hp.tied_output))
+        const int q8 = w->type == ST_DTYPE_Q8_0;
+        if (!packed_fn(w->type) || w->n_out < (q8 ? ST_PACK_ROWS : ST_KQP_ROWS) || w->q8p ||
+            w->kqp || (w == &m->output && m->hp.tied_output))
             continue;
         const size_t bytes = (size_t)w->n_out * w->row_bytes;
-        if (kind == 2) {
-            if (st_pack_q8_0((void *)w->data, w->data, w->row_bytes, w->n_out, w->n_in))
-                return;
-            w->q8p = w->data;
-            continue;
-        }
-        if (!(w->q8p_own = st_malloc_aligned(bytes, 64)))
+        void *dst = (void *)w->data;
+        if (kind != 2 && !(dst = st_malloc_aligned(bytes, 64)))
             return;
-        st_pack_q8_0(w->q8p_own, w->data, w->row_bytes, w->n_out, w->n_in);
-        w->q8p = w->q8p_own;
+        if (q8 ? st_pack_q8_0(dst, w->data, w->row_bytes, w->n_out, w->n_in)
+               : st_pack_kq(w->type, dst, w->data, w->row_bytes, w->n_out, w->n_in)) {
+            if (dst != w->data)
+                st_free_aligned(dst);
+            return;
+        }
         if (kind == 1)
             st_mmap_drop(w->data, bytes);
+        if (q8) {
+            w->q8p = dst;
+            w->q8p_own = dst != w->data ? dst : NULL;
+        } else {
+            w->kqp = dst;
+            w->kqp_own = dst != w->data ? dst : NULL;
+        }
     }
 }
 
@@ -354,7 +372,7 @@ static st_status model_from_gguf(st_model *m) {
     }
     hp->wtype = m->layers[0].wq.type;
     pack_matrices(m);
-    pack_q8_0(m);
+    pack_quant(m);
     if ((s = st_tokenizer_load(g, &m->tok))) {
         st_error_prefix("%s: tokenizer", path);
         return s;
