@@ -208,7 +208,13 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        g[m] = tok / ((double)na * (st_ctl_verify_cost(c, na, m, &meas[m]) + cp));
+        const double cv = st_ctl_verify_cost(c, na, m, &meas[m]);
+        g[m] = tok / ((double)na * (cv + cp));
+        if (m == 2 || g[m] > c->ol.speedup) {
+            c->ol.known = 1;
+            c->ol.speedup = g[m], c->ol.tree_n = m, c->ol.verify_cost = cv + cp;
+            c->ol.accept = tok / (double)na - 1.0;
+        }
         if (meas[m] && g[m] > bg) {
             bg = g[m];
             best = m;
@@ -247,7 +253,9 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         else if (gt == GATE_UNKNOWN && !budget_ok(c)) /* not judged yet: a probe */
             best = 1;
     }
-    if (best > 1)
+    if (best > 1) {
         *exp_gain = bg;
+        c->ol_pay = c->step;
+    }
     return best;
 }
