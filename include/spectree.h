@@ -696,6 +696,21 @@ void st_eagle_head_info(const st_model *m, st_eagle_info *out);
  * width the head expects. Errors as st_eagle_head_load's. */
 st_status st_eagle_head_describe(const char *dir, st_eagle_info *out);
 
+/* What `auto` makes of drafting, from its own estimates (all zero with a fixed shape or plain
+ * decoding, and before auto has measured anything: known 0). Costs in plain-token times, the
+ * time of one sequence's plain decoding step. */
+typedef struct st_spec_outlook {
+    int32_t known;       /* 1: the fields below hold auto's estimates */
+    int32_t drafting;    /* 1: auto drafts (a shape paid lately); 0: it has backed off */
+    double weight_ratio; /* a draft model's weight bytes over the target's (0: no model) */
+    int32_t weight_off;  /* 1: that ratio is too high for a draft model to pay: never drafted */
+    double level_cost;   /* a draft model's level pass (0: a drafter without a model) */
+    double verify_cost;  /* the verify of its best tree */
+    int32_t tree_n;      /* that tree's tokens, the root included */
+    double accept;       /* the drafts that tree is expected to accept per step */
+    double speedup;      /* the best shape's expected speed-up over plain decoding */
+} st_spec_outlook;
+
 /* Statistics of one st_generate call. Times in milliseconds. */
 typedef struct st_gen_stats {
     int64_t prompt_tokens, gen_tokens;
@@ -715,6 +730,7 @@ typedef struct st_gen_stats {
     /* sums over the speculative steps of the pool (K, S) they drafted (means: / spec_steps;
      * `auto` plans it each step for a model drafter) */
     int64_t topk_sum, steps_sum;
+    st_spec_outlook outlook; /* auto's view of drafting at the end */
 } st_gen_stats;
 
 /* Everything st_generate needs besides the model and the prompt. Start from
@@ -903,6 +919,7 @@ typedef struct st_engine_stats {
     int32_t n_ctx, max_running;                /* as resolved at creation */
     int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and largest tree N (0: plain) */
     int64_t kv_budget;                         /* as resolved */
+    st_spec_outlook outlook;                   /* auto's view of drafting now */
 } st_engine_stats;
 
 void st_engine_get_stats(const st_engine *e, st_engine_stats *out);

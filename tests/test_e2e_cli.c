@@ -38,6 +38,7 @@
 #include "spectree.h"
 #include "testutil.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,6 +428,65 @@ static void test_prompt_input(void **state) {
     assert_non_null(strstr(r.err, "no-such-prompt.txt: cannot open"));
     done(&r);
     remove(path);
+}
+
+/* `auto` says why it does not draft, with its estimates: the committed EAGLE heads read 0.7 of
+ * stories260K's weight bytes (auto never drafts them; a fixed shape does, and says nothing);
+ * NGRAM's trees there cost more plain tokens than they accept drafts (its verify is
+ * compute-bound): on a short generation it backs off, and the line's numbers agree with its
+ * speed-up, (1 + accepted) / verify. */
+static void test_generate_why_plain(void **state) {
+    (void)state;
+    const char *m = tu_data("models/stories260K.gguf");
+    char args[2048];
+    const char *heads[][2] = {{"EAGLE", "eagle-stories260K"}, {"EAGLE3", "eagle3-stories260K"}};
+    for (int h = 0; h < 2; h++) {
+        for (int fixed = 0; fixed < 2; fixed++) {
+            snprintf(args, sizeof args,
+                     "generate -m %s -p 'Once upon a time' -n 40 --temp 0 "
+                     "--speculative-algorithm %s --speculative-draft-model-path %s/models/%s%s",
+                     m, heads[h][0], ST_SOURCE_DIR, heads[h][1],
+                     fixed ? " --speculative-eagle-topk 1 --speculative-num-steps 2 "
+                             "--speculative-num-draft-tokens 3"
+                           : "");
+            result r = run(args);
+            assert_int_equal(r.code, 0);
+            char want[256];
+            snprintf(want, sizeof want,
+                     "\n%s: not drafting, the draft model reads 0.7%s of the target's weight "
+                     "bytes per token: speculation cannot pay here",
+                     heads[h][0], h ? "0" : "1");
+            if (fixed)
+                assert_null(strstr(r.err, "drafting"));
+            else if (!strstr(r.err, want) || !strstr(r.err, " 0 speculative steps"))
+                fail_msg("no line saying why not:\n%s", r.err);
+            done(&r);
+        }
+    }
+    int backed_off = 0;
+    for (int run_i = 0; run_i < 5 && !backed_off; run_i++) {
+        snprintf(args, sizeof args,
+                 "generate -m %s -p 'Once upon a time' -n 40 --temp 0 --speculative-algorithm "
+                 "NGRAM",
+                 m);
+        result r = run(args);
+        assert_int_equal(r.code, 0);
+        const char *l = strstr(r.err, "\nNGRAM: not drafting, the best tree (");
+        if (l) {
+            int n = 0;
+            double acc = 0, ver = 0, x = 0;
+            if (sscanf(l,
+                       "\nNGRAM: not drafting, the best tree (%d tokens) accepts %lf drafts for "
+                       "a verify of %lf plain tokens: speculation would be %lfx here",
+                       &n, &acc, &ver, &x) != 4)
+                fail_msg("the line does not parse:\n%s", r.err);
+            assert_true(n >= 2 && n <= 12 && acc >= 0.0 && acc <= n - 1 && ver > 0.0);
+            assert_true(x < 1.03 && fabs(x - (1.0 + acc) / ver) < 0.02);
+            backed_off = 1;
+        }
+        done(&r);
+    }
+    assert_true(backed_off);
 }
 
 /* No silent truncation or surprise: the stop reason on stderr and in --json, a warning when
@@ -1053,6 +1113,7 @@ int main(void) {
         cmocka_unit_test(test_model_not_a_file),
         cmocka_unit_test(test_prompt_input),
         cmocka_unit_test(test_stop_reason_and_warnings),
+        cmocka_unit_test(test_generate_why_plain),
         cmocka_unit_test(test_tokenizer_sized_buffers),
         cmocka_unit_test(test_info_kinds),
         cmocka_unit_test(test_output_errors),

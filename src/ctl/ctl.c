@@ -7,6 +7,7 @@
 #include "ctl/ctl_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 void st_ctl_free(st_ctl *c) {
     if (!c)
@@ -68,6 +69,10 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
      * `auto` does not draft with it at all. Fixed shapes still do as told. */
     if (autotune && draft_weight_ratio > CTL_OFF_WEIGHT_RATIO)
         c->off = 1;
+    c->ol.weight_ratio = draft_weight_ratio;
+    c->ol.weight_off = c->off;
+    c->ol.known = c->off;
+    c->ol_pay = -CTL_OUTLOOK_STEPS;
     c->Mmax = st_tree_n_candidates(K, S);
     c->Tmax = (int64_t)bs * N;
     st_plan pl = {0};
@@ -81,6 +86,14 @@ st_status st_ctl_create(int32_t bs, int64_t K, int64_t S, int32_t N, int autotun
         c->map[i] = -1;
     *out = c;
     return ST_OK;
+}
+
+void st_ctl_outlook(const st_ctl *c, st_spec_outlook *out) {
+    memset(out, 0, sizeof *out);
+    if (!c || !c->autotune)
+        return;
+    *out = c->ol;
+    out->drafting = c->ol.known && !c->off && c->step - c->ol_pay < CTL_OUTLOOK_STEPS;
 }
 
 void st_ctl_auto_shape(st_ctl *c, int k_auto, int s_auto) {

@@ -52,6 +52,9 @@ void st_ctl_tree_expect(const double *q, int32_t qk, int64_t K, int64_t S, int32
 void st_ctl_last_plan(const st_ctl *c, int64_t *K, int64_t *S, int32_t *N, double *gain);
 void st_ctl_free(st_ctl *c);
 
+/* What the controller makes of drafting now (st_spec_outlook; all zero for a fixed shape). */
+void st_ctl_outlook(const st_ctl *c, st_spec_outlook *out);
+
 /* Ranks the candidates of active slot a (sequence b, whose history has n_hist tokens) as
  * st_tree_organize would select them, estimates each node's acceptance and records the
  * proposal as a shadow. conf: the drafter's confidence class (0 .. 15). */

@@ -75,6 +75,8 @@
 #define CTL_GATE_REJUDGE      0.5           /* obs   weight below which drafting is a probe */
 #define CTL_GATE_FORGET       0.15          /* obs   ... and below which it is forgotten */
 #define CTL_GATE_PLAIN_MIN    0.3           /* obs   plain steps' weight: below, one first */
+#define CTL_OUTLOOK_STEPS     256           /* steps drafting, for the outlook, after a shape
+                                             *       last paid */
 
 /* -- the pool planner (ctl_plan.c) -- */
 #define CTL_REPLAN            4             /* steps a plan is kept ... */

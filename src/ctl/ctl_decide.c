@@ -203,12 +203,20 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
     int32_t best = 1;
     double bg = CTL_TREE_MIN_GAIN;
     double g[ST_SPEC_MAX_N + 1];
-    int meas[ST_SPEC_MAX_N + 1];
+    int meas[ST_SPEC_MAX_N + 1], ol_meas = 0;
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        g[m] = tok / ((double)na * (st_ctl_verify_cost(c, na, m, &meas[m]) + cp));
+        const double cv = st_ctl_verify_cost(c, na, m, &meas[m]);
+        g[m] = tok / ((double)na * (cv + cp));
+        /* the outlook: the best measured size, as the choice below (else the best estimate) */
+        if (m == 2 || (meas[m] && !ol_meas) || (meas[m] == ol_meas && g[m] > c->ol.speedup)) {
+            c->ol.known = 1;
+            c->ol.speedup = g[m], c->ol.tree_n = m, c->ol.verify_cost = cv + cp;
+            c->ol.accept = tok / (double)na - 1.0;
+            ol_meas = meas[m];
+        }
         if (meas[m] && g[m] > bg) {
             bg = g[m];
             best = m;
@@ -247,7 +255,9 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         else if (gt == GATE_UNKNOWN && !budget_ok(c)) /* not judged yet: a probe */
             best = 1;
     }
-    if (best > 1)
+    if (best > 1) {
         *exp_gain = bg;
+        c->ol_pay = c->step;
+    }
     return best;
 }

@@ -126,6 +126,8 @@ struct st_ctl {
     int32_t *tv_n;    /* (Tmax + 1) */
     uint8_t *tv_seen; /* (Tmax + 1) a first, unmeasured step of that size was made */
     int64_t Tmax;
+    st_spec_outlook ol; /* the latest estimates of the best shape (st_ctl_outlook) */
+    int64_t ol_pay;     /* the last step whose best shape paid */
 };
 
 /* ctl_decide.c: the gate's batch range of na sequences (2, 3-4, 5-8, ...). */

@@ -137,6 +137,13 @@ void st_ctl_plan(st_ctl *c, int32_t na) {
     }
     c->pgain = best; /* whether to draft follows the best shape */
     c->pk = bk, c->ps = bs, c->pn = bn;
+    c->ol.known = 1;
+    c->ol.speedup = best, c->ol.tree_n = bn, c->ol.level_cost = st_ctl_level_cost(c, bk);
+    c->ol.verify_cost = ratio[bn] / ((double)na * f);
+    tree_expect_levels(q, CTL_QK, bk, bs, nmax, E);
+    c->ol.accept = E[(bs - 1) * (nmax + 1) + bn];
+    if (best >= CTL_PLAN_MIN_GAIN)
+        c->ol_pay = c->step;
     if (!try_alt || best < CTL_PLAN_MIN_GAIN)
         return;
     for (int w = 0; w < 2; w++) { /* one level deeper, one candidate wider */

@@ -458,6 +458,7 @@ void st_engine_get_stats(const st_engine *e, st_engine_stats *out) {
     out->topk = e->gs.topk;
     out->num_draft_tokens = e->gs.num_draft_tokens;
     out->kv_budget = e->kv_budget;
+    st_ctl_outlook(e->g.ctl, &out->outlook);
 }
 
 void st_engine_gen_stats(const st_engine *e, st_gen_stats *out) {
@@ -466,6 +467,7 @@ void st_engine_gen_stats(const st_engine *e, st_gen_stats *out) {
     out->draft_ms = draft_ms(e);
     out->verify_ms = e->g.verify_s * 1e3;
     out->tau = out->spec_steps ? (double)e->g.spec_emitted / (double)out->spec_steps : 0.0;
+    st_ctl_outlook(e->g.ctl, &out->outlook);
 }
 
 double st_engine_prefill_ms(const st_engine *e) { return e->prefill_s * 1e3; }

@@ -18,7 +18,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   [DONE]); SIGHUP drains as SIGTERM does;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error; none: ChatML, with a warning;
-- logging: the start-up lines, one line per request, --log-level; llama.cpp's flags (-np,
+- logging: the start-up lines, one line per request, auto's drafting state when it changes (and
+  its gauges in /metrics), --log-level; llama.cpp's flags (-np,
   -n -1, GPU-only flags) and SPECTREE_ARG_<FLAG> variables on a running server;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
@@ -662,6 +663,49 @@ def test_logging_and_llama_flags():
                       "--log-level debug: %s" % log)
 
 
+def test_outlook():
+    # auto's drafting state: one log line when it changes (not one per step) and two gauges.
+    # The committed EAGLE head reads 0.71 of stories260K's weight bytes: auto never drafts it.
+    head = os.path.join(SRC, "models", "eagle-stories260K")
+    with Server(BUILD, MODEL, "--speculative-algorithm", "EAGLE",
+                "--speculative-draft-model-path", head) as s:
+        for _ in range(2):
+            code, text = curl(s.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 30})
+            check(code == 200, "completion: %d %s" % (code, text))
+        m = metrics(s.url)
+        check(m.get('spectree_spec_drafting{algorithm="EAGLE"}') == 0, "drafting gauge: %s" % m)
+        check(m.get('spectree_spec_speedup_estimate{algorithm="EAGLE"}') == 0, "speed-up: %s" % m)
+        check(m["spectree_spec_steps_total"] == 0, "speculative steps: %s" % m)
+        check(s.stop() == 0, "exit status")
+        log = s.log_text()
+        lines = [l for l in log.splitlines() if "drafting" in l]
+        check(lines == ["spectree serve: EAGLE: not drafting, the draft model reads 0.71 of the "
+                        "target's weight bytes per token: speculation cannot pay here (auto "
+                        "drafts only with a model below half)"], log)
+    # NGRAM: its state from measured costs; the last line logged is the gauge's state, with the
+    # gauge's speed-up, and the lines alternate (one per change)
+    with Server(BUILD, MODEL, "--speculative-algorithm", "NGRAM") as s:
+        for _ in range(3):
+            code, text = curl(s.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 60})
+            check(code == 200, "completion: %d %s" % (code, text))
+        m = metrics(s.url)
+        drafting = m.get('spectree_spec_drafting{algorithm="NGRAM"}')
+        check(drafting in (0, 1), "drafting gauge: %s" % m)
+        speedup = m['spectree_spec_speedup_estimate{algorithm="NGRAM"}']
+        check(s.stop() == 0, "exit status")
+        log = s.log_text()
+        lines = [l for l in log.splitlines() if re.search(r"NGRAM: (not )?drafting", l)]
+        check(lines, "no drafting state logged: %s" % log)
+        for a, b in zip(lines, lines[1:]):
+            check(("not drafting" in a) != ("not drafting" in b), "a line per change: %s" % log)
+        want = (r"spectree serve: NGRAM: %s, the best tree \((\d+) tokens\) accepts ([0-9.]+) "
+                r"drafts for a verify of ([0-9.]+) plain tokens: speculation %s ([0-9.]+)x here$"
+                % (("drafting", "expected") if drafting else ("not drafting", "would be")))
+        g = re.match(want, lines[-1])
+        check(g, "the last state logged is not the gauge's (%s): %s" % (drafting, lines[-1]))
+        check(drafting or speedup < 1.03, "backed off at an expected %.3fx" % speedup)
+
+
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -949,6 +993,7 @@ def main():
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
     run_tests([("startup errors", test_startup_errors),
                ("logging and llama.cpp's flags", test_logging_and_llama_flags),
+               ("auto's drafting state", test_outlook),
                ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
                ("a second signal, SIGHUP", test_signals),

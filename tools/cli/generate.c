@@ -390,6 +390,11 @@ int cli_cmd_generate(int argc, char **argv) {
         for (int k = 0; k <= gs.num_steps && k < 65; k++)
             fprintf(stderr, " %d:%" PRId64, k, gs.accept_hist[k]);
         fprintf(stderr, "\n");
+        if (gs.auto_shape && gs.outlook.known && !gs.outlook.drafting) { /* why not */
+            char line[512];
+            cli_outlook_line(&gs.outlook, o.c.spec.algo, line, sizeof line);
+            fprintf(stderr, "%s\n", line);
+        }
     }
     if (o.json) {
         fprintf(stderr,

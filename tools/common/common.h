@@ -83,5 +83,10 @@ int cli_common_paths_ok(const cli_common *o, const char *model);
 int cli_common_load(const char *cmd, cli_common *o, const char *model, st_model **m, st_model **dm);
 /* The speculation, threads, KV cache types and match_ggml into gp (not the sampler). */
 void cli_common_apply(const cli_common *o, st_gen_params *gp);
+/* The one line (no newline) that says whether `auto` drafts with algorithm algo and why, from
+ * its estimates: "EAGLE: not drafting, a draft level costs 0.21 plain tokens and the best tree
+ * accepts 0.40 drafts for a verify of 1.90: speculation would be 0.62x here". generate prints
+ * it when auto backed off, the server logs it when that changes. */
+void cli_outlook_line(const st_spec_outlook *ol, st_spec_algo algo, char *buf, size_t cap);
 
 #endif

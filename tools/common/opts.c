@@ -547,3 +547,22 @@ void cli_common_apply(const cli_common *o, st_gen_params *gp) {
     gp->type_v = o->type_v;
     gp->match_ggml = o->match_ggml;
 }
+
+void cli_outlook_line(const st_spec_outlook *ol, st_spec_algo algo, char *buf, size_t cap) {
+    const char *name = st_spec_algo_name(algo), *state = ol->drafting ? "drafting" : "not drafting";
+    if (ol->weight_off) {
+        snprintf(buf, cap,
+                 "%s: %s, the draft model reads %.2f of the target's weight bytes per token: "
+                 "speculation cannot pay here (auto drafts only with a model below half)",
+                 name, state, ol->weight_ratio);
+        return;
+    }
+    char level[64] = "";
+    if (ol->level_cost > 0.0)
+        snprintf(level, sizeof level, "a draft level costs %.2f plain tokens and ", ol->level_cost);
+    snprintf(buf, cap,
+             "%s: %s, %sthe best tree (%d tokens) accepts %.2f drafts for a verify of %.2f plain "
+             "tokens: speculation %s %.2fx here",
+             name, state, level, ol->tree_n, ol->accept, ol->verify_cost,
+             ol->drafting ? "expected" : "would be", ol->speedup);
+}

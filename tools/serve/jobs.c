@@ -164,6 +164,20 @@ void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg) {
     srv_job_release(s, j);
 }
 
+/* With s->mu held, after a step: auto's drafting state when it changes (once known), with the
+ * estimates behind it. */
+static void log_outlook(srv *s) {
+    const st_spec_outlook *ol = &s->engine_stats.outlook;
+    if (!ol->known || ol->drafting == s->ol_logged)
+        return;
+    s->ol_logged = ol->drafting;
+    if (s->o.log_level >= SRV_LOG_INFO) {
+        char line[512];
+        cli_outlook_line(ol, s->o.ep.gen.spec.algo, line, sizeof line);
+        fprintf(stderr, "spectree serve: %s\n", line);
+    }
+}
+
 void *srv_engine_main(void *arg) {
     srv *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -219,6 +233,7 @@ void *srv_engine_main(void *arg) {
         s->gauge_queued = st_engine_queued(s->engine);
         s->gauge_kv_used = st_engine_kv_used(s->engine);
         st_engine_get_stats(s->engine, &s->engine_stats);
+        log_outlook(s);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

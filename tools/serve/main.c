@@ -452,6 +452,7 @@ int serve_cmd(int argc, char **argv) {
         goto done;
     }
     st_engine_get_stats(s.engine, &s.engine_stats);
+    s.ol_logged = -1;
     srv_metrics_init(&s.metrics);
     s.n_ctx = s.engine_stats.n_ctx;
     if (o->max_prompt <= 0 || o->max_prompt > s.n_ctx - 1)

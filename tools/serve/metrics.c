@@ -130,6 +130,18 @@ char *srv_metrics_text(srv *s, size_t *len) {
                es->prefill_ms / 1e3);
     put_metric(f, "spectree_kv_positions_used", "gauge", "KV positions committed",
                (double)s->gauge_kv_used);
+    if (es->outlook.known) { /* auto's view of drafting, once it has one */
+        const char *algo = st_spec_algo_name(s->o.ep.gen.spec.algo);
+        fprintf(f,
+                "# HELP spectree_spec_drafting 1 while auto drafts, 0 where it backed off "
+                "(drafting does not pay)\n# TYPE spectree_spec_drafting gauge\n"
+                "spectree_spec_drafting{algorithm=\"%s\"} %d\n"
+                "# HELP spectree_spec_speedup_estimate auto's expected speed-up of its best "
+                "shape over plain decoding (0: none, a draft model too dear to draft)\n"
+                "# TYPE spectree_spec_speedup_estimate gauge\n"
+                "spectree_spec_speedup_estimate{algorithm=\"%s\"} %.6g\n",
+                algo, es->outlook.drafting, algo, es->outlook.speedup);
+    }
     put_hist(f, "spectree_time_to_first_token_seconds", "from arrival to the first token",
              &m->ttft);
     put_hist(f, "spectree_time_per_output_token_seconds",

@@ -140,6 +140,7 @@ struct srv {
     int cut; /* SRV_CUT_*: the drain was cut; unfinished requests are answered 503, cancelled */
     uint64_t next_id;
     st_engine_stats engine_stats;
+    int ol_logged; /* the drafting state (st_spec_outlook) last logged; -1 none yet */
     srv_metrics metrics;
 };
 
