@@ -6,6 +6,9 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - completions and chat, greedy and seeded sampling, stop strings, token-id prompts: the text
   equals `spectree generate` with the same parameters (the server speculates with NGRAM);
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
+- the neutral fields (user, metadata, store, tools: [], n: 1, ...) are accepted and change
+  nothing; values that would change the answer (n: 2, a penalty, a bias, json_object, a tool)
+  are refused with a 400 naming the field (curl and the openai npm client);
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
   bodies and prompts each get their status and an OpenAI error object; so do malformed request
   lines, a %00 in the path, a missing Host and two different Content-Length headers (400);
@@ -286,6 +289,66 @@ def test_errors():
         check(want in e["message"] and e["type"], "%r: %s" % (raw[:40], e))
     m = metrics(srv.url)
     check(m['spectree_http_requests_total{code="400"}'] >= len(cases) - 1, "400s counted")
+
+
+# Fields that do not change the answer at these values, accepted; each changes nothing
+NEUTRAL_BOTH = [("user", "u-1"), ("metadata", {"team": "a"}), ("store", True),
+                ("store", False), ("service_tier", "auto"), ("logit_bias", {}), ("n", 1),
+                ("presence_penalty", 0), ("frequency_penalty", 0.0), ("logprobs", None)]
+NEUTRAL_COMPLETION = [("echo", False), ("suffix", None), ("suffix", ""), ("best_of", 1),
+                      ("logprobs", None)]
+NEUTRAL_CHAT = [("parallel_tool_calls", True), ("response_format", {"type": "text"}),
+                ("tools", []), ("tool_choice", "none"), ("tool_choice", "auto"),
+                ("modalities", ["text"]), ("logprobs", False)]
+# Values that would change the answer and are not implemented: 400 naming the field
+REFUSED_BOTH = [("n", 2), ("presence_penalty", 0.5), ("frequency_penalty", -0.1),
+                ("logit_bias", {"42": 5})]
+REFUSED_COMPLETION = [("echo", True), ("suffix", " The end."), ("best_of", 2)]
+REFUSED_CHAT = [("response_format", {"type": "json_object"}),
+                ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+                ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+                ("tool_choice", "required"), ("modalities", ["text", "audio"])]
+
+
+def test_neutral_fields():
+    base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    cbase = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12,
+             "temperature": 0}
+    want = completion(base)["choices"][0]["text"]
+    code, text = post("/v1/chat/completions", cbase)
+    check(code == 200, "chat: %d %s" % (code, text))
+    cwant = json.loads(text)["choices"][0]["message"]["content"]
+    for path, b, fields, refused, get in [
+            ("/v1/completions", base, NEUTRAL_BOTH + NEUTRAL_COMPLETION,
+             REFUSED_BOTH + REFUSED_COMPLETION, lambda d: d["choices"][0]["text"]),
+            ("/v1/chat/completions", cbase, NEUTRAL_BOTH + NEUTRAL_CHAT,
+             REFUSED_BOTH + REFUSED_CHAT, lambda d: d["choices"][0]["message"]["content"])]:
+        w = want if "chat" not in path else cwant
+        for k, v in fields:
+            code, text = post(path, dict(b, **{k: v}))
+            check(code == 200, "%s %s=%r: %d %s" % (path, k, v, code, text))
+            check(get(json.loads(text)) == w, "%s %s=%r changed the answer" % (path, k, v))
+        # all of them at once, and streamed with stream_options
+        allf = dict(b, **{k: v for k, v in fields})
+        code, text = post(path, allf)
+        check(code == 200 and get(json.loads(text)) == w, "%s all neutral: %s" % (path, text))
+        code, text = post(path, dict(allf, stream=True, stream_options={
+            "include_usage": True, "include_obfuscation": False}))
+        ev = sse_events(text)
+        check(code == 200 and ev[-1]["usage"]["completion_tokens"] == 12,
+              "%s streamed with every neutral field: %s" % (path, ev[-1]))
+        for k, v in refused:
+            code, text = post(path, dict(b, **{k: v}))
+            check(code == 400, "%s %s=%r: %d, want 400" % (path, k, v, code))
+            e = json.loads(text)["error"]
+            check(e["param"] == k and k in e["message"] and e["type"] == "invalid_request_error",
+                  "%s %s=%r: %s" % (path, k, v, e))
+    # a chat field on completions (and back) stays an unknown field
+    for path, b, k, v in [("/v1/completions", base, "tools", []),
+                          ("/v1/chat/completions", cbase, "echo", False)]:
+        code, text = post(path, dict(b, **{k: v}))
+        check(code == 400 and "unknown field" in text and json.loads(text)["error"]["param"] == k,
+              "%s %s: %d %s" % (path, k, code, text))
 
 
 def test_openai_client():
@@ -939,6 +1002,7 @@ def main():
                        ("completions equal generate", test_completions_equal_generate),
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),
+                       ("neutral fields", test_neutral_fields),
                        ("openai npm client", test_openai_client),
                        ("disconnect cancels", test_disconnect),
                        ("a client that half-closes", test_half_close),

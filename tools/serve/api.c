@@ -304,12 +304,130 @@ static int get_stops(const json_t *v, srv_request *r, char *err, char *param) {
     return 0;
 }
 
-/* Fields accepted only at their neutral value (OpenAI fields this server does not implement). */
+/* Fields that do not change this server's answer at the values it accepts: metadata about the
+ * request (user, metadata, store, service_tier), options of features it does not have at their
+ * "off" value (no tools, plain text, no bias, one choice, no penalties, no echo or suffix).
+ * Values that would change the answer, and that the server does not implement, are refused
+ * with a message naming the field: never silently ignored. null is every field's default.
+ * Returns 1 when k is none of these fields, 0 when v is accepted, -1 when refused. */
+static int neutral_field(const char *k, const json_t *v, int chat, char *err, char *param) {
+    static const char *const any_chat[] = {"parallel_tool_calls", "response_format", "tools",
+                                           "tool_choice", "modalities"};
+    static const char *const any_completion[] = {"echo", "suffix", "best_of"};
+    static const char *const both[] = {"user",
+                                       "metadata",
+                                       "store",
+                                       "service_tier",
+                                       "logit_bias",
+                                       "n",
+                                       "presence_penalty",
+                                       "frequency_penalty"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
+        known |= !strcmp(k, both[i]);
+    for (size_t i = 0; chat && i < sizeof any_chat / sizeof any_chat[0]; i++)
+        known |= !strcmp(k, any_chat[i]);
+    for (size_t i = 0; !chat && i < sizeof any_completion / sizeof any_completion[0]; i++)
+        known |= !strcmp(k, any_completion[i]);
+    if (!known)
+        return 1;
+    if (json_is_null(v))
+        return 0;
+    if (!strcmp(k, "user") || !strcmp(k, "service_tier")) {
+        if (!json_is_string(v))
+            return fail(err, param, k, "'%s' must be a string, not %s", k, type_name(v));
+        return 0;
+    }
+    if (!strcmp(k, "store") || !strcmp(k, "parallel_tool_calls") || !strcmp(k, "echo")) {
+        int b = 0;
+        if (get_bool(v, k, &b, err, param))
+            return -1;
+        if (b && !strcmp(k, "echo"))
+            return fail(err, param, k, "'echo' is not supported by this server (only false)");
+        return 0;
+    }
+    if (!strcmp(k, "metadata")) {
+        const char *mk;
+        const json_t *mv;
+        if (!json_is_object(v))
+            return fail(err, param, k, "'metadata' must be an object, not %s", type_name(v));
+        json_object_foreach((json_t *)v, mk, mv) {
+            if (!json_is_string(mv))
+                return fail(err, param, k, "metadata values must be strings ('%s' is %s)", mk,
+                            type_name(mv));
+        }
+        return 0;
+    }
+    if (!strcmp(k, "n") || !strcmp(k, "best_of")) {
+        json_int_t i;
+        if (get_int(v, k, 1, 128, &i, err, param))
+            return -1;
+        if (i != 1)
+            return fail(err, param, k,
+                        "'%s' is %lld: this server returns one choice per request (only 1)", k,
+                        (long long)i);
+        return 0;
+    }
+    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
+        double d;
+        if (get_number(v, k, -2, 2, &d, err, param))
+            return -1;
+        if (d != 0)
+            return fail(err, param, k, "'%s' is not supported by this server (only 0)", k);
+        return 0;
+    }
+    if (!strcmp(k, "logit_bias")) {
+        if (!json_is_object(v))
+            return fail(err, param, k, "'logit_bias' must be an object, not %s", type_name(v));
+        if (json_object_size(v) > 0)
+            return fail(err, param, k, "'logit_bias' is not supported by this server (only {})");
+        return 0;
+    }
+    if (!strcmp(k, "tools")) {
+        if (!json_is_array(v))
+            return fail(err, param, k, "'tools' must be an array, not %s", type_name(v));
+        if (json_array_size(v) > 0)
+            return fail(err, param, k, "'tools' is not supported by this server (only [])");
+        return 0;
+    }
+    if (!strcmp(k, "tool_choice")) {
+        /* with no tools, "none" and "auto" both call none */
+        if (json_is_string(v) &&
+            (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto")))
+            return 0;
+        return fail(err, param, k,
+                    "'tool_choice' must be \"none\" or \"auto\": this server has no tools");
+    }
+    if (!strcmp(k, "response_format")) {
+        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t))
+            return fail(err, param, k, "'response_format' must be an object with a string 'type'");
+        if (strcmp(json_string_value(t), "text") != 0 || json_object_size(v) != 1)
+            return fail(err, param, k,
+                        "'response_format' {\"type\": \"%s\"} is not supported by this "
+                        "server (only {\"type\": \"text\"})",
+                        json_string_value(t));
+        return 0;
+    }
+    if (!strcmp(k, "modalities")) {
+        const json_t *m0 = json_is_array(v) ? json_array_get(v, 0) : NULL;
+        if (!json_is_array(v) || json_array_size(v) != 1 || !json_is_string(m0) ||
+            strcmp(json_string_value(m0), "text") != 0)
+            return fail(err, param, k, "'modalities' must be [\"text\"]: this server writes text");
+        return 0;
+    }
+    /* suffix: text after the completion (insertion), which this server does not do */
+    if (!json_is_string(v))
+        return fail(err, param, k, "'suffix' must be a string, not %s", type_name(v));
+    if (json_string_length(v) > 0)
+        return fail(err, param, k, "'suffix' is not supported by this server (only \"\")");
+    return 0;
+}
+
+/* logprobs: false (chat), 0 (completions) or null, top_logprobs 0 or null: the default. */
 static int neutral(const json_t *v, const char *k, char *err, char *param) {
     int ok =
-        json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == 0);
-    if (!strcmp(k, "n"))
-        ok = json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 1);
+        json_is_null(v) || json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0);
     if (!ok)
         return fail(err, param, k, "'%s' is not supported by this server (only its default)", k);
     return 0;
@@ -386,16 +504,15 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
                 return -1;
         } else if (!strcmp(k, "stream_options")) {
             stream_options = v;
-        } else if (!strcmp(k, "user")) {
-            if (!json_is_string(v))
-                return fail(err, param, k, "'user' must be a string, not %s", type_name(v));
-        } else if (!strcmp(k, "n") || !strcmp(k, "presence_penalty") ||
-                   !strcmp(k, "frequency_penalty") || !strcmp(k, "logprobs") ||
-                   (!chat && !strcmp(k, "echo"))) {
+        } else if (!strcmp(k, "logprobs") || (chat && !strcmp(k, "top_logprobs"))) {
             if (neutral(v, k, err, param))
                 return -1;
         } else {
-            return fail(err, param, k, "unknown field '%s'", k);
+            int nf = neutral_field(k, v, chat, err, param);
+            if (nf < 0)
+                return -1;
+            if (nf > 0)
+                return fail(err, param, k, "unknown field '%s'", k);
         }
     }
     if (!have_input)
@@ -408,6 +525,12 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
         if (!json_is_object(stream_options))
             return fail(err, param, "stream_options", "'stream_options' must be an object");
         json_object_foreach((json_t *)stream_options, k, v) {
+            int b = 0;
+            if (!strcmp(k, "include_obfuscation")) { /* padding against size side channels */
+                if (get_bool(v, "stream_options.include_obfuscation", &b, err, param))
+                    return -1;
+                continue;
+            }
             if (strcmp(k, "include_usage") != 0)
                 return fail(err, param, "stream_options", "unknown field 'stream_options.%s'", k);
             if (get_bool(v, "stream_options.include_usage", &r->include_usage, err, param))
