@@ -6,6 +6,9 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - completions and chat, greedy and seeded sampling, stop strings, token-id prompts: the text
   equals `spectree generate` with the same parameters (the server speculates with NGRAM);
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
+- the routes users script against: /completions and /chat/completions without /v1,
+  /v1/models/ID (404 in OpenAI's shape), llama-server's /tokenize, /detokenize and /props,
+  SGLang's /generate, /server_info and /get_model_info, each with its bad input refused;
 - the neutral fields (user, metadata, store, tools: [], n: 1, ...) are accepted and change
   nothing; values that would change the answer (n: 2, a penalty, a bias, json_object, a tool)
   are refused with a 400 naming the field (curl and the openai npm client);
@@ -349,6 +352,124 @@ def test_neutral_fields():
         code, text = post(path, dict(b, **{k: v}))
         check(code == 400 and "unknown field" in text and json.loads(text)["error"]["param"] == k,
               "%s %s: %d %s" % (path, k, code, text))
+
+
+def test_routes():
+    # OpenAI's routes without /v1 (llama-server's), a model by id, 404 in OpenAI's shape
+    body = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0}
+    want = completion(body)["choices"][0]["text"]
+    code, text = post("/completions", body)
+    check(code == 200 and json.loads(text)["choices"][0]["text"] == want, "/completions: %s" % text)
+    cbody = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+    code, text = post("/chat/completions", cbody)
+    code1, text1 = post("/v1/chat/completions", cbody)
+    check(code == code1 == 200 and json.loads(text)["choices"][0]["message"] ==
+          json.loads(text1)["choices"][0]["message"], "/chat/completions: %s" % text)
+    for path in ("/v1/models/stories", "/models/stories"):
+        code, text = curl(srv.url + path, key=KEY)
+        d = json.loads(text)
+        check(code == 200 and d["id"] == "stories" and d["object"] == "model", "%s: %s" % (path, text))
+    code, text = curl(srv.url + "/v1/models/gpt-4o", key=KEY)
+    e = json.loads(text)["error"]
+    check(code == 404 and e["code"] == "model_not_found" and e["param"] == "model" and
+          "gpt-4o" in e["message"] and e["type"] == "invalid_request_error", "unknown model: %s" % text)
+    code, text = curl(srv.url + "/models")
+    check(code == 401, "/models without the key: %d" % code)
+    # llama-server's /tokenize and /detokenize
+    ids = [int(i) for i in subprocess.run(
+        [os.path.join(BUILD, "spectree"), "tokenize", "-m", MODEL, PROMPT],
+        capture_output=True, check=True).stdout.split()]
+    code, text = post("/tokenize", {"content": PROMPT})
+    check(code == 200 and json.loads(text) == {"tokens": ids}, "/tokenize: %s vs %s" % (text, ids))
+    code, text = post("/tokenize", {"content": PROMPT, "add_special": True})
+    check(code == 200 and json.loads(text)["tokens"] == [1] + ids, "/tokenize add_special: %s" % text)
+    code, text = post("/tokenize", {"content": PROMPT, "with_pieces": True})
+    pieces = json.loads(text)["tokens"]
+    check([p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == " " + PROMPT,
+          "/tokenize with_pieces: %s" % text)
+    code, text = post("/tokenize", {"content": ""})
+    check(code == 200 and json.loads(text) == {"tokens": []}, "/tokenize of nothing: %s" % text)
+    code, text = post("/detokenize", {"tokens": [1] + ids})
+    check(code == 200 and json.loads(text) == {"content": PROMPT}, "/detokenize: %s" % text)
+    code, text = post("/detokenize", {"tokens": []})
+    check(code == 200 and json.loads(text) == {"content": ""}, "/detokenize of nothing: %s" % text)
+    for path, b, field in [("/tokenize", {}, "content"), ("/tokenize", {"content": 5}, "content"),
+                           ("/tokenize", {"content": "x", "add_special": "yes"}, "add_special"),
+                           ("/tokenize", {"content": "x", "frob": 1}, "frob"),
+                           ("/detokenize", {"tokens": [1, 512]}, "tokens"),
+                           ("/detokenize", {"tokens": [-1]}, "tokens"),
+                           ("/detokenize", {"tokens": [1.5]}, "tokens"),
+                           ("/detokenize", {"tokens": "abc"}, "tokens"),
+                           ("/detokenize", {}, "tokens")]:
+        code, text = post(path, b)
+        check(code == 400 and json.loads(text)["error"]["param"] == field,
+              "%s %s: %d %s" % (path, b, code, text))
+    code, text = post("/tokenize", None, raw=b'{"content": "x",')
+    check(code == 400 and "malformed JSON" in text, "/tokenize malformed: %s" % text)
+    code, text = curl(srv.url + "/tokenize", key=KEY)
+    check(code == 405, "GET /tokenize: %d" % code)
+    code, _ = curl(srv.url + "/tokenize", {"content": "x"})
+    check(code == 401, "/tokenize without the key: %d" % code)
+    # /props (llama-server) and /server_info (SGLang)
+    code, text = curl(srv.url + "/props", key=KEY)
+    p = json.loads(text)
+    check(code == 200 and p["total_slots"] == 4 and p["n_ctx"] == 2048 and
+          p["chat_template"] == "llama-2" and p["model_alias"] == "stories" and
+          p["speculative"]["algorithm"] == "NGRAM" and p["speculative"]["tree"] == "auto" and
+          p["default_generation_settings"]["params"]["temperature"] == 1.0 and
+          p["steps"]["speculative"] + p["steps"]["plain"] > 0, "/props: %s" % text)
+    for path in ("/server_info", "/get_server_info"):
+        code, text = curl(srv.url + path, key=KEY)
+        i = json.loads(text)
+        check(code == 200 and i["context_length"] == 2048 and i["max_running_requests"] == 4 and
+              i["speculative_algorithm"] == "NGRAM" and i["served_model_name"] == "stories" and
+              i["internal_states"][0]["avg_spec_accept_length"] >= 1, "%s: %s" % (path, text))
+    code, text = curl(srv.url + "/get_model_info", key=KEY)
+    check(code == 200 and json.loads(text)["is_generation"] is True, "/get_model_info: %s" % text)
+    # SGLang's /generate: the completion's text, meta_info with the counts and spec fields
+    code, text = post("/generate", {"text": PROMPT, "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0, "n": 1, "repetition_penalty": 1.0}})
+    d = json.loads(text)
+    mi = d.get("meta_info", {})
+    check(code == 200 and d["text"] == want and mi["prompt_tokens"] == 5 and
+          mi["completion_tokens"] == 10 and mi["finish_reason"] == {"type": "length", "length": 10}
+          and mi["spec_verify_ct"] >= 1 and "spec_accept_length" in mi and
+          "spec_accept_histogram" in mi, "/generate: %s" % text)
+    code, text = post("/generate", {"input_ids": [1] + ids,
+                                    "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
+    check(code == 200 and json.loads(text)["text"] == want, "/generate input_ids: %s" % text)
+    stop_want = generate(BUILD, MODEL, PROMPT, 100, stops=["Lily"])
+    code, text = post("/generate", {"text": PROMPT, "sampling_params": {
+        "max_new_tokens": 100, "temperature": 0, "stop": ["Lily"]}})
+    d = json.loads(text)
+    check(code == 200 and d["text"] == stop_want and
+          d["meta_info"]["finish_reason"] == {"type": "stop", "matched": "Lily"},
+          "/generate stop: %s" % text)
+    code, text = post("/generate", {"text": PROMPT})
+    mi = json.loads(text)["meta_info"]
+    check(code == 200 and (mi["completion_tokens"] == 128 or mi["finish_reason"]["type"] == "stop"),
+          "/generate default max_new_tokens: %s" % text[:300])
+    for b, field in [({"sampling_params": {}}, "text"), ({"text": ["a", "b"]}, "text"),
+                     ({"text": "x", "input_ids": [1]}, "input_ids"),
+                     ({"input_ids": [1, 99999]}, "input_ids"),
+                     ({"text": "x", "sampling_params": {"max_new_tokens": 2047}},
+                      "sampling_params.max_new_tokens"),
+                     ({"text": "x", "stream": True}, "stream"),
+                     ({"text": "x", "sampling_params": {"temperature": -1}},
+                      "sampling_params.temperature"),
+                     ({"text": "x", "sampling_params": {"max_new_tokens": 0}},
+                      "sampling_params.max_new_tokens"),
+                     ({"text": "x", "sampling_params": {"frequency_penalty": 0.3}},
+                      "sampling_params.frequency_penalty"),
+                     ({"text": "x", "sampling_params": {"ignore_eos": True}},
+                      "sampling_params.ignore_eos"),
+                     ({"text": "x", "sampling_params": {"max_tokens": 3}},
+                      "sampling_params.max_tokens"),
+                     ({"text": "x", "sampling_params": 3}, "sampling_params"),
+                     ({"text": "x", "prompt": "y"}, "prompt")]:
+        code, text = post("/generate", b)
+        e = json.loads(text)["error"]
+        check(code == 400 and e["param"] == field, "/generate %s: %d %s" % (b, code, text))
 
 
 def test_openai_client():
@@ -1003,6 +1124,7 @@ def main():
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),
                        ("neutral fields", test_neutral_fields),
+                       ("llama.cpp's and SGLang's routes", test_routes),
                        ("openai npm client", test_openai_client),
                        ("disconnect cancels", test_disconnect),
                        ("a client that half-closes", test_half_close),

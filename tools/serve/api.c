@@ -280,22 +280,22 @@ static int get_prompt(const json_t *v, srv_request *r, char *err, char *param) {
     return 0;
 }
 
-static int get_stops(const json_t *v, srv_request *r, char *err, char *param) {
+static int get_stops(const json_t *v, const char *name, srv_request *r, char *err, char *param) {
     if (json_is_null(v))
         return 0;
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_string(v) && !json_is_array(v))
-        return fail(err, param, "stop", "'stop' must be a string or an array of strings, not %s",
+        return fail(err, param, name, "'%s' must be a string or an array of strings, not %s", name,
                     type_name(v));
     if (n > SRV_MAX_STOPS)
-        return fail(err, param, "stop", "at most %d stop strings", SRV_MAX_STOPS);
+        return fail(err, param, name, "at most %d stop strings", SRV_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
         if (!json_is_string(x))
-            return fail(err, param, "stop", "stop strings must be strings, not %s", type_name(x));
+            return fail(err, param, name, "stop strings must be strings, not %s", type_name(x));
         size_t len = json_string_length(x);
         if (len == 0 || len > SRV_MAX_STOP_LEN)
-            return fail(err, param, "stop", "stop strings must have 1..%d bytes", SRV_MAX_STOP_LEN);
+            return fail(err, param, name, "stop strings must have 1..%d bytes", SRV_MAX_STOP_LEN);
         r->stops[r->n_stops] = dup_str(x, NULL);
         if (!r->stops[r->n_stops])
             return fail(err, param, NULL, "out of memory");
@@ -433,6 +433,52 @@ static int neutral(const json_t *v, const char *k, char *err, char *param) {
     return 0;
 }
 
+/* A sampling field: key k (the OpenAI name), shown as name in messages and param. Returns 1
+ * when k is not one, 0 when read into r, -1 when refused. null is the field's default. */
+static int sampling_field(const char *k, const char *name, const json_t *v, srv_request *r,
+                          char *err, char *param) {
+    double d;
+    json_int_t i;
+    if (!strcmp(k, "stop"))
+        return get_stops(v, name, r, err, param);
+    if (strcmp(k, "max_tokens") && strcmp(k, "temperature") && strcmp(k, "top_p") &&
+        strcmp(k, "min_p") && strcmp(k, "top_k") && strcmp(k, "seed"))
+        return 1;
+    if (json_is_null(v))
+        return 0;
+    if (!strcmp(k, "max_tokens")) {
+        if (get_int(v, name, 1, INT32_MAX, &i, err, param))
+            return -1;
+        r->max_tokens = i;
+    } else if (!strcmp(k, "temperature")) {
+        if (get_number(v, name, 0, 100, &d, err, param))
+            return -1;
+        r->sp.temp = (float)d;
+        r->given |= SRV_GIVEN_TEMP;
+    } else if (!strcmp(k, "top_p")) {
+        if (get_number(v, name, 1e-9, 1, &d, err, param))
+            return -1;
+        r->sp.top_p = (float)d;
+        r->given |= SRV_GIVEN_TOPP;
+    } else if (!strcmp(k, "min_p")) {
+        if (get_number(v, name, 0, 1, &d, err, param))
+            return -1;
+        r->sp.min_p = (float)d;
+        r->given |= SRV_GIVEN_MINP;
+    } else if (!strcmp(k, "top_k")) {
+        if (get_int(v, name, -1, INT32_MAX, &i, err, param))
+            return -1;
+        r->sp.top_k = i < 0 ? 0 : (int32_t)i; /* -1 (SGLang, vLLM) and 0: off */
+        r->given |= SRV_GIVEN_TOPK;
+    } else {
+        if (get_int(v, name, 0, LLONG_MAX, &i, err, param))
+            return -1;
+        r->sp.seed = (uint64_t)i;
+        r->seed_set = 1;
+    }
+    return 0;
+}
+
 static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char *param) {
     if (!json_is_object(root))
         return fail(err, param, NULL, "the request body must be a JSON object, not %s",
@@ -442,8 +488,7 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     const json_t *stream_options = NULL;
     int have_input = 0;
     json_object_foreach(root, k, v) {
-        double d;
-        json_int_t i;
+        int sf = 1;
         if (!strcmp(k, "model")) {
             if (!json_is_string(v))
                 return fail(err, param, k, "'model' must be a string, not %s", type_name(v));
@@ -455,49 +500,11 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
             if (get_messages(v, r, err, param))
                 return -1;
             have_input = 1;
-        } else if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
-            if (json_is_null(v))
-                continue;
-            if (get_int(v, k, 1, INT32_MAX, &i, err, param))
+        } else if (chat && !strcmp(k, "max_completion_tokens")) {
+            if (sampling_field("max_tokens", k, v, r, err, param))
                 return -1;
-            r->max_tokens = i;
-        } else if (!strcmp(k, "temperature")) {
-            if (json_is_null(v))
-                continue;
-            if (get_number(v, k, 0, 100, &d, err, param))
-                return -1;
-            r->sp.temp = (float)d;
-            r->given |= SRV_GIVEN_TEMP;
-        } else if (!strcmp(k, "top_p")) {
-            if (json_is_null(v))
-                continue;
-            if (get_number(v, k, 1e-9, 1, &d, err, param))
-                return -1;
-            r->sp.top_p = (float)d;
-            r->given |= SRV_GIVEN_TOPP;
-        } else if (!strcmp(k, "min_p")) {
-            if (json_is_null(v))
-                continue;
-            if (get_number(v, k, 0, 1, &d, err, param))
-                return -1;
-            r->sp.min_p = (float)d;
-            r->given |= SRV_GIVEN_MINP;
-        } else if (!strcmp(k, "top_k")) {
-            if (json_is_null(v))
-                continue;
-            if (get_int(v, k, -1, INT32_MAX, &i, err, param))
-                return -1;
-            r->sp.top_k = i < 0 ? 0 : (int32_t)i; /* -1 (SGLang, vLLM) and 0: off */
-            r->given |= SRV_GIVEN_TOPK;
-        } else if (!strcmp(k, "seed")) {
-            if (json_is_null(v))
-                continue;
-            if (get_int(v, k, 0, LLONG_MAX, &i, err, param))
-                return -1;
-            r->sp.seed = (uint64_t)i;
-            r->seed_set = 1;
-        } else if (!strcmp(k, "stop")) {
-            if (get_stops(v, r, err, param))
+        } else if ((sf = sampling_field(k, k, v, r, err, param)) <= 0) {
+            if (sf < 0)
                 return -1;
         } else if (!strcmp(k, "stream")) {
             if (!json_is_null(v) && get_bool(v, k, &r->stream, err, param))
@@ -558,6 +565,142 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, ch
         return fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
                     je.column);
     int rc = parse_fields(root, chat, r, err, param);
+    json_decref(root);
+    if (rc) {
+        char e[SRV_ERR_CAP], p[SRV_ERR_CAP];
+        memcpy(e, err, SRV_ERR_CAP);
+        memcpy(p, param, SRV_ERR_CAP);
+        srv_request_free(r);
+        memcpy(err, e, SRV_ERR_CAP);
+        memcpy(param, p, SRV_ERR_CAP);
+    }
+    return rc;
+}
+
+/* SGLang's sampling parameters this server does not implement, at the values that leave the
+ * answer as it is: {name, 'b'oolean / 'n'umber / 'i'nteger / empty 'a'rray, that value}. */
+static const struct {
+    const char *name;
+    char type;
+    double value;
+} sglang_neutral[] = {
+    {"n", 'i', 1},
+    {"presence_penalty", 'n', 0},
+    {"frequency_penalty", 'n', 0},
+    {"repetition_penalty", 'n', 1},
+    {"min_new_tokens", 'i', 0},
+    {"ignore_eos", 'b', 0},
+    {"no_stop_trim", 'b', 0},
+    {"skip_special_tokens", 'b', 1},
+    {"spaces_between_special_tokens", 'b', 1},
+    {"stop_token_ids", 'a', 0},
+};
+
+static int sglang_sampling(const json_t *sp, srv_request *r, char *err, char *param) {
+    if (!json_is_object(sp))
+        return fail(err, param, "sampling_params", "'sampling_params' must be an object, not %s",
+                    type_name(sp));
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)sp, k, v) {
+        char name[96];
+        snprintf(name, sizeof name, "sampling_params.%.60s", k);
+        const char *as = !strcmp(k, "max_new_tokens")  ? "max_tokens"
+                         : !strcmp(k, "sampling_seed") ? "seed"
+                                                       : k;
+        int sf = strcmp(k, "max_tokens") && strcmp(k, "seed")
+                     ? sampling_field(as, name, v, r, err, param)
+                     : 1;
+        if (sf < 0)
+            return -1;
+        if (sf == 0)
+            continue;
+        size_t i = 0, n = sizeof sglang_neutral / sizeof sglang_neutral[0];
+        while (i < n && strcmp(k, sglang_neutral[i].name) != 0)
+            i++;
+        if (i == n)
+            return fail(err, param, name, "unknown field '%s'", name);
+        if (json_is_null(v))
+            continue;
+        const char t = sglang_neutral[i].type;
+        const double want = sglang_neutral[i].value;
+        int ok;
+        if (t == 'b')
+            ok = json_is_boolean(v) && json_is_true(v) == (want != 0);
+        else if (t == 'a')
+            ok = json_is_array(v) && json_array_size(v) == 0;
+        else
+            ok =
+                (t == 'i' ? json_is_integer(v) : json_is_number(v)) && json_number_value(v) == want;
+        if (!ok) {
+            const char *shown = t == 'a' ? "[]" : t == 'b' ? (want != 0 ? "true" : "false") : NULL;
+            if (shown)
+                return fail(err, param, name, "'%s' is not supported by this server (only %s)",
+                            name, shown);
+            return fail(err, param, name, "'%s' is not supported by this server (only %g)", name,
+                        want);
+        }
+    }
+    return 0;
+}
+
+int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, char *param) {
+    memset(r, 0, sizeof *r);
+    r->sglang = 1;
+    r->max_tokens = -1;
+    r->sp = st_sampler_default_params();
+    r->sp.temp = 1.0f; /* SGLang's defaults: plain sampling at temperature 1 */
+    r->sp.top_k = 0;
+    r->sp.top_p = 1.0f;
+    r->sp.min_p = 0.0f;
+    err[0] = 0;
+    param[0] = 0;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+                    je.column);
+    int rc = 0, have_input = 0;
+    if (!json_is_object(root))
+        rc = fail(err, param, NULL, "the request body must be a JSON object, not %s",
+                  type_name(root));
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (rc)
+            break;
+        if (!strcmp(k, "text") || !strcmp(k, "input_ids")) {
+            if (have_input) {
+                rc = fail(err, param, k, "give 'text' or 'input_ids', not both");
+            } else if (!strcmp(k, "text") && !json_is_string(v)) {
+                rc = fail(err, param, k, "'text' must be a string (one prompt per request), not %s",
+                          type_name(v));
+            } else if (!strcmp(k, "input_ids") &&
+                       (!json_is_array(v) || json_is_string(json_array_get(v, 0)))) {
+                rc = fail(err, param, k, "'input_ids' must be an array of token ids");
+            } else if (get_prompt(v, r, err, param)) {
+                snprintf(param, SRV_ERR_CAP, "%s", k); /* get_prompt names 'prompt' */
+                rc = -1;
+            }
+            have_input = 1;
+        } else if (!strcmp(k, "sampling_params")) {
+            rc = json_is_null(v) ? 0 : sglang_sampling(v, r, err, param);
+        } else if (!strcmp(k, "stream") || !strcmp(k, "return_logprob")) {
+            int b = 0;
+            rc = json_is_null(v) ? 0 : get_bool(v, k, &b, err, param);
+            if (!rc && b)
+                rc = fail(err, param, k,
+                          "'%s' is not supported on /generate (only false); /v1/completions has it",
+                          k);
+        } else if (!strcmp(k, "rid")) {
+            if (!json_is_string(v) && !json_is_null(v))
+                rc = fail(err, param, k, "'rid' must be a string, not %s", type_name(v));
+        } else {
+            rc = fail(err, param, k, "unknown field '%s'", k);
+        }
+    }
+    if (!rc && !have_input)
+        rc = fail(err, param, "text", "'text' (or 'input_ids') is required");
     json_decref(root);
     if (rc) {
         char e[SRV_ERR_CAP], p[SRV_ERR_CAP];
@@ -911,6 +1054,7 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
         for (size_t j = 0; j + ls <= s->n_hold && j < first; j++)
             if (memcmp(s->hold + j, st, ls) == 0) {
                 first = j;
+                s->matched = i;
                 break;
             }
     }

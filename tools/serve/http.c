@@ -238,14 +238,14 @@ static const char *err_type(unsigned code) {
 }
 
 /* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
-static json_t *error_obj(unsigned code, const char *msg, const char *param) {
+json_t *srv_error_obj(unsigned code, const char *msg, const char *param) {
     return json_pack("{s:{s:s,s:s,s:s?,s:i}}", "error", "message", msg, "type", err_type(code),
                      "param", param && param[0] ? param : NULL, "code", (int)code);
 }
 
 static enum MHD_Result send_error(srv *s, struct MHD_Connection *c, unsigned code, const char *msg,
                                   const char *param) {
-    return send_json(s, c, code, error_obj(code, msg, param));
+    return send_json(s, c, code, srv_error_obj(code, msg, param));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -318,7 +318,7 @@ static json_t *cut_error(const srv *s) {
         snprintf(msg, sizeof msg,
                  "the server shut down before this request finished (drain timeout, %ld s)",
                  s->o.drain_s);
-    return error_obj(503, msg, NULL);
+    return srv_error_obj(503, msg, NULL);
 }
 
 static int sse_add(srv_job *j, json_t *v) {
@@ -380,7 +380,7 @@ static int sse_fill(srv_job *j) {
     if (j->cut) {
         rc |= sse_add(j, cut_error(j->srv));
     } else if (j->status != ST_OK) {
-        json_t *e = error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
+        json_t *e = srv_error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
         rc |= sse_add(j, e);
     } else {
         json_t *last =
@@ -466,11 +466,18 @@ static void stream_free(void *cls) {
 /* ---------------------------------------------------------------------------------------- */
 /* Endpoints                                                                                 */
 
-static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, int chat) {
+/* The generation routes: OpenAI's completions and chat, SGLang's /generate. */
+enum { GEN_COMPLETION, GEN_CHAT, GEN_SGLANG };
+
+static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, int kind) {
     char err[SRV_ERR_CAP], param[SRV_ERR_CAP];
     srv_request req;
-    if (srv_request_parse(cc->body ? cc->body : "", cc->n_body, chat, &req, err, param))
+    const char *body = cc->body ? cc->body : "";
+    if (kind == GEN_SGLANG
+            ? srv_generate_parse(body, cc->n_body, &req, err, param)
+            : srv_request_parse(body, cc->n_body, kind == GEN_CHAT, &req, err, param))
         return send_error(s, c, 400, err, param);
+    const int chat = kind == GEN_CHAT;
     /* fields a request leaves out: the server's --temp etc., else OpenAI's defaults */
     unsigned fill = s->o.c.sp_given & ~req.given;
     if (fill & SRV_GIVEN_TEMP)
@@ -483,7 +490,8 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         req.sp.min_p = s->o.c.sp.min_p;
     srv_job *j = NULL;
     err[0] = 0;
-    unsigned code = srv_job_create(s, &req, &j, err);
+    param[0] = 0;
+    unsigned code = srv_job_create(s, &req, &j, err, param);
     pthread_mutex_lock(&s->mu);
     if (!code && s->draining) {
         code = 503;
@@ -492,7 +500,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     if (code) {
         srv_job_release(s, j);
         pthread_mutex_unlock(&s->mu);
-        return send_error(s, c, code, err, NULL);
+        return send_error(s, c, code, err, code == 400 ? param : NULL);
     }
     if (chat)
         s->metrics.chats++;
@@ -553,17 +561,17 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         v = cut_error(s);
     } else if (j->status == ST_ERR_BUSY) {
         code = 503;
-        v = error_obj(code, j->error, NULL);
+        v = srv_error_obj(code, j->error, NULL);
     } else if (j->refused && j->status == ST_ERR_RANGE) {
         /* it fits the context (checked above) but not the KV budget (--max-total-tokens) */
         code = 503;
-        v = error_obj(code, j->error, NULL);
+        v = srv_error_obj(code, j->error, NULL);
     } else if (j->refused && j->status == ST_ERR_INVALID) {
         code = 400;
-        v = error_obj(code, j->error, NULL);
+        v = srv_error_obj(code, j->error, NULL);
     } else if (j->status != ST_OK || j->oom) {
         code = 500;
-        v = error_obj(code, j->oom ? "out of memory" : j->error, NULL);
+        v = srv_error_obj(code, j->oom ? "out of memory" : j->error, NULL);
     } else {
         v = srv_full_response(j);
     }
@@ -575,9 +583,72 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
 
 static enum MHD_Result models(srv *s, struct MHD_Connection *c) {
     return send_json(s, c, 200,
-                     json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data", "id",
-                               s->model_name, "object", "model", "created", (json_int_t)s->created,
-                               "owned_by", "spectree", "max_model_len", (int)s->n_ctx));
+                     json_pack("{s:s,s:[o]}", "object", "list", "data", srv_model_obj(s)));
+}
+
+/* The routes. Generation, tokenizing and the server's information take the --api-key bearer
+ * (open: the page, /health and /metrics); OpenAI's routes answer with and without /v1, as
+ * llama-server's do. */
+typedef enum route {
+    R_NONE,
+    R_COMPLETIONS,
+    R_CHAT,
+    R_GENERATE,
+    R_TOKENIZE,
+    R_DETOKENIZE,
+    R_MODELS,
+    R_MODEL, /* /v1/models/ID */
+    R_PROPS,
+    R_SERVER_INFO,
+    R_MODEL_INFO,
+    R_HEALTH,
+    R_METRICS,
+    R_PAGE,
+} route;
+
+static const struct {
+    const char *path;
+    route r;
+    int post; /* 1: POST with a body; 0: GET (and HEAD) */
+    int open; /* no bearer needed */
+} routes[] = {
+    {"/v1/completions", R_COMPLETIONS, 1, 0},
+    {"/completions", R_COMPLETIONS, 1, 0},
+    {"/v1/chat/completions", R_CHAT, 1, 0},
+    {"/chat/completions", R_CHAT, 1, 0},
+    {"/generate", R_GENERATE, 1, 0},
+    {"/tokenize", R_TOKENIZE, 1, 0},
+    {"/detokenize", R_DETOKENIZE, 1, 0},
+    {"/v1/models", R_MODELS, 0, 0},
+    {"/models", R_MODELS, 0, 0},
+    {"/props", R_PROPS, 0, 0},
+    {"/server_info", R_SERVER_INFO, 0, 0},
+    {"/get_server_info", R_SERVER_INFO, 0, 0},
+    {"/get_model_info", R_MODEL_INFO, 0, 0},
+    {"/health", R_HEALTH, 0, 1},
+    {"/metrics", R_METRICS, 0, 1},
+    {"/", R_PAGE, 0, 1},
+    {"/index.html", R_PAGE, 0, 1},
+};
+
+/* The route of url (R_NONE: none), whether it is a POST route and whether it is open; *id: the
+ * model id of /v1/models/ID. */
+static route find_route(const char *url, int *post, int *open, const char **id) {
+    *id = NULL;
+    *post = *open = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(url, routes[i].path)) {
+            *post = routes[i].post;
+            *open = routes[i].open;
+            return routes[i].r;
+        }
+    static const char *const pre[] = {"/v1/models/", "/models/"};
+    for (int i = 0; i < 2; i++)
+        if (!strncmp(url, pre[i], strlen(pre[i])) && url[strlen(pre[i])]) {
+            *id = url + strlen(pre[i]);
+            return R_MODEL;
+        }
+    return R_NONE;
 }
 
 static int authorized(srv *s, struct MHD_Connection *c) {
@@ -639,8 +710,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     srv *s = cls;
     conn_ctx *cc = *con_cls;
     const int post = !strcmp(method, "POST");
-    const int is_compl = !strcmp(url, "/v1/completions");
-    const int is_chat = !strcmp(url, "/v1/chat/completions");
+    int post_route, open;
+    const char *model_id;
+    const route rt = find_route(url, &post_route, &open, &model_id);
     if (!cc) { /* first call: headers only */
         cc = calloc(1, sizeof *cc);
         if (!cc)
@@ -656,7 +728,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             cc->too_big = 2;
             return send_error(s, c, 400, bad, NULL);
         }
-        if (post && (is_compl || is_chat)) {
+        if (post && post_route) {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > (unsigned long long)s->o.max_body) {
@@ -711,36 +783,61 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                  s->o.max_conns);
         return send_error(s, c, 503, msg, NULL);
     }
-    if (!strncmp(url, "/v1/", 4) && !authorized(s, c))
+    if (rt == R_NONE) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
+        return send_error(s, c, 404, msg, NULL);
+    }
+    if (!open && !authorized(s, c))
         return send_error(s, c, 401, "invalid or missing API key (Authorization: Bearer KEY)",
                           NULL);
-    if (is_compl || is_chat) {
-        if (!post)
-            return send_error(s, c, 405, "use POST", NULL);
-        if (cc->too_big) {
-            char msg[96];
-            snprintf(msg, sizeof msg, "the request body exceeds %ld bytes", s->o.max_body);
-            return send_error(s, c, 413, msg, NULL);
-        }
-        return generate(s, c, cc, is_chat);
+    if (post_route ? !post : !get)
+        return send_error(s, c, 405, post_route ? "use POST" : "use GET", NULL);
+    if (cc->too_big) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request body exceeds %ld bytes", s->o.max_body);
+        return send_error(s, c, 413, msg, NULL);
     }
-    if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
-        return get ? send_buf(s, c, 200, "text/html; charset=utf-8", (const char *)srv_page_html,
-                              srv_page_html_len)
-                   : send_error(s, c, 405, "use GET", NULL);
-    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics")) {
-        if (!get)
-            return send_error(s, c, 405, "use GET", NULL);
-        if (!strcmp(url, "/v1/models"))
-            return models(s, c);
-        if (!strcmp(url, "/health")) {
-            pthread_mutex_lock(&s->mu);
-            int draining = s->draining;
-            pthread_mutex_unlock(&s->mu);
-            return draining
-                       ? send_buf(s, c, 503, "application/json", "{\"status\":\"draining\"}", 21)
-                       : send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
-        }
+    const char *body = cc->body ? cc->body : "";
+    unsigned code = 200;
+    switch (rt) {
+    case R_COMPLETIONS:
+        return generate(s, c, cc, GEN_COMPLETION);
+    case R_CHAT:
+        return generate(s, c, cc, GEN_CHAT);
+    case R_GENERATE:
+        return generate(s, c, cc, GEN_SGLANG);
+    case R_TOKENIZE: {
+        json_t *v = srv_tokenize(s, body, cc->n_body, &code);
+        return send_json(s, c, code, v);
+    }
+    case R_DETOKENIZE: {
+        json_t *v = srv_detokenize(s, body, cc->n_body, &code);
+        return send_json(s, c, code, v);
+    }
+    case R_MODELS:
+        return models(s, c);
+    case R_MODEL: {
+        json_t *v = srv_model_by_id(s, model_id, &code);
+        return send_json(s, c, code, v);
+    }
+    case R_PROPS:
+        return send_json(s, c, 200, srv_props(s));
+    case R_SERVER_INFO:
+        return send_json(s, c, 200, srv_server_info(s));
+    case R_MODEL_INFO:
+        return send_json(s, c, 200, srv_model_info(s));
+    case R_PAGE:
+        return send_buf(s, c, 200, "text/html; charset=utf-8", (const char *)srv_page_html,
+                        srv_page_html_len);
+    case R_HEALTH: {
+        pthread_mutex_lock(&s->mu);
+        int draining = s->draining;
+        pthread_mutex_unlock(&s->mu);
+        return draining ? send_buf(s, c, 503, "application/json", "{\"status\":\"draining\"}", 21)
+                        : send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    }
+    default: { /* R_METRICS */
         size_t n = 0;
         char *txt = srv_metrics_text(s, &n);
         if (!txt)
@@ -749,9 +846,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         free(txt);
         return rc;
     }
-    char msg[160];
-    snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
-    return send_error(s, c, 404, msg, NULL);
+    }
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,

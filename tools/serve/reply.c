@@ -54,7 +54,33 @@ json_t *srv_text_str(const char *t, size_t n) {
     return v ? v : json_string("\xEF\xBF\xBD");
 }
 
+/* SGLang's /generate answer: the text and meta_info (ids, token counts, finish_reason as an
+ * object: {"type": "length", "length": N} or {"type": "stop"} with "matched": the stop string,
+ * and the speculative fields). */
+static json_t *sglang_response(const srv_job *j) {
+    json_t *fin;
+    if (j->stopper.stopped)
+        fin = json_pack("{s:s,s:s}", "type", "stop", "matched", j->req.stops[j->stopper.matched]);
+    else if (!strcmp(srv_finish_reason(j), "length"))
+        fin = json_pack("{s:s,s:I}", "type", "length", "length", (json_int_t)j->stats.gen_tokens);
+    else
+        fin = json_pack("{s:s}", "type", "stop");
+    json_t *mi = srv_spec_info(j);
+    if (mi)
+        json_object_update_new(mi,
+                               json_pack("{s:s,s:I,s:I,s:I,s:o}", "id", j->id, "prompt_tokens",
+                                         (json_int_t)j->n_prompt, "completion_tokens",
+                                         (json_int_t)j->stats.gen_tokens, "cached_tokens",
+                                         (json_int_t)j->stats.reused_tokens, "finish_reason", fin));
+    else
+        json_decref(fin);
+    return json_pack("{s:o,s:o}", "text", srv_text_str(j->text ? j->text : "", j->n_text),
+                     "meta_info", mi);
+}
+
 json_t *srv_full_response(const srv_job *j) {
+    if (j->req.sglang)
+        return sglang_response(j);
     json_t *choice;
     if (j->req.chat)
         choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
@@ -85,24 +111,30 @@ static int push_ids(int32_t **ids, int64_t *n, int64_t *cap, const int32_t *add,
     return 0;
 }
 
-/* The prompt's token ids; 0, or an HTTP status with a message in err. */
-static unsigned build_prompt(srv *s, srv_job *j, char *err) {
+/* The prompt's token ids; 0, or an HTTP status with a message in err and the field in param. */
+static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
     const srv_request *r = &j->req;
+    const char *pf = r->chat     ? "messages"
+                     : r->sglang ? (r->prompt_ids ? "input_ids" : "text")
+                                 : "prompt";
+    const char *mf = r->sglang ? "sampling_params.max_new_tokens" : "max_tokens";
     const int add_bos = !s->o.c.no_bos && st_tokenizer_add_bos_default(s->tok);
     int64_t cap = 0;
     if (!r->chat && r->prompt_ids) {
         int32_t nv = st_tokenizer_n_vocab(s->tok);
         for (int64_t i = 0; i < r->n_prompt_ids; i++)
             if (r->prompt_ids[i] >= nv) {
-                snprintf(err, SRV_ERR_CAP, "prompt[%" PRId64 "] = %d is not a token id (< %d)", i,
+                snprintf(err, SRV_ERR_CAP, "%s[%" PRId64 "] = %d is not a token id (< %d)", pf, i,
                          r->prompt_ids[i], nv);
+                snprintf(param, SRV_ERR_CAP, "%s", pf);
                 return 400;
             }
         if (push_ids(&j->prompt, &j->n_prompt, &cap, r->prompt_ids, r->n_prompt_ids))
             return 500;
     } else if (!r->chat) {
         if (cli_tokenize_all(s->tok, r->prompt, r->prompt_len, add_bos, &j->prompt, &j->n_prompt)) {
-            snprintf(err, SRV_ERR_CAP, "prompt: %s", st_last_error());
+            snprintf(err, SRV_ERR_CAP, "%s: %s", pf, st_last_error());
+            snprintf(param, SRV_ERR_CAP, "%s", pf);
             return 400;
         }
         if (j->n_prompt == 0) { /* an empty prompt starts from BOS, as `generate` does */
@@ -116,8 +148,10 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
         }
     } else {
         srv_rendered rd;
-        if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err))
+        if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err)) {
+            snprintf(param, SRV_ERR_CAP, "messages");
             return 400;
+        }
         if (!rd.has_bos && add_bos && st_tokenizer_bos(s->tok) >= 0) {
             int32_t bos = st_tokenizer_bos(s->tok);
             push_ids(&j->prompt, &j->n_prompt, &cap, &bos, 1);
@@ -145,6 +179,7 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
         return 400;
     }
     if (j->n_prompt > s->o.max_prompt) {
+        snprintf(param, SRV_ERR_CAP, "%s", pf);
         snprintf(err, SRV_ERR_CAP,
                  "the prompt has %" PRId64 " tokens; this server takes at most %ld", j->n_prompt,
                  s->o.max_prompt);
@@ -153,20 +188,24 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
     int64_t room = s->n_ctx - j->n_prompt;
     if (r->max_tokens > 0) {
         if (r->max_tokens > s->o.max_tokens_limit) {
-            snprintf(err, SRV_ERR_CAP, "max_tokens is %" PRId64 "; this server allows at most %ld",
+            snprintf(err, SRV_ERR_CAP, "%s is %" PRId64 "; this server allows at most %ld", mf,
                      r->max_tokens, s->o.max_tokens_limit);
+            snprintf(param, SRV_ERR_CAP, "%s", mf);
             return 400;
         }
         if (r->max_tokens > room) {
+            snprintf(param, SRV_ERR_CAP, "%s", mf);
             snprintf(err, SRV_ERR_CAP,
                      "this model's maximum context length is %d tokens; the prompt has %" PRId64
-                     " and max_tokens asks for %" PRId64,
-                     s->n_ctx, j->n_prompt, r->max_tokens);
+                     " and %s asks for %" PRId64,
+                     s->n_ctx, j->n_prompt, mf, r->max_tokens);
             return 400;
         }
         j->n_predict = r->max_tokens;
     } else {
-        int64_t d = r->chat ? room : s->o.default_max_tokens;
+        int64_t d = r->chat     ? room
+                    : r->sglang ? SRV_SGLANG_MAX_NEW_TOKENS
+                                : s->o.default_max_tokens;
         if (d > room)
             d = room;
         if (d > s->o.max_tokens_limit)
@@ -177,7 +216,7 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
 }
 
 /* Creates a job from a checked request (moved into it); 0, or an HTTP status with err. */
-unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err) {
+unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param) {
     srv_job *j = calloc(1, sizeof *j);
     if (!j) {
         srv_request_free(req);
@@ -202,7 +241,7 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err) {
     snprintf(j->id, sizeof j->id, "%s-%" PRIx64 "-%" PRIu64, j->req.chat ? "chatcmpl" : "cmpl",
              (uint64_t)s->created, seq);
     /* sampling: the request's fields, else the server's flags, else OpenAI's defaults */
-    unsigned code = j->tok_buf ? build_prompt(s, j, err) : 500;
+    unsigned code = j->tok_buf ? build_prompt(s, j, err, param) : 500;
     if (code == 500 && !err[0])
         snprintf(err, SRV_ERR_CAP, "out of memory");
     if (!code) {

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 enum {
+    SRV_SGLANG_MAX_NEW_TOKENS = 128, /* SGLang's max_new_tokens when /generate gives none */
     SRV_MAX_CANCELS = 1024,
     SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
 };
@@ -154,16 +155,27 @@ void srv_job_cancel(srv *s, srv_job *j);
 void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg);
 
 /* reply.c: a job from a checked request (moved into it; 0, or an HTTP status with a message
- * in err), and the JSON of its answer: the finish reason, SGLang's speculative meta_info,
+ * in err and the field in param, both SRV_ERR_CAP bytes), and the JSON of its answer: the finish reason, SGLang's speculative meta_info,
  * usage, a text (valid UTF-8), the whole non-streamed response. */
-unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err);
+unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param);
 const char *srv_finish_reason(const srv_job *j);
 json_t *srv_spec_info(const srv_job *j);
 json_t *srv_usage_obj(const srv_job *j);
 json_t *srv_text_str(const char *t, size_t n);
 json_t *srv_full_response(const srv_job *j);
 
+/* compat.c: the answers of the routes of other servers (status in *code; 400 names the field) */
+json_t *srv_model_obj(const srv *s);
+json_t *srv_model_by_id(const srv *s, const char *id, unsigned *code);
+json_t *srv_tokenize(srv *s, const char *body, size_t n, unsigned *code);
+json_t *srv_detokenize(srv *s, const char *body, size_t n, unsigned *code);
+json_t *srv_props(srv *s);
+json_t *srv_server_info(srv *s);
+json_t *srv_model_info(const srv *s);
+
 /* http.c */
+/* OpenAI's error object: {"error": {"message", "type", "param" (NULL or "": null), "code"}}. */
+json_t *srv_error_obj(unsigned code, const char *msg, const char *param);
 int srv_http_start(srv *s);
 void srv_http_quiesce(srv *s);
 void srv_http_stop(srv *s);
