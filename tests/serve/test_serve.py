@@ -24,7 +24,9 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   [DONE]); SIGHUP drains as SIGTERM does;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error; none: ChatML, with a warning;
-- logging: the start-up lines, one line per request, --log-level; llama.cpp's flags (-np,
+- logging: the start-up lines, one line per request, --log-level, --log-format json (every
+  line an object, the request's fields by name); --cors (the origin on answers and streams,
+  preflights answered 204, other origins not); llama.cpp's flags (-np,
   -n -1, GPU-only flags) and SPECTREE_ARG_<FLAG> variables on a running server;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
@@ -846,6 +848,79 @@ def test_logging_and_llama_flags():
                       "--log-level debug: %s" % log)
 
 
+def test_log_format_and_cors():
+    # --log-format json: every line of the server an object (time, level, msg), the request's
+    # line its fields by name; --cors: the allowed origin on answers and streams, preflights
+    with Server(BUILD, MODEL, "--log-format", "json", "--log-level", "debug", "--cors",
+                "https://a.example,https://b.example", "--speculative-algorithm", "NGRAM",
+                api_key=KEY) as s:
+        code, text = curl(s.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 9,
+                                                      "temperature": 0}, key=KEY)
+        check(code == 200, "completion: %d %s" % (code, text))
+        d = json.loads(text)
+        c = Conn(s.port)
+        for origin, want in [("https://b.example", "https://b.example"),
+                             ("https://evil.example", None), (None, None)]:
+            extra = b"Origin: " + origin.encode() + b"\r\n" if origin else b""
+            c.send(http_request("GET", "/health", extra=extra))
+            code, h, _ = c.response()
+            check(code == 200 and h.get("access-control-allow-origin") == want and
+                  h.get("vary") == "Origin", "Origin %s: %s" % (origin, h))
+        # a preflight needs no key; the request after it gets the header, streamed too
+        c.send(http_request("OPTIONS", "/v1/chat/completions", extra=(
+            b"Origin: https://a.example\r\nAccess-Control-Request-Method: POST\r\n"
+            b"Access-Control-Request-Headers: authorization, content-type\r\n")))
+        code, h, body = c.response()
+        check(code == 204 and h.get("access-control-allow-origin") == "https://a.example" and
+              "POST" in h.get("access-control-allow-methods", "") and
+              h.get("access-control-allow-headers") == "authorization, content-type" and
+              body == b"", "preflight: %d %s" % (code, h))
+        c.send(http_request("OPTIONS", "/nowhere", extra=b"Origin: https://a.example\r\n"))
+        check(c.response()[0] == 404, "a preflight of no route")
+        c.send(http_request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True},
+            key=KEY, extra=b"Origin: https://a.example\r\n"))
+        code, h, body = c.response()
+        check(code == 200 and h.get("access-control-allow-origin") == "https://a.example" and
+              body.endswith(b"data: [DONE]\n\n"), "a stream's CORS header: %s" % h)
+        c.close()
+        check(s.stop() == 0, "exit status")
+        lines = [l for l in s.log_text().splitlines() if l.strip()]
+        objs = []
+        for l in lines:
+            if l.startswith("{"):
+                objs.append(json.loads(l))
+        check(len(objs) == len(lines), "lines that are not JSON: %s" %
+              [l for l in lines if not l.startswith("{")])
+        check(all(isinstance(o["time"], float) and o["level"] in ("info", "warn", "debug") and
+                  o["msg"] for o in objs), "the objects' fields: %s" % objs)
+        check(any("on http://127.0.0.1:%d" % s.port in o["msg"] for o in objs), "address line")
+        check(any(o["level"] == "warn" and "no chat template" in o["msg"] for o in objs),
+              "the template warning: %s" % objs)
+        req = [o for o in objs if o.get("id") == d["id"]]
+        check(len(req) == 1, "one line per request: %s" % objs)
+        r = req[0]
+        check(r["msg"] == "request" and r["prompt_tokens"] == 5 and r["gen_tokens"] == 9 and
+              r["ttft_ms"] > 0 and r["tok_s"] > 0 and r["tau"] >= 0 and r["finish"] == "length"
+              and r["spec_steps"] + r["plain_steps"] >= 1 and len(r["accept_hist"]) == 17 and
+              r["queue_ms"] >= 0, "the request's line: %s" % r)
+    # without --cors: no header, OPTIONS is a 405
+    with Server(BUILD, MODEL, "--log-level", "warn") as s:
+        c = Conn(s.port)
+        c.send(http_request("GET", "/health", extra=b"Origin: https://a.example\r\n"))
+        code, h, _ = c.response()
+        check(code == 200 and "access-control-allow-origin" not in h, "no --cors: %s" % h)
+        c.send(http_request("OPTIONS", "/v1/completions"))
+        check(c.response()[0] == 405, "OPTIONS without --cors")
+        c.close()
+    with Server(BUILD, MODEL, "--log-level", "warn", "--cors", "*") as s:
+        c = Conn(s.port)
+        c.send(http_request("GET", "/health", extra=b"Origin: https://x.example\r\n"))
+        code, h, _ = c.response()
+        check(h.get("access-control-allow-origin") == "*", "--cors '*': %s" % h)
+        c.close()
+
+
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -1135,6 +1210,7 @@ def main():
                 sys.stdout.write("--- server log ---\n" + s.log_text()[-4000:])
     run_tests([("startup errors", test_startup_errors),
                ("logging and llama.cpp's flags", test_logging_and_llama_flags),
+               ("--log-format json, --cors", test_log_format_and_cors),
                ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
                ("a second signal, SIGHUP", test_signals),

@@ -176,14 +176,36 @@ static void *watchdog_main(void *arg) {
 static void count_code(srv *s, unsigned code) {
     pthread_mutex_lock(&s->mu);
     s->metrics.requests_total++;
-    int k = code == 200   ? 0
-            : code == 400 ? 1
-            : code < 500  ? 2
-            : code == 500 ? 3
-            : code == 503 ? 4
-                          : 5;
+    int k = code == 200                ? 0
+            : code == 400              ? 1
+            : code > 400 && code < 500 ? 2
+            : code == 500              ? 3
+            : code == 503              ? 4
+                                       : 5;
     s->metrics.by_code[k]++;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* --cors: the Access-Control-Allow-Origin header, for any origin (*) or for a request whose
+ * Origin is one of the listed ones (then with Vary: Origin). */
+static void add_cors(const srv *s, struct MHD_Connection *c, struct MHD_Response *r) {
+    if (!s->o.cors)
+        return;
+    if (!strcmp(s->o.cors, "*")) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        return;
+    }
+    MHD_add_response_header(r, "Vary", "Origin");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const size_t n = origin ? strlen(origin) : 0;
+    for (const char *p = s->o.cors; origin && *p;) {
+        const size_t k = strcspn(p, ",");
+        if (k == n && !strncmp(p, origin, n)) {
+            MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+            return;
+        }
+        p += k + (p[k] == ',');
+    }
 }
 
 static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code, const char *type,
@@ -192,7 +214,9 @@ static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code,
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", type);
+    if (type)
+        MHD_add_response_header(r, "Content-Type", type);
+    add_cors(s, c, r);
     const srv_watch *w = watch_of(c);
     pthread_mutex_lock(&s->mu);
     /* draining: the client (or nginx) should take its next request elsewhere; a spare
@@ -535,6 +559,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        add_cors(s, c, r);
         touch(s, c);
         enum MHD_Result rc = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
@@ -649,6 +674,26 @@ static route find_route(const char *url, int *post, int *open, const char **id) 
             return R_MODEL;
         }
     return R_NONE;
+}
+
+/* A CORS preflight (OPTIONS with --cors): 204 with the route's method and the headers asked
+ * for; no bearer needed (browsers send none with it). */
+static enum MHD_Result preflight(srv *s, struct MHD_Connection *c, int post_route) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    add_cors(s, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            post_route ? "POST, OPTIONS" : "GET, HEAD, OPTIONS");
+    const char *h =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            h && strlen(h) < 512 ? h : "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    enum MHD_Result rc = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    count_code(s, 204);
+    return rc;
 }
 
 static int authorized(srv *s, struct MHD_Connection *c) {
@@ -783,6 +828,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                  s->o.max_conns);
         return send_error(s, c, 503, msg, NULL);
     }
+    if (s->o.cors && !strcmp(method, "OPTIONS") && rt != R_NONE)
+        return preflight(s, c, post_route);
     if (rt == R_NONE) {
         char msg[160];
         snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
@@ -878,7 +925,7 @@ int srv_http_start(srv *s) {
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)s->o.port);
     if (inet_pton(AF_INET, s->o.host, &addr.sin_addr) != 1) {
-        fprintf(stderr, "spectree serve: --host %s is not an IPv4 address\n", s->o.host);
+        srv_log(s, SRV_LOG_ERROR, "--host %s is not an IPv4 address", s->o.host);
         return -1;
     }
     struct MHD_Daemon *d = MHD_start_daemon(
@@ -890,7 +937,7 @@ int srv_http_start(srv *s) {
         request_line, s, MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION,
         notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u, MHD_OPTION_END);
     if (!d) {
-        fprintf(stderr, "spectree serve: cannot listen on %s:%ld: %s\n", s->o.host, s->o.port,
+        srv_log(s, SRV_LOG_ERROR, "cannot listen on %s:%ld: %s", s->o.host, s->o.port,
                 strerror(errno));
         return -1;
     }

@@ -90,16 +90,39 @@ static int on_emit(void *user, int32_t token) {
     return stop;
 }
 
-/* --log-level info: one line per finished request (debug: its queue time and accepted
- * drafts per step too). With s->mu held. */
+/* --log-level info: one line per finished request: its id, prompt and generated tokens, time to
+ * first token, decoding tokens/s, tau and finish reason (debug: its queue time and accepted
+ * drafts per step too); --log-format json: those fields by name. With s->mu held. */
 static void log_request(const srv *s, const srv_job *j) {
     const st_request_stats *st = &j->stats;
     const double decode_s = (st->total_ms - st->ttft_ms) / 1e3;
     const char *why = st->status != ST_OK ? "error"
                       : j->cancelled      ? "cancelled"
                                           : st_stop_reason_name(st->stop_reason);
+    const double ttft = st->ttft_ms < 0 ? 0.0 : st->ttft_ms;
+    const double tok_s =
+        st->gen_tokens > 1 && decode_s > 0 ? (double)(st->gen_tokens - 1) / decode_s : 0.0;
+    const int debug = s->o.log_level >= SRV_LOG_DEBUG;
+    if (s->o.log_json) {
+        json_t *v =
+            json_pack("{s:f,s:s,s:s,s:s,s:I,s:I,s:f,s:f,s:f,s:s}", "time", srv_unix_time(), "level",
+                      "info", "msg", "request", "id", j->id, "prompt_tokens",
+                      (json_int_t)st->prompt_tokens, "gen_tokens", (json_int_t)st->gen_tokens,
+                      "ttft_ms", ttft, "tok_s", tok_s, "tau", st->tau, "finish", why);
+        if (v && debug) {
+            json_t *h = json_array();
+            for (int a = 0; a <= ST_SPEC_MAX_S; a++)
+                json_array_append_new(h, json_integer(st->accept_hist[a]));
+            json_object_update_new(v, json_pack("{s:f,s:I,s:I,s:o}", "queue_ms", st->queue_ms,
+                                                "spec_steps", (json_int_t)st->spec_steps,
+                                                "plain_steps", (json_int_t)st->plain_steps,
+                                                "accept_hist", h));
+        }
+        srv_log_json(v);
+        return;
+    }
     char hist[256] = "";
-    if (s->o.log_level >= SRV_LOG_DEBUG) {
+    if (debug) {
         size_t n = (size_t)snprintf(hist, sizeof hist,
                                     ", queue %.1f ms, %" PRId64 " speculative + %" PRId64
                                     " plain steps, accepted",
@@ -109,12 +132,10 @@ static void log_request(const srv *s, const srv_job *j) {
                 n += (size_t)snprintf(hist + n, sizeof hist - n, " %d:%" PRId64, a,
                                       st->accept_hist[a]);
     }
-    fprintf(stderr,
-            "spectree serve: %s: prompt %" PRId64 " tokens, gen %" PRId64
-            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s\n",
-            j->id, st->prompt_tokens, st->gen_tokens, st->ttft_ms < 0 ? 0.0 : st->ttft_ms,
-            st->gen_tokens > 1 && decode_s > 0 ? (double)(st->gen_tokens - 1) / decode_s : 0.0,
-            st->tau, why, hist);
+    srv_log(s, SRV_LOG_INFO,
+            "%s: prompt %" PRId64 " tokens, gen %" PRId64
+            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s",
+            j->id, st->prompt_tokens, st->gen_tokens, ttft, tok_s, st->tau, why, hist);
 }
 
 static void on_finish(void *user, const st_request_stats *st) {
@@ -206,7 +227,7 @@ void *srv_engine_main(void *arg) {
         if (st_engine_running(s->engine) + st_engine_queued(s->engine) > 0) {
             st_status rc = st_engine_step(s->engine);
             if (rc != ST_OK)
-                fprintf(stderr, "spectree serve: engine step: %s\n", st_last_error());
+                srv_log(s, SRV_LOG_ERROR, "engine step: %s", st_last_error());
         }
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->n_wake; i++) {

@@ -23,15 +23,17 @@ enum {
 
 enum { SRV_CUT_TIMEOUT = 1, SRV_CUT_SIGNAL }; /* why a drain was cut: --drain-timeout, signal */
 
-/* --log-level: what stderr gets (the line with the address is always printed). */
-enum { SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
+/* --log-level: what stderr gets (SRV_LOG_ALWAYS: the line with the address, the drain's). */
+enum { SRV_LOG_ALWAYS = -1, SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
 
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
     long port, max_conns, max_conns_per_ip, max_body, max_prompt, max_tokens_limit, timeout_s;
     long drain_s;
     long default_max_tokens;
-    int log_level; /* SRV_LOG_* (default info) */
+    int log_level;    /* SRV_LOG_* (default info) */
+    int log_json;     /* --log-format json */
+    const char *cors; /* --cors: the allowed origins (a comma-separated list, or *); NULL: off */
     st_engine_params ep;
     cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
                    * (those in c.sp_given) */
@@ -144,6 +146,13 @@ struct srv {
     srv_metrics metrics;
 };
 
+/* main.c: the log. A line at level (SRV_LOG_*) when --log-level lets it through: text
+ * ("spectree serve: MSG", "warning: " before a warning's) or, with --log-format json, an object
+ * {"time": UNIX SECONDS, "level", "msg"}. srv_log_json writes (and frees) an object as a line. */
+void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void srv_log_json(json_t *v);
+double srv_unix_time(void);
+
 /* jobs.c */
 /* The engine thread (pthread entry, arg: the srv): owns the engine until s->stop_engine. */
 void *srv_engine_main(void *arg);
@@ -155,8 +164,9 @@ void srv_job_cancel(srv *s, srv_job *j);
 void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg);
 
 /* reply.c: a job from a checked request (moved into it; 0, or an HTTP status with a message
- * in err and the field in param, both SRV_ERR_CAP bytes), and the JSON of its answer: the finish reason, SGLang's speculative meta_info,
- * usage, a text (valid UTF-8), the whole non-streamed response. */
+ * in err and the field in param, both SRV_ERR_CAP bytes), and the JSON of its answer: the finish
+ * reason, SGLang's speculative meta_info, usage, a text (valid UTF-8), the whole non-streamed
+ * response. */
 unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param);
 const char *srv_finish_reason(const srv_job *j);
 json_t *srv_spec_info(const srv_job *j);
