@@ -113,8 +113,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         if (!w->spoke) {
             static const char m[] =
                 "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
-            ssize_t k = send(w->fd, m, sizeof m - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            fprintf(stderr, "CLOSED probe %zd %s\n", k, k < 0 ? strerror(errno) : "");
+            (void)!send(w->fd, m, sizeof m - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         pthread_mutex_lock(&s->mu);
         s->n_conns--;
