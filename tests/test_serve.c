@@ -64,6 +64,26 @@ static void test_parse_full(void **state) {
     assert_string_equal(r.prompt, "abc");
     srv_request_free(&r);
 
+    /* logprobs: completions' N alternatives, chat's boolean and top_logprobs */
+    assert_int_equal(parse("{\"prompt\": \"x\", \"logprobs\": 3}", 0, &r, err, param), 0);
+    assert_true(r.logprobs && r.top_logprobs == 3);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"prompt\": \"x\", \"logprobs\": 0}", 0, &r, err, param), 0);
+    assert_true(r.logprobs && r.top_logprobs == 0);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"top_logprobs\": 20, \"logprobs\": true}",
+                           1, &r, err, param),
+                     0);
+    assert_true(r.logprobs && r.top_logprobs == 20);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"logprobs\": false, \"top_logprobs\": 0}",
+                           1, &r, err, param),
+                     0);
+    assert_true(!r.logprobs && r.top_logprobs == 0);
+    srv_request_free(&r);
+
     /* chat: string and text-part contents */
     assert_int_equal(parse("{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\":"
                            " \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, "
@@ -150,6 +170,17 @@ static void test_parse_errors(void **state) {
         {0, "{\"prompt\": \"x\", \"metadata\": {\"a\": 1}}", "must be strings", "metadata"},
         {0, "{\"prompt\": \"x\", \"store\": \"yes\"}", "must be a boolean", "store"},
         {0, "{\"prompt\": \"x\", \"tools\": []}", "unknown field 'tools'", "tools"},
+        {0, "{\"prompt\": \"x\", \"logprobs\": 21}", "'logprobs' must be in", "logprobs"},
+        {0, "{\"prompt\": \"x\", \"logprobs\": true}", "must be an integer", "logprobs"},
+        {0, "{\"prompt\": \"x\", \"top_logprobs\": 1}", "unknown field", "top_logprobs"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+         "needs \"logprobs\": true", "top_logprobs"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 1}",
+         "must be a boolean", "logprobs"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, "
+         "\"top_logprobs\": 21}",
+         "must be in", "top_logprobs"},
         {1,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
          "\"function\", \"function\": {\"name\": \"f\"}}]}",

@@ -1,9 +1,9 @@
 // openai_client.mjs: drives `spectree serve` with the official openai npm package (as a user's
 // program would): models.list, completions and chat (plain and streamed, with usage), the
-// neutral fields (accepted, the same answer) and the values refused naming their field, and the
-// errors the client turns into its exception classes. Run by test_serve.py with SPECTREE_URL
-// (".../v1"), SPECTREE_KEY, SPECTREE_MODEL and SPECTREE_WANT (generate's greedy 32 tokens of
-// "Once upon a time"). Exits non-zero with a message on the first failed check.
+// neutral fields (accepted, the same answer) and the values refused naming their field,
+// logprobs, and the errors the client turns into its exception classes. Run by test_serve.py
+// with SPECTREE_URL (".../v1"), SPECTREE_KEY, SPECTREE_MODEL and SPECTREE_WANT (generate's
+// greedy 32 tokens of "Once upon a time"). Exits non-zero with a message on the first failed check.
 import OpenAI from "openai";
 
 const url = process.env.SPECTREE_URL;
@@ -134,6 +134,25 @@ for (const [field, value] of [["echo", true], ["suffix", "The end."], ["best_of"
   }), OpenAI.BadRequestError, 400, `completion ${field}`);
   check(e.param === field, `completion ${field}: the error names ${e.param}`);
 }
+
+// logprobs as the client types them
+const lpChat = await client.chat.completions.create({
+  model, messages: [{ role: "user", content: "Tell me a story" }], max_tokens: 12,
+  temperature: 0, logprobs: true, top_logprobs: 3,
+});
+const lpc = lpChat.choices[0].logprobs.content;
+check(lpc.length === lpChat.usage.completion_tokens, "chat logprobs: one per token");
+check(lpc.map((e) => e.token).join("") === lpChat.choices[0].message.content,
+  "chat logprobs: the tokens make the text");
+check(lpc.every((e) => e.logprob <= 0 && e.top_logprobs.length === 3 &&
+  e.top_logprobs[0].logprob === e.logprob), "chat logprobs: greedy tokens are the most likely");
+const lpCompl = await client.completions.create({
+  model, prompt: "Once upon a time", max_tokens: 32, temperature: 0, logprobs: 2,
+});
+const lpk = lpCompl.choices[0].logprobs;
+check(lpCompl.choices[0].text === want && lpk.tokens.join("") === want &&
+  lpk.token_logprobs.length === 32 && Object.keys(lpk.top_logprobs[0]).length === 2,
+  "completion logprobs");
 
 await expectError(() => client.completions.create({ model, prompt: "x", max_tokens: -1 }),
   OpenAI.BadRequestError, 400, "negative max_tokens");

@@ -22,6 +22,9 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   run; SIGTERM lets running requests finish, then the server exits 0; requests still running at
   --drain-timeout or at a second signal are answered 503 (a stream: an error event and
   [DONE]); SIGHUP drains as SIGTERM does;
+- logprobs (chat's logprobs/top_logprobs, completions' logprobs N), streamed and not: the
+  tokens make the text, the values sorted and <= 0, the same bits from a plain server and
+  from NGRAM and EAGLE servers verifying fixed trees;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error; none: ChatML, with a warning;
 - logging: the start-up lines, one line per request, --log-level, --log-format json (every
@@ -921,6 +924,124 @@ def test_log_format_and_cors():
         c.close()
 
 
+def lp_requests(url):
+    """The answers with logprobs that test_logprobs compares between servers: completions
+    (greedy, seeded, a stop string, streamed) and chat (greedy, streamed)."""
+    rep = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a"
+    out = []
+    for body in [{"prompt": rep, "max_tokens": 48, "temperature": 0, "logprobs": 5},
+                 {"prompt": PROMPT, "max_tokens": 48, "temperature": 0.8, "seed": 7,
+                  "logprobs": 3},
+                 {"prompt": PROMPT, "max_tokens": 100, "temperature": 0, "logprobs": 0,
+                  "stop": ["Lily"]},
+                 {"messages": [{"role": "user", "content": rep}], "max_tokens": 40,
+                  "temperature": 0, "logprobs": True, "top_logprobs": 4},
+                 {"messages": [{"role": "user", "content": "Tell me a story"}],
+                  "max_tokens": 40, "temperature": 0.9, "seed": 3, "logprobs": True}]:
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        code, text = curl(url + path, body)
+        check(code == 200, "%s %s: %d %s" % (path, body, code, text))
+        d = json.loads(text)
+        code, text = curl(url + path, dict(body, stream=True))
+        check(code == 200, "stream: %d" % code)
+        out.append((body, d, sse_events(text)))
+    return out
+
+
+def streamed_logprobs(events, chat):
+    """The logprobs of a stream's chunks, one entry per token, in order."""
+    got = []
+    for e in events:
+        if e["choices"] and e["choices"][0]["logprobs"]:
+            l = e["choices"][0]["logprobs"]
+            got += l["content"] if chat else list(zip(l["tokens"], l["token_logprobs"],
+                                                      l["top_logprobs"], l["text_offset"]))
+    return got
+
+
+def test_logprobs():
+    # logprobs of each completion token (the target's log-softmax at its position): the same
+    # bits from a plain server and from NGRAM and EAGLE servers verifying fixed trees
+    fixed = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+             "--speculative-num-draft-tokens", "6"]
+    runs = {}
+    for name, args in [("plain", []),
+                       ("NGRAM", ["--speculative-algorithm", "NGRAM"] + fixed),
+                       ("EAGLE", ["--speculative-algorithm", "EAGLE",
+                                  "--speculative-draft-model-path",
+                                  os.path.join(SRC, "models", "eagle-stories260K")] + fixed)]:
+        with Server(BUILD, MODEL, "--chat-template", "llama-2", "--log-level", "warn",
+                    *args) as s:
+            runs[name] = lp_requests(s.url)
+    for body, d, ev in runs["plain"]:
+        chat = "messages" in body
+        ch = d["choices"][0]
+        lp = ch["logprobs"]
+        text = ch["message"]["content"] if chat else ch["text"]
+        n = d["usage"]["completion_tokens"]
+        top = body.get("top_logprobs", 0) if chat else body["logprobs"]
+        if chat:
+            toks = [e["token"] for e in lp["content"]]
+            vals = [e["logprob"] for e in lp["content"]]
+            tops = [[(t["token"], t["logprob"]) for t in e["top_logprobs"]] for e in lp["content"]]
+            check(all(bytes(e["bytes"]) == e["token"].encode() for e in lp["content"]), "bytes")
+        else:
+            toks, vals = lp["tokens"], lp["token_logprobs"]
+            tops = [list(t.items()) for t in lp["top_logprobs"]]
+            check(lp["text_offset"] == [len("".join(toks[:i]).encode()) for i in range(len(toks))],
+                  "text_offset: %s" % lp["text_offset"])
+        check("".join(toks) == text, "%s: the tokens %r do not make the text %r" % (body, toks, text))
+        check(len(toks) == n or body.get("stop"), "%s: %d tokens for %d" % (body, len(toks), n))
+        check(all(v <= 0 for v in vals) and all(len(t) <= top for t in tops), "values %s" % vals)
+        for v, t in zip(vals, tops):
+            check(all(t[i][1] >= t[i + 1][1] for i in range(len(t) - 1)), "top order: %s" % t)
+            check(not t or t[0][1] >= v, "the best is at least the token: %s %s" % (v, t))
+            if body["temperature"] == 0 and t:
+                check(t[0][1] == v, "greedy: the token is the most likely: %s %s" % (v, t))
+            check(sum(2.718281828459045 ** x for _, x in t) <= 1 + 1e-6, "mass of %s" % t)
+        if top:
+            check(any(len(t) == top for t in tops), "%s: top lists of %d" % (body, top))
+        # streamed: the chunks' logprobs add up to the whole answer's
+        want = lp["content"] if chat else list(zip(lp["tokens"], lp["token_logprobs"],
+                                                   lp["top_logprobs"], lp["text_offset"]))
+        got = streamed_logprobs(ev, chat)
+        check(got == want, "%s: streamed logprobs differ:\n%s\n%s" % (body, got, want))
+    for name in ("NGRAM", "EAGLE"):
+        spec = 0
+        for (body, d0, ev0), (_, d1, ev1) in zip(runs["plain"], runs[name]):
+            c0, c1 = d0["choices"][0], d1["choices"][0]
+            check(c0["logprobs"] == c1["logprobs"] and c0.get("text") == c1.get("text") and
+                  c0.get("message") == c1.get("message"),
+                  "%s: %s logprobs differ from plain decoding's" % (name, body))
+            check(streamed_logprobs(ev0, "messages" in body) ==
+                  streamed_logprobs(ev1, "messages" in body),
+                  "%s: %s streamed logprobs differ from plain decoding's" % (name, body))
+            mi = d1["meta_info"]
+            spec += sum(mi["spec_accept_histogram"][1:])
+            check(mi["spec_steps"] > 0, "%s: no tree verified for %s" % (name, body))
+        check(spec > 0, "%s accepted no draft token" % name)
+    # refused: the field named
+    with Server(BUILD, MODEL, "--log-level", "warn") as s:
+        for path, b, field in [
+                ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
+                ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+                ("/v1/chat/completions", {"logprobs": False, "top_logprobs": -1}, "top_logprobs"),
+                ("/v1/completions", {"logprobs": 21}, "logprobs"),
+                ("/v1/completions", {"logprobs": True}, "logprobs"),
+                ("/v1/completions", {"top_logprobs": 2}, "top_logprobs")]:
+            b = dict(b, max_tokens=2)
+            b.update({"messages": [{"role": "user", "content": "x"}]} if "chat" in path
+                     else {"prompt": "x"})
+            code, text = curl(s.url + path, b)
+            check(code == 400 and json.loads(text)["error"]["param"] == field,
+                  "%s %s: %d %s" % (path, b, code, text))
+        code, text = curl(s.url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": False,
+            "top_logprobs": 0})
+        check(code == 200 and json.loads(text)["choices"][0]["logprobs"] is None, text)
+
+
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -1211,6 +1332,7 @@ def main():
     run_tests([("startup errors", test_startup_errors),
                ("logging and llama.cpp's flags", test_logging_and_llama_flags),
                ("--log-format json, --cors", test_log_format_and_cors),
+               ("logprobs, with and without speculation", test_logprobs),
                ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
                ("a second signal, SIGHUP", test_signals),

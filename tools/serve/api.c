@@ -424,15 +424,6 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
     return 0;
 }
 
-/* logprobs: false (chat), 0 (completions) or null, top_logprobs 0 or null: the default. */
-static int neutral(const json_t *v, const char *k, char *err, char *param) {
-    int ok =
-        json_is_null(v) || json_is_false(v) || (json_is_integer(v) && json_integer_value(v) == 0);
-    if (!ok)
-        return fail(err, param, k, "'%s' is not supported by this server (only its default)", k);
-    return 0;
-}
-
 /* A sampling field: key k (the OpenAI name), shown as name in messages and param. Returns 1
  * when k is not one, 0 when read into r, -1 when refused. null is the field's default. */
 static int sampling_field(const char *k, const char *name, const json_t *v, srv_request *r,
@@ -486,7 +477,7 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     const char *k;
     json_t *v;
     const json_t *stream_options = NULL;
-    int have_input = 0;
+    int have_input = 0, top_given = 0;
     json_object_foreach(root, k, v) {
         int sf = 1;
         if (!strcmp(k, "model")) {
@@ -511,9 +502,20 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
                 return -1;
         } else if (!strcmp(k, "stream_options")) {
             stream_options = v;
-        } else if (!strcmp(k, "logprobs") || (chat && !strcmp(k, "top_logprobs"))) {
-            if (neutral(v, k, err, param))
+        } else if (!strcmp(k, "logprobs") && chat) { /* chat: a boolean, top_logprobs N */
+            if (!json_is_null(v) && get_bool(v, k, &r->logprobs, err, param))
                 return -1;
+        } else if (!strcmp(k, chat ? "top_logprobs" : "logprobs")) {
+            /* completions' logprobs: N alternatives (0: the token's own only) */
+            json_int_t i;
+            if (json_is_null(v))
+                continue;
+            if (get_int(v, k, 0, ST_MAX_TOP_LOGPROBS, &i, err, param))
+                return -1;
+            r->top_logprobs = (int)i;
+            if (!chat)
+                r->logprobs = 1;
+            top_given = 1;
         } else {
             int nf = neutral_field(k, v, chat, err, param);
             if (nf < 0)
@@ -525,6 +527,8 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     if (!have_input)
         return fail(err, param, chat ? "messages" : "prompt", "'%s' is required",
                     chat ? "messages" : "prompt");
+    if (chat && top_given && r->top_logprobs > 0 && !r->logprobs)
+        return fail(err, param, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
     if (stream_options && !json_is_null(stream_options)) {
         if (!r->stream)
             return fail(err, param, "stream_options",

@@ -64,7 +64,10 @@ typedef struct srv_request {
     char *stops[SRV_MAX_STOPS];
     int n_stops;
     int stream, include_usage;
-    int sglang; /* SGLang's /generate (srv_generate_parse): its answer's shape */
+    int logprobs;     /* each completion token's log-probability (chat: "logprobs": true;
+                       * completions: "logprobs": N) */
+    int top_logprobs; /* with it the N most likely tokens (0..ST_MAX_TOP_LOGPROBS) */
+    int sglang;       /* SGLang's /generate (srv_generate_parse): its answer's shape */
 } srv_request;
 
 /* Parses and checks a request body for /v1/completions (chat 0) or /v1/chat/completions

@@ -364,13 +364,21 @@ static int sse_add(srv_job *j, json_t *v) {
     return 0;
 }
 
-static json_t *chunk(const srv_job *j, json_t *delta_or_text, const char *finish) {
-    json_t *choice;
+/* A chunk of a stream: its text, and the log-probabilities of the tokens it completes (with
+ * the request's logprobs: records [j->n_lp_sent, lp_to), which it then counts as sent; null
+ * when there are none). */
+static json_t *chunk(srv_job *j, json_t *delta_or_text, const char *finish, int64_t lp_to) {
+    json_t *choice, *lp = json_null();
+    if (j->req.logprobs && lp_to > j->n_lp_sent) {
+        json_decref(lp);
+        lp = srv_logprobs_json(j->srv, j, j->n_lp_sent, lp_to);
+        j->n_lp_sent = lp_to;
+    }
     if (j->req.chat)
-        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "delta", delta_or_text, "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", 0, "delta", delta_or_text, "logprobs", lp,
                            "finish_reason", finish);
     else
-        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "text", delta_or_text, "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", 0, "text", delta_or_text, "logprobs", lp,
                            "finish_reason", finish);
     json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object",
                           j->req.chat ? "chat.completion.chunk" : "text_completion", "created",
@@ -388,14 +396,18 @@ static json_t *text_piece(const srv_job *j, const char *t, size_t n) {
 static int sse_fill(srv_job *j) {
     int rc = 0;
     if (j->req.chat && !j->sent_role) {
-        rc |=
-            sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+        rc |= sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL,
+                               j->n_lp_sent));
         j->sent_role = 1;
     }
     size_t avail =
         j->text ? j->n_sent + srv_utf8_valid_prefix(j->text + j->n_sent, j->n_text - j->n_sent) : 0;
     if (avail > j->n_sent) {
-        rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL));
+        int64_t to = j->req.logprobs ? srv_logprobs_upto(j, avail) : 0;
+        if (j->done && to > srv_logprobs_kept(j))
+            to = srv_logprobs_kept(j);
+        rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL,
+                               to > j->n_lp_sent ? to : j->n_lp_sent));
         j->n_sent = avail;
     }
     if ((!j->done && !j->cut) || rc)
@@ -406,8 +418,9 @@ static int sse_fill(srv_job *j) {
         json_t *e = srv_error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
         rc |= sse_add(j, e);
     } else {
-        json_t *last =
-            chunk(j, j->req.chat ? json_object() : json_string(""), srv_finish_reason(j));
+        const int64_t kept = j->req.logprobs ? srv_logprobs_kept(j) : 0;
+        json_t *last = chunk(j, j->req.chat ? json_object() : json_string(""), srv_finish_reason(j),
+                             kept > j->n_lp_sent ? kept : j->n_lp_sent);
         if (last)
             json_object_set_new(last, "meta_info", srv_spec_info(j));
         rc |= sse_add(j, last);

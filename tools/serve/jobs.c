@@ -24,6 +24,7 @@ void srv_job_release(srv *s, srv_job *j) {
         return;
     free(j->prompt);
     free(j->text);
+    free(j->lps);
     srv_stopper_free(&j->stopper);
     srv_request_free(&j->req);
     pthread_cond_destroy(&j->cv);
@@ -63,6 +64,27 @@ static int job_text(srv_job *j, const char *t, size_t n, int final) {
 
 _Static_assert(SRV_MAX_WAKE >= ST_GEN_MAX_BATCH, "a step's emitting jobs fit the wake list");
 
+/* Engine thread, just before on_emit of the same token: its log-probabilities (its text's place
+ * is filled in by on_emit). */
+static void on_logprobs(void *user, const st_token_logprobs *lp) {
+    srv_job *j = user;
+    srv *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    if (j->n_lps == j->cap_lps) {
+        int64_t cap = j->cap_lps ? j->cap_lps * 2 : 64;
+        srv_lp *b = realloc(j->lps, (size_t)cap * sizeof *b);
+        if (!b) {
+            j->oom = 1;
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        j->lps = b;
+        j->cap_lps = cap;
+    }
+    j->lps[j->n_lps++] = (srv_lp){*lp, j->last_tok, j->n_raw, 0};
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Engine thread, inside st_engine_step. */
 static int on_emit(void *user, int32_t token) {
     srv_job *j = user;
@@ -75,10 +97,16 @@ static int on_emit(void *user, int32_t token) {
             j->t_first = now;
         j->n_gen++;
         size_t nb = 0;
-        if (st_detok_push(&j->detok, token, j->tok_buf, j->tok_cap, &nb) != ST_OK)
+        if (st_detok_push(&j->detok, token, j->tok_buf, j->tok_cap, &nb) != ST_OK) {
+            nb = 3;
             stop = job_text(j, "\xEF\xBF\xBD", 3, 0);
-        else if (nb)
+        } else if (nb) {
             stop = job_text(j, j->tok_buf, nb, 0);
+        }
+        if (j->req.logprobs && j->n_lps == j->n_gen)
+            j->lps[j->n_lps - 1].len = nb;
+        j->n_raw += nb;
+        j->last_tok = token;
         if (!j->wake_pending && s->n_wake < SRV_MAX_WAKE) { /* woken after the step */
             s->wake[s->n_wake++] = j;
             j->wake_pending = 1;
@@ -148,9 +176,12 @@ static void on_finish(void *user, const st_request_stats *st) {
     snprintf(j->error, sizeof j->error, "%s", msg);
     if (st->status == ST_OK && !j->stopper.stopped && !j->cancelled) {
         size_t nb = 0;
-        if (st_detok_flush(&j->detok, j->tok_buf, j->tok_cap, &nb) == ST_OK)
+        if (st_detok_flush(&j->detok, j->tok_buf, j->tok_cap, &nb) == ST_OK) {
             job_text(j, j->tok_buf, nb, 1);
-        else
+            if (j->n_lps > 0 && j->lps[j->n_lps - 1].off + j->lps[j->n_lps - 1].len == j->n_raw)
+                j->lps[j->n_lps - 1].len += nb; /* the held bytes of the last token */
+            j->n_raw += nb;
+        } else
             job_text(j, "", 0, 1);
     }
     j->t_done = st_time_seconds();
@@ -205,7 +236,10 @@ void *srv_engine_main(void *arg) {
         while (pend) {
             srv_job *j = pend;
             pend = j->next;
-            st_request_params rp = {.n_predict = j->n_predict, .sampler = j->req.sp};
+            st_request_params rp = {.n_predict = j->n_predict,
+                                    .sampler = j->req.sp,
+                                    .on_logprobs = j->req.logprobs ? on_logprobs : NULL,
+                                    .top_logprobs = j->req.top_logprobs};
             uint64_t id = 0;
             st_status rc = st_engine_submit(s->engine, j->prompt, j->n_prompt, &rp, on_emit,
                                             on_finish, j, &id);

@@ -54,6 +54,105 @@ json_t *srv_text_str(const char *t, size_t n) {
     return v ? v : json_string("\xEF\xBF\xBD");
 }
 
+int64_t srv_logprobs_kept(const srv_job *j) {
+    int64_t n = j->n_lps;
+    while (j->stopper.stopped && n > 0 && j->lps[n - 1].off >= j->n_text)
+        n--;
+    return n;
+}
+
+int64_t srv_logprobs_upto(const srv_job *j, size_t upto) {
+    int64_t n = 0;
+    while (n < j->n_lps && j->lps[n].off < upto && j->lps[n].off + j->lps[n].len <= upto)
+        n++;
+    return n;
+}
+
+static json_t *bytes_json(const char *p, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+/* A string of n bytes that may not be whole UTF-8 (an alternative that only begins a
+ * character): its valid prefix, then U+FFFD for the rest (its bytes say exactly). */
+static json_t *lossy_str(const char *p, size_t n) {
+    const size_t ok = srv_utf8_valid_prefix(p, n);
+    if (ok == n)
+        return srv_text_str(p, n);
+    char buf[64];
+    const size_t k = ok < sizeof buf - 4 ? ok : sizeof buf - 4;
+    memcpy(buf, p, k);
+    memcpy(buf + k, "\xEF\xBF\xBD", 3);
+    return srv_text_str(buf, k + 3);
+}
+
+json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to) {
+    const int chat = j->req.chat;
+    const size_t cap = st_detok_max_bytes(s->tok) + 4;
+    char *buf = malloc(cap);
+    json_t *content = json_array(), *tokens = json_array(), *lps = json_array(),
+           *tops = json_array(), *offs = json_array();
+    if (!buf || !content || !tokens || !lps || !tops || !offs)
+        goto fail;
+    for (int64_t i = from; i < to; i++) {
+        const srv_lp *r = &j->lps[i];
+        const size_t off = r->off < j->n_text ? r->off : j->n_text;
+        const size_t len = r->off + r->len <= j->n_text ? r->len : j->n_text - off;
+        const char *t = j->text ? j->text + off : "";
+        json_t *top = chat ? json_array() : json_object();
+        for (int k = 0; top && k < r->lp.n_top; k++) {
+            /* an alternative's text in the same place: after the token before it */
+            st_detok d;
+            size_t nb = 0;
+            st_detok_init(&d, s->tok);
+            st_detok_set_prev(&d, r->prev);
+            if (st_detok_push(&d, r->lp.top_token[k], buf, cap, &nb) != ST_OK)
+                nb = 0;
+            if (d.n_pend <= cap - nb) {
+                memcpy(buf + nb, d.pend, d.n_pend);
+                nb += d.n_pend;
+            }
+            if (chat) {
+                json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", lossy_str(buf, nb),
+                                                     "logprob", (double)r->lp.top_logprob[k],
+                                                     "bytes", bytes_json(buf, nb)));
+            } else {
+                json_t *key = lossy_str(buf, nb);
+                if (key && !json_object_get(top, json_string_value(key)))
+                    json_object_set_new(top, json_string_value(key),
+                                        json_real((double)r->lp.top_logprob[k]));
+                json_decref(key);
+            }
+        }
+        if (chat) {
+            json_array_append_new(content,
+                                  json_pack("{s:o,s:f,s:o,s:o}", "token", srv_text_str(t, len),
+                                            "logprob", (double)r->lp.logprob, "bytes",
+                                            bytes_json(t, len), "top_logprobs", top));
+        } else {
+            json_array_append_new(tokens, srv_text_str(t, len));
+            json_array_append_new(lps, json_real((double)r->lp.logprob));
+            json_array_append_new(tops, top);
+            json_array_append_new(offs, json_integer((json_int_t)off));
+        }
+    }
+    free(buf);
+    if (chat) {
+        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offs);
+        return json_pack("{s:o,s:n}", "content", content, "refusal");
+    }
+    json_decref(content);
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                     tops, "text_offset", offs);
+fail:
+    free(buf);
+    json_decref(content), json_decref(tokens), json_decref(lps), json_decref(tops);
+    json_decref(offs);
+    return NULL;
+}
+
 /* SGLang's /generate answer: the text and meta_info (ids, token counts, finish_reason as an
  * object: {"type": "length", "length": N} or {"type": "stop"} with "matched": the stop string,
  * and the speculative fields). */
@@ -82,13 +181,15 @@ json_t *srv_full_response(const srv_job *j) {
     if (j->req.sglang)
         return sglang_response(j);
     json_t *choice;
+    json_t *lp =
+        j->req.logprobs ? srv_logprobs_json(j->srv, j, 0, srv_logprobs_kept(j)) : json_null();
     if (j->req.chat)
-        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
+        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", 0, "message", "role", "assistant",
                            "content", srv_text_str(j->text ? j->text : "", j->n_text), "logprobs",
-                           "finish_reason", srv_finish_reason(j));
+                           lp, "finish_reason", srv_finish_reason(j));
     else
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text",
-                           srv_text_str(j->text ? j->text : "", j->n_text), "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text",
+                           srv_text_str(j->text ? j->text : "", j->n_text), "logprobs", lp,
                            "finish_reason", srv_finish_reason(j));
     return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:o}", "id", j->id, "object",
                      j->req.chat ? "chat.completion" : "text_completion", "created",
@@ -247,6 +348,7 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char
     if (!code) {
         st_detok_init(&j->detok, s->tok);
         st_detok_set_prev(&j->detok, j->prompt[j->n_prompt - 1]);
+        j->last_tok = j->prompt[j->n_prompt - 1];
         if (!j->req.seed_set) { /* a fresh seed per request */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);

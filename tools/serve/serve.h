@@ -66,6 +66,15 @@ typedef struct srv_metrics {
 
 typedef struct srv srv;
 
+/* A completion token's log-probabilities, and where its text is in the answer. */
+typedef struct srv_lp {
+    st_token_logprobs lp;
+    int32_t prev;    /* the token before it: the context of the alternatives' text */
+    size_t off, len; /* its text: bytes [off, off + len) of the text before stop strings cut it
+                      * (0 bytes for a token that only begins a character; the one that
+                      * completes it has the whole character) */
+} srv_lp;
+
 typedef struct srv_job {
     srv *srv;
     struct srv_job *next; /* pending list */
@@ -85,6 +94,10 @@ typedef struct srv_job {
     char *text; /* released text (stop strings cut) */
     size_t n_text, cap_text;
     int64_t n_gen;
+    srv_lp *lps; /* (n_lps) req.logprobs: one per completion token */
+    int64_t n_lps, cap_lps;
+    size_t n_raw;     /* bytes the detokenizer has written (before stop strings) */
+    int32_t last_tok; /* the last token emitted (or of the prompt) */
     int done, cancelled, refused, oom;
     int cut;          /* cut at the drain timeout (answered 503 or with an SSE error event) */
     int wake_pending; /* text added in this engine step, its connection not yet woken */
@@ -95,6 +108,7 @@ typedef struct srv_job {
     pthread_cond_t cv;
     /* streaming state (connection thread only) */
     size_t n_sent;
+    int64_t n_lp_sent; /* log-probabilities streamed */
     int sent_role, sent_final;
     char *sse;
     size_t n_sse, sse_off;
@@ -173,6 +187,14 @@ json_t *srv_spec_info(const srv_job *j);
 json_t *srv_usage_obj(const srv_job *j);
 json_t *srv_text_str(const char *t, size_t n);
 json_t *srv_full_response(const srv_job *j);
+/* With s->mu held: the log-probabilities the answer keeps (a stop string drops the tokens whose
+ * text starts at or after it), those whose text starts before byte `upto` and ends by it, and
+ * the "logprobs" object
+ * of records [from, to): chat's {"content": [...]} or completions' {"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"}. */
+int64_t srv_logprobs_kept(const srv_job *j);
+int64_t srv_logprobs_upto(const srv_job *j, size_t upto);
+json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to);
 
 /* compat.c: the answers of the routes of other servers (status in *code; 400 names the field) */
 json_t *srv_model_obj(const srv *s);
