@@ -1,5 +1,5 @@
 /*
- * test_serve.c: the socket-free side of `spectree serve` (tools/serve/api.c):
+ * test_serve.c: the socket-free side of `spectree serve` (tools/serve/api.c, tmpl.c):
  * - request checking: every field's type and range, unknown fields, malformed JSON, invalid
  *   UTF-8, NUL in strings, duplicate keys, huge numbers each refused with a message naming the
  *   field; a full valid request read back;

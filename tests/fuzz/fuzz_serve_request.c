@@ -1,10 +1,11 @@
 /*
  * fuzz_serve_request.c: libFuzzer target for the request side of `spectree serve`
- * (tools/serve/api.c). The input's first byte picks the endpoint (completions, chat or SGLang's
- * /generate); the rest is the HTTP body. A body that parses must be well-formed (valid UTF-8
- * strings, ranges kept); a chat request is rendered with every template; the text then runs through
- * the stop-string matcher in pieces, and what it releases must be a prefix of the text. Build:
- * CC=clang cmake -S . -B build-fuzz -DST_FUZZ=ON && cmake --build build-fuzz -t fuzz_serve_request
+ * (tools/serve/api.c, tmpl.c). The input's first byte picks the endpoint (completions, chat or
+ * SGLang's /generate); the rest is the HTTP body. A body that parses must be well-formed (valid
+ * UTF-8 strings, ranges kept); a chat request is rendered with every template; the text then runs
+ * through the stop-string matcher in pieces, and what it releases must be a prefix of the text.
+ * Build: CC=clang cmake -S . -B build-fuzz -DST_FUZZ=ON && cmake --build build-fuzz -t
+ * fuzz_serve_request
  */
 #include "serve/api.h"
 

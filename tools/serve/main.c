@@ -1,8 +1,8 @@
 /*
  * main.c: `spectree serve`, an OpenAI-compatible HTTP server over the continuous-batching engine
  * (st_engine_*): its flags, start-up and drain. The engine thread and the jobs are jobs.c's;
- * the HTTP endpoints http.c's, the metrics metrics.c's; request checking, chat templates and
- * stop strings api.c's (no sockets: unit-tested and fuzzed).
+ * the HTTP endpoints http.c's, the metrics metrics.c's; request checking and stop strings
+ * api.c's, chat templates tmpl.c's (no sockets: unit-tested and fuzzed).
  */
 #define _GNU_SOURCE
 #include "serve.h"
