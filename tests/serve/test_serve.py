@@ -443,6 +443,23 @@ def test_routes():
     code, text = post("/generate", {"input_ids": [1] + ids,
                                     "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
     check(code == 200 and json.loads(text)["text"] == want, "/generate input_ids: %s" % text)
+    # return_logprob: SGLang's [logprob, id, text] triples, the values of /v1/completions'
+    code, text = post("/generate", {"text": PROMPT, "return_logprob": True, "top_logprobs_num": 2,
+                                    "return_text_in_logprobs": True,
+                                    "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
+    mi = json.loads(text)["meta_info"]
+    lp = completion(dict(body, logprobs=2))["choices"][0]["logprobs"]
+    out, tops = mi["output_token_logprobs"], mi["output_top_logprobs"]
+    check(code == 200 and [o[0] for o in out] == lp["token_logprobs"] and
+          [o[2] for o in out] == lp["tokens"] and all(len(t) == 2 and t[0][1] == o[1] and
+                                                      t[0][0] == o[0] for t, o in zip(tops, out))
+          and [{t[2]: t[0] for t in tt} for tt in tops] == lp["top_logprobs"],
+          "/generate return_logprob: %s vs %s" % (mi, lp))
+    code, text = post("/generate", {"text": PROMPT, "return_logprob": True,
+                                    "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    mi = json.loads(text)["meta_info"]
+    check(code == 200 and [o[2] for o in mi["output_token_logprobs"]] == [None] * 3 and
+          mi["output_top_logprobs"] == [None] * 3, "/generate return_logprob, no text: %s" % mi)
     stop_want = generate(BUILD, MODEL, PROMPT, 100, stops=["Lily"])
     code, text = post("/generate", {"text": PROMPT, "sampling_params": {
         "max_new_tokens": 100, "temperature": 0, "stop": ["Lily"]}})
@@ -460,6 +477,8 @@ def test_routes():
                      ({"text": "x", "sampling_params": {"max_new_tokens": 2047}},
                       "sampling_params.max_new_tokens"),
                      ({"text": "x", "stream": True}, "stream"),
+                     ({"text": "x", "logprob_start_len": 0}, "logprob_start_len"),
+                     ({"text": "x", "top_logprobs_num": 21}, "top_logprobs_num"),
                      ({"text": "x", "sampling_params": {"temperature": -1}},
                       "sampling_params.temperature"),
                      ({"text": "x", "sampling_params": {"max_new_tokens": 0}},

@@ -623,13 +623,26 @@ int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, 
             have_input = 1;
         } else if (!strcmp(k, "sampling_params")) {
             rc = json_is_null(v) ? 0 : sglang_sampling(v, r, err, param);
-        } else if (!strcmp(k, "stream") || !strcmp(k, "return_logprob")) {
+        } else if (!strcmp(k, "stream")) {
             int b = 0;
             rc = json_is_null(v) ? 0 : get_bool(v, k, &b, err, param);
             if (!rc && b)
                 rc = fail(err, param, k,
-                          "'%s' is not supported on /generate (only false); /v1/completions has it",
-                          k);
+                          "'stream' is not supported on /generate (only false); "
+                          "/v1/completions streams");
+        } else if (!strcmp(k, "return_logprob") || !strcmp(k, "return_text_in_logprobs")) {
+            int *out = !strcmp(k, "return_logprob") ? &r->logprobs : &r->lp_text;
+            rc = json_is_null(v) ? 0 : get_bool(v, k, out, err, param);
+        } else if (!strcmp(k, "top_logprobs_num")) {
+            json_int_t i = 0;
+            rc = json_is_null(v) ? 0 : get_int(v, k, 0, ST_MAX_TOP_LOGPROBS, &i, err, param);
+            r->top_logprobs = (int)i;
+        } else if (!strcmp(k, "logprob_start_len")) {
+            json_int_t i = -1;
+            rc = json_is_null(v) ? 0 : get_int(v, k, -1, INT32_MAX, &i, err, param);
+            if (!rc && i != -1)
+                rc = fail(err, param, k,
+                          "'logprob_start_len' is not supported (only -1: no prompt logprobs)");
         } else if (!strcmp(k, "rid")) {
             if (!json_is_string(v) && !json_is_null(v))
                 rc = fail(err, param, k, "'rid' must be a string, not %s", type_name(v));

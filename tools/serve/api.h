@@ -67,6 +67,7 @@ typedef struct srv_request {
     int logprobs;     /* each completion token's log-probability (chat: "logprobs": true;
                        * completions: "logprobs": N) */
     int top_logprobs; /* with it the N most likely tokens (0..ST_MAX_TOP_LOGPROBS) */
+    int lp_text;      /* SGLang's return_text_in_logprobs */
     int sglang;       /* SGLang's /generate (srv_generate_parse): its answer's shape */
 } srv_request;
 
@@ -81,8 +82,9 @@ void srv_request_free(srv_request *r);
 
 /* Parses and checks a body for SGLang's /generate: {"text": STRING} or {"input_ids": [ids]},
  * "sampling_params" (max_new_tokens, temperature, top_p, top_k, min_p, stop, sampling_seed; the
- * penalties, n and the token options only at their defaults), "rid"; "stream" and
- * "return_logprob" only false. Into a completion request (sglang set); errors as
+ * penalties, n and the token options only at their defaults), "rid", "return_logprob" with
+ * "top_logprobs_num" and "return_text_in_logprobs" ("logprob_start_len" only -1: no prompt
+ * logprobs); "stream" only false. Into a completion request (sglang set); errors as
  * srv_request_parse's, param naming sampling fields as "sampling_params.NAME". */
 int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, char *param);
 

@@ -88,6 +88,62 @@ static json_t *lossy_str(const char *p, size_t n) {
     return srv_text_str(buf, k + 3);
 }
 
+/* An alternative token's text in a token's place (after the token before it, prev): its bytes,
+ * with those of a character it only begins; buf holds st_detok_max_bytes + 4. */
+static size_t alt_text(const srv *s, int32_t prev, int32_t tok, char *buf, size_t cap) {
+    st_detok d;
+    size_t nb = 0;
+    st_detok_init(&d, s->tok);
+    st_detok_set_prev(&d, prev);
+    if (st_detok_push(&d, tok, buf, cap, &nb) != ST_OK)
+        nb = 0;
+    if (d.n_pend <= cap - nb) {
+        memcpy(buf + nb, d.pend, d.n_pend);
+        nb += d.n_pend;
+    }
+    return nb;
+}
+
+/* The text of record r in the answer: its bytes of j->text, cut where a stop string cut it. */
+static const char *record_text(const srv_job *j, const srv_lp *r, size_t *len) {
+    const size_t off = r->off < j->n_text ? r->off : j->n_text;
+    *len = r->off + r->len <= j->n_text ? r->len : j->n_text - off;
+    return j->text ? j->text + off : "";
+}
+
+/* SGLang's return_logprob: output_token_logprobs [[LOGPROB, ID, TEXT or null], ...] and
+ * output_top_logprobs (top_logprobs_num of them per token, null when 0), added to mi. */
+static void sglang_logprobs(const srv_job *j, json_t *mi) {
+    const srv *s = j->srv;
+    const int text = j->req.lp_text;
+    const size_t cap = st_detok_max_bytes(s->tok) + 4;
+    char *buf = malloc(cap);
+    json_t *out = json_array(), *tops = json_array();
+    const int64_t n = srv_logprobs_kept(j);
+    for (int64_t i = 0; buf && out && tops && i < n; i++) {
+        const srv_lp *r = &j->lps[i];
+        size_t len;
+        const char *t = record_text(j, r, &len);
+        json_array_append_new(out, json_pack("[f,i,o]", (double)r->lp.logprob, r->lp.token,
+                                             text ? srv_text_str(t, len) : json_null()));
+        if (!j->req.top_logprobs) {
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_t *top = json_array();
+        for (int k = 0; top && k < r->lp.n_top; k++) {
+            const size_t nb = text ? alt_text(s, r->prev, r->lp.top_token[k], buf, cap) : 0;
+            json_array_append_new(top, json_pack("[f,i,o]", (double)r->lp.top_logprob[k],
+                                                 r->lp.top_token[k],
+                                                 text ? lossy_str(buf, nb) : json_null()));
+        }
+        json_array_append_new(tops, top);
+    }
+    free(buf);
+    json_object_set_new(mi, "output_token_logprobs", out ? out : json_null());
+    json_object_set_new(mi, "output_top_logprobs", tops ? tops : json_null());
+}
+
 json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to) {
     const int chat = j->req.chat;
     const size_t cap = st_detok_max_bytes(s->tok) + 4;
@@ -98,22 +154,12 @@ json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t 
         goto fail;
     for (int64_t i = from; i < to; i++) {
         const srv_lp *r = &j->lps[i];
-        const size_t off = r->off < j->n_text ? r->off : j->n_text;
-        const size_t len = r->off + r->len <= j->n_text ? r->len : j->n_text - off;
-        const char *t = j->text ? j->text + off : "";
+        size_t len;
+        const char *t = record_text(j, r, &len);
+        const size_t off = (size_t)(t - (j->text ? j->text : t));
         json_t *top = chat ? json_array() : json_object();
         for (int k = 0; top && k < r->lp.n_top; k++) {
-            /* an alternative's text in the same place: after the token before it */
-            st_detok d;
-            size_t nb = 0;
-            st_detok_init(&d, s->tok);
-            st_detok_set_prev(&d, r->prev);
-            if (st_detok_push(&d, r->lp.top_token[k], buf, cap, &nb) != ST_OK)
-                nb = 0;
-            if (d.n_pend <= cap - nb) {
-                memcpy(buf + nb, d.pend, d.n_pend);
-                nb += d.n_pend;
-            }
+            const size_t nb = alt_text(s, r->prev, r->lp.top_token[k], buf, cap);
             if (chat) {
                 json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", lossy_str(buf, nb),
                                                      "logprob", (double)r->lp.top_logprob[k],
@@ -173,6 +219,8 @@ static json_t *sglang_response(const srv_job *j) {
                                          (json_int_t)j->stats.reused_tokens, "finish_reason", fin));
     else
         json_decref(fin);
+    if (mi && j->req.logprobs)
+        sglang_logprobs(j, mi);
     return json_pack("{s:o,s:o}", "text", srv_text_str(j->text ? j->text : "", j->n_text),
                      "meta_info", mi);
 }
