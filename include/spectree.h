@@ -824,13 +824,37 @@ typedef struct st_engine_params {
 
 st_engine_params st_engine_default_params(void);
 
+#define ST_MAX_TOP_LOGPROBS 20 /* most likely tokens reported per position */
+
+/* An emitted token's log-probability and the most likely tokens at its position: the
+ * log-softmax of the target's logits there, before temperature, top-k, top-p and min-p (the
+ * model's own distribution, whatever the sampler then does with it; vLLM's default). Under
+ * speculation a token's logits are bitwise the plain decoding's, so are these values. */
+typedef struct st_token_logprobs {
+    int32_t token;                          /* the emitted token */
+    float logprob;                          /* its log-probability (<= 0) */
+    int32_t n_top;                          /* entries below: the request's top_logprobs */
+    int32_t top_token[ST_MAX_TOP_LOGPROBS]; /* most likely first (ties: lower id first) */
+    float top_logprob[ST_MAX_TOP_LOGPROBS]; /* their log-probabilities, non-increasing */
+} st_token_logprobs;
+
+/* Called with an emitted token's log-probabilities (user: the submit's), just before its emit
+ * callback; lp is valid during the call only. */
+typedef void (*st_request_logprobs_fn)(void *user, const st_token_logprobs *lp);
+
 /* Per-request generation parameters. */
 typedef struct st_request_params {
     int64_t n_predict;         /* most tokens to generate, >= 0 */
     st_sampler_params sampler; /* temp 0 = greedy; a seed makes sampling reproducible */
+    /* Log-probabilities, opt-in: with on_logprobs set, each emitted token's are computed from
+     * the logits it was sampled from and handed to it, with the top_logprobs (0 ..
+     * ST_MAX_TOP_LOGPROBS) most likely tokens. NULL (the default): nothing is computed. The
+     * tokens are the same either way. */
+    st_request_logprobs_fn on_logprobs;
+    int32_t top_logprobs;
 } st_request_params;
 
-/* The engine's defaults: its gen.n_predict and gen.sampler. */
+/* The engine's defaults: its gen.n_predict and gen.sampler, no log-probabilities. */
 st_request_params st_engine_request_defaults(const st_engine *e);
 
 /* Statistics of one request, handed to its finish callback. Times in milliseconds from
@@ -882,7 +906,8 @@ void st_engine_free(st_engine *e);
  *   ST_ERR_RANGE    the prompt can never run: n_prompt >= n_ctx, or its reservation exceeds
  *                   kv_budget;
  *   ST_ERR_INVALID  a bad argument (token id outside the vocabulary, negative n_predict or
- *                   temperature, ...), ST_ERR_NOMEM. */
+ *                   temperature, top_logprobs outside 0..ST_MAX_TOP_LOGPROBS, ...),
+ *                   ST_ERR_NOMEM. */
 st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt,
                            const st_request_params *rp, st_request_emit_fn emit,
                            st_request_finish_fn finish, void *user, uint64_t *id);

@@ -7,7 +7,8 @@
  * fits, bad arguments), admission under the KV budget, prefill chunks that let running streams
  * advance every step, drafters reset on join, finish called exactly once, the KV accounting
  * back at zero, and st_engine_free with requests pending; reuse_prefix (a slot's kept KV
- * prefix) leaves the tokens unchanged.
+ * prefix) leaves the tokens unchanged; opt-in log-probabilities are bitwise the same with and
+ * without speculation and those of the session's logits.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +20,9 @@
 #include "spectree.h"
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static st_model *model, *eagle;
@@ -649,6 +652,160 @@ static void test_free_pending(void **state) {
     assert_string_equal(st_status_str(ST_ERR_BUSY), "busy");
 }
 
+/* What a request's on_logprobs saw. */
+typedef struct lp_rec {
+    st_token_logprobs lp[MAX_TOK];
+    int n;
+    int32_t toks[MAX_TOK]; /* emitted, in order */
+    int n_toks;
+    int with; /* log-probabilities were asked for */
+} lp_rec;
+
+static void rec_logprobs(void *user, const st_token_logprobs *lp) {
+    lp_rec *r = user;
+    if (r->n < MAX_TOK)
+        r->lp[r->n++] = *lp;
+}
+
+static int rec_emit(void *user, int32_t t) {
+    lp_rec *r = user;
+    if (r->with) { /* on_logprobs came just before, for this token */
+        assert_int_equal(r->n, r->n_toks + 1);
+        assert_int_equal(r->lp[r->n_toks].token, t);
+    }
+    if (r->n_toks < MAX_TOK)
+        r->toks[r->n_toks++] = t;
+    return 0;
+}
+
+enum { LP_REQ = 5 };
+
+/* Runs LP_REQ requests together under configuration cfg (a fixed tree: every speculative step
+ * verifies one), with log-probabilities (top: how many alternatives) or without; *spec: the
+ * speculative steps they took. */
+static void run_logprobs(int cfg, int with, int32_t top, lp_rec *out, int64_t *spec) {
+    st_engine_params ep = st_engine_default_params();
+    ep.gen.spec = spec_of(cfg);
+    ep.gen.n_ctx = CTX;
+    ep.max_running = 3;
+    st_engine *e;
+    assert_int_equal(st_engine_create(model, &ep, &e), ST_OK);
+    static req rq[LP_REQ];
+    memset(rq, 0, sizeof rq);
+    for (int i = 0; i < LP_REQ; i++) {
+        st_request_params rp = req_params(i, 0);
+        rp.n_predict = 40;
+        rp.on_logprobs = with ? rec_logprobs : NULL;
+        rp.top_logprobs = top;
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].with = with;
+        assert_int_equal(
+            st_engine_submit(e, prompts[i], n_prompts[i], &rp, rec_emit, NULL, &out[i], NULL),
+            ST_OK);
+    }
+    while (st_engine_running(e) + st_engine_queued(e) > 0)
+        assert_int_equal(st_engine_step(e), ST_OK);
+    st_engine_stats es;
+    st_engine_get_stats(e, &es);
+    *spec = es.spec_steps;
+    st_engine_free(e);
+}
+
+/* Opt-in log-probabilities: one per emitted token, just before it, the tokens unchanged; under
+ * NGRAM and EAGLE with fixed trees bitwise equal to plain decoding's; equal to a log-softmax of
+ * the session's own logits at each position; the top list sorted, headed by the maximum. */
+static void test_logprobs(void **state) {
+    (void)state;
+    static lp_rec plain[LP_REQ], off[LP_REQ], got[LP_REQ];
+    int64_t spec = 0;
+    run_logprobs(0, 1, 5, plain, &spec);
+    assert_int_equal(spec, 0);
+    for (int i = 0; i < LP_REQ; i++) {
+        assert_true(plain[i].n_toks > 0);
+        assert_int_equal(plain[i].n, plain[i].n_toks);
+    }
+    const int cfgs[] = {0, 2, 5}; /* plain, NGRAM fixed, EAGLE fixed */
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        run_logprobs(cfgs[c], 0, 0, off, &spec);
+        run_logprobs(cfgs[c], 1, 5, got, &spec);
+        if (cfgs[c])
+            assert_true(spec > 0); /* trees were verified */
+        for (int i = 0; i < LP_REQ; i++) {
+            assert_int_equal(off[i].n, 0); /* not asked: nothing */
+            assert_int_equal(got[i].n_toks, plain[i].n_toks);
+            assert_memory_equal(got[i].toks, plain[i].toks, sizeof(int32_t) * got[i].n_toks);
+            assert_memory_equal(off[i].toks, plain[i].toks, sizeof(int32_t) * got[i].n_toks);
+            for (int t = 0; t < got[i].n; t++) {
+                const st_token_logprobs *a = &got[i].lp[t], *b = &plain[i].lp[t];
+                assert_int_equal(a->n_top, 5);
+                assert_memory_equal(&a->logprob, &b->logprob, sizeof a->logprob);
+                assert_memory_equal(a->top_token, b->top_token, sizeof a->top_token[0] * 5);
+                assert_memory_equal(a->top_logprob, b->top_logprob, sizeof a->top_logprob[0] * 5);
+            }
+        }
+    }
+    /* against the session: log-softmax of the logits each token was drawn from */
+    st_session_params sp = st_session_default_params();
+    sp.n_ctx = CTX;
+    st_session *s;
+    assert_int_equal(st_session_create(model, &sp, &s), ST_OK);
+    const int32_t V = st_model_get_hparams(model)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    assert_non_null(lg);
+    for (int i = 0; i < LP_REQ; i++) {
+        assert_int_equal(st_session_seq_reset(s, 0), ST_OK);
+        assert_int_equal(st_session_eval(s, 0, prompts[i], (int32_t)n_prompts[i], lg, 1), ST_OK);
+        for (int t = 0; t < plain[i].n; t++) {
+            const st_token_logprobs *a = &plain[i].lp[t];
+            double mx = lg[0], sum = 0.0;
+            int32_t best = 0;
+            for (int32_t v = 0; v < V; v++)
+                if (lg[v] > mx)
+                    mx = lg[v], best = v;
+            for (int32_t v = 0; v < V; v++)
+                sum += exp((double)lg[v] - mx);
+            assert_true(fabs(a->logprob - ((double)lg[a->token] - mx - log(sum))) < 1e-5);
+            assert_true(a->logprob <= 0.0f);
+            assert_int_equal(a->top_token[0], best);
+            double mass = 0.0;
+            for (int k = 0; k < a->n_top; k++) {
+                assert_true(
+                    fabs(a->top_logprob[k] - ((double)lg[a->top_token[k]] - mx - log(sum))) < 1e-5);
+                if (k > 0)
+                    assert_true(a->top_logprob[k] <= a->top_logprob[k - 1]);
+                mass += exp(a->top_logprob[k]);
+            }
+            assert_true(mass <= 1.0 + 1e-6);
+            if (req_params(i, 0).sampler.temp == 0.0f) /* greedy: the most likely token */
+                assert_int_equal(a->token, best);
+            assert_int_equal(st_session_eval(s, 0, &a->token, 1, lg, 1), ST_OK);
+        }
+    }
+    free(lg);
+    st_session_free(s);
+    /* every count of alternatives, and the refusals */
+    for (int32_t top = 0; top <= ST_MAX_TOP_LOGPROBS; top += 10) {
+        run_logprobs(2, 1, top, got, &spec);
+        for (int i = 0; i < LP_REQ; i++)
+            for (int t = 0; t < got[i].n; t++) {
+                assert_int_equal(got[i].lp[t].n_top, top);
+                assert_memory_equal(&got[i].lp[t].logprob, &plain[i].lp[t].logprob, sizeof(float));
+            }
+    }
+    st_engine *e;
+    assert_int_equal(st_engine_create(model, NULL, &e), ST_OK);
+    st_request_params rp = st_engine_request_defaults(e);
+    assert_null(rp.on_logprobs);
+    rp.on_logprobs = rec_logprobs;
+    rp.top_logprobs = ST_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(st_engine_submit(e, prompts[0], n_prompts[0], &rp, NULL, NULL, NULL, NULL),
+                     ST_ERR_INVALID);
+    rp.top_logprobs = -1;
+    assert_int_equal(st_engine_submit(e, prompts[0], n_prompts[0], &rp, NULL, NULL, NULL, NULL),
+                     ST_ERR_INVALID);
+    st_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_staggered_equals_generate),
@@ -659,6 +816,7 @@ int main(void) {
         cmocka_unit_test(test_kv_budget_admission),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_free_pending),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,5 +1,5 @@
 /*
- * test_serve.c: the socket-free side of `spectree serve` (tools/serve/api.c):
+ * test_serve.c: the socket-free side of `spectree serve` (tools/serve/api.c, tmpl.c):
  * - request checking: every field's type and range, unknown fields, malformed JSON, invalid
  *   UTF-8, NUL in strings, duplicate keys, huge numbers each refused with a message naming the
  *   field; a full valid request read back;
@@ -62,6 +62,26 @@ static void test_parse_full(void **state) {
     srv_request_free(&r);
     assert_int_equal(parse("{\"prompt\": [\"abc\"]}", 0, &r, err, param), 0);
     assert_string_equal(r.prompt, "abc");
+    srv_request_free(&r);
+
+    /* logprobs: completions' N alternatives, chat's boolean and top_logprobs */
+    assert_int_equal(parse("{\"prompt\": \"x\", \"logprobs\": 3}", 0, &r, err, param), 0);
+    assert_true(r.logprobs && r.top_logprobs == 3);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"prompt\": \"x\", \"logprobs\": 0}", 0, &r, err, param), 0);
+    assert_true(r.logprobs && r.top_logprobs == 0);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"top_logprobs\": 20, \"logprobs\": true}",
+                           1, &r, err, param),
+                     0);
+    assert_true(r.logprobs && r.top_logprobs == 20);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                           "\"logprobs\": false, \"top_logprobs\": 0}",
+                           1, &r, err, param),
+                     0);
+    assert_true(!r.logprobs && r.top_logprobs == 0);
     srv_request_free(&r);
 
     /* chat: string and text-part contents */
@@ -134,8 +154,57 @@ static void test_parse_errors(void **state) {
          "only allowed with", "stream_options"},
         {0, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"x\": 1}}",
          "unknown field 'stream_options.x'", "stream_options"},
-        {0, "{\"prompt\": \"x\", \"n\": 2}", "not supported", "n"},
+        {0, "{\"prompt\": \"x\", \"n\": 2}", "one choice", "n"},
+        {0, "{\"prompt\": \"x\", \"n\": 0}", "'n' must be in", "n"},
+        {0, "{\"prompt\": \"x\", \"best_of\": 3}", "one choice", "best_of"},
         {0, "{\"prompt\": \"x\", \"echo\": true}", "not supported", "echo"},
+        {0, "{\"prompt\": \"x\", \"echo\": 1}", "must be a boolean", "echo"},
+        {0, "{\"prompt\": \"x\", \"suffix\": \"end\"}", "not supported", "suffix"},
+        {0, "{\"prompt\": \"x\", \"presence_penalty\": 0.5}", "not supported", "presence_penalty"},
+        {0, "{\"prompt\": \"x\", \"frequency_penalty\": -1}", "not supported", "frequency_penalty"},
+        {0, "{\"prompt\": \"x\", \"frequency_penalty\": 3}", "must be in", "frequency_penalty"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": {\"50256\": -100}}", "not supported",
+         "logit_bias"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": []}", "must be an object", "logit_bias"},
+        {0, "{\"prompt\": \"x\", \"user\": 5}", "must be a string", "user"},
+        {0, "{\"prompt\": \"x\", \"metadata\": {\"a\": 1}}", "must be strings", "metadata"},
+        {0, "{\"prompt\": \"x\", \"store\": \"yes\"}", "must be a boolean", "store"},
+        {0, "{\"prompt\": \"x\", \"tools\": []}", "unknown field 'tools'", "tools"},
+        {0, "{\"prompt\": \"x\", \"logprobs\": 21}", "'logprobs' must be in", "logprobs"},
+        {0, "{\"prompt\": \"x\", \"logprobs\": true}", "must be an integer", "logprobs"},
+        {0, "{\"prompt\": \"x\", \"top_logprobs\": 1}", "unknown field", "top_logprobs"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+         "needs \"logprobs\": true", "top_logprobs"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 1}",
+         "must be a boolean", "logprobs"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, "
+         "\"top_logprobs\": 21}",
+         "must be in", "top_logprobs"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+         "\"function\", \"function\": {\"name\": \"f\"}}]}",
+         "not supported", "tools"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+         "\"required\"}",
+         "no tools", "tool_choice"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_object\"}}",
+         "{\"type\": \"json_object\"} is not supported", "response_format"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "\"text\"}",
+         "must be an object", "response_format"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"modalities\": "
+         "[\"text\", \"audio\"]}",
+         "must be [\"text\"]", "modalities"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": false}",
+         "unknown field 'echo'", "echo"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 4}", "one choice",
+         "n"},
         {0, "{\"prompt\": \"x\", \"model\": 1}", "'model' must be a string", "model"},
         {1, "{\"prompt\": \"x\"}", "unknown field 'prompt'", "prompt"},
         {1, "{\"messages\": []}", "must not be empty", "messages"},
@@ -163,6 +232,60 @@ static void test_parse_errors(void **state) {
         }
         assert_null(r.prompt);
         assert_null(r.msgs);
+    }
+}
+
+/* Fields that leave the answer as it is are accepted at those values (and the request reads
+ * as it would without them). */
+static void test_parse_neutral(void **state) {
+    (void)state;
+    static const struct {
+        int chat;
+        const char *fields;
+    } cases[] = {
+        {0, "\"user\": \"u-1\""},
+        {0, "\"metadata\": {\"k\": \"v\"}"},
+        {0, "\"store\": true"},
+        {0, "\"service_tier\": \"auto\""},
+        {0, "\"logit_bias\": {}"},
+        {0, "\"n\": 1"},
+        {0, "\"best_of\": 1"},
+        {0, "\"presence_penalty\": 0"},
+        {0, "\"frequency_penalty\": 0.0"},
+        {0, "\"echo\": false"},
+        {0, "\"suffix\": \"\""},
+        {0, "\"suffix\": null"},
+        {0, "\"logprobs\": null"},
+        {0, "\"stream\": true, \"stream_options\": {\"include_usage\": false, "
+            "\"include_obfuscation\": true}"},
+        {1, "\"parallel_tool_calls\": false"},
+        {1, "\"response_format\": {\"type\": \"text\"}"},
+        {1, "\"tools\": []"},
+        {1, "\"tool_choice\": \"none\""},
+        {1, "\"tools\": [], \"tool_choice\": \"auto\""},
+        {1, "\"modalities\": [\"text\"]"},
+        {1, "\"logprobs\": false"},
+        {1, "\"user\": \"u\", \"metadata\": {}, \"store\": false, \"service_tier\": "
+            "\"default\", \"logit_bias\": {}, \"n\": 1, \"presence_penalty\": 0, "
+            "\"frequency_penalty\": 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{%s, %s, \"max_tokens\": 3}",
+                 cases[i].chat ? "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
+                               : "\"prompt\": \"hi\"",
+                 cases[i].fields);
+        srv_request r;
+        char err[SRV_ERR_CAP], param[SRV_ERR_CAP];
+        if (parse(body, cases[i].chat, &r, err, param) != 0) {
+            fprintf(stderr, "case %zu (%s): %s (param '%s')\n", i, body, err, param);
+            fail();
+        }
+        assert_int_equal(r.max_tokens, 3);
+        assert_int_equal(r.given, 0);
+        assert_int_equal(r.n_stops, 0);
+        assert_int_equal(r.include_usage, 0);
+        srv_request_free(&r);
     }
 }
 
@@ -358,9 +481,10 @@ static void test_utf8(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_full), cmocka_unit_test(test_parse_errors),
-        cmocka_unit_test(test_detect),     cmocka_unit_test(test_render),
-        cmocka_unit_test(test_stops),      cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_parse_full),    cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_parse_neutral), cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_render),        cmocka_unit_test(test_stops),
+        cmocka_unit_test(test_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

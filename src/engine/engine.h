@@ -69,8 +69,10 @@ typedef struct st_gen {
     int64_t *acc;   /* (bs, S+1) accepted path: root, accepted nodes (rows of St+1 this step) */
     int64_t *n_acc; /* (bs) accepted drafts */
     float *logits;  /* (bs, V) a plain step's logits; one row per walked node in verify */
-    void *scratch;  /* the sampler's */
-    void *mem;      /* the one allocation of every array above */
+    st_token_logprobs *lps; /* (bs, N) log-probabilities of the requests that ask: row a of a
+                             * plain step, node x of a verify walk */
+    void *scratch;          /* the sampler's */
+    void *mem;              /* the one allocation of every array above */
 } st_gen;
 
 /* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N) for speculation sp. */
@@ -87,11 +89,13 @@ void st_gen_free(st_gen *g);
 
 /* The target's token for slot b at the node whose logits are lg, at absolute position pos:
  * exactly what plain decoding samples there with the slot's sampler (greedy is st_sample at
- * temp 0). */
-st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out);
+ * temp 0). When the slot's request asks for log-probabilities, they are written to *lp. */
+st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out,
+                              st_token_logprobs *lp);
 
-/* Appends token tok to slot b and emits it; returns nonzero when b is finished. */
-int st_gen_push(st_gen *g, int32_t b, int32_t tok);
+/* Appends token tok to slot b and emits it (lp: its log-probabilities, handed to the request's
+ * on_logprobs first; NULL when it asks for none); returns nonzero when b is finished. */
+int st_gen_push(st_gen *g, int32_t b, int32_t tok, const st_token_logprobs *lp);
 
 /* The engine's totals as st_generate_batch reports them (the times of prefill and generation
  * left to the caller), and the milliseconds spent prefilling. */

@@ -150,6 +150,9 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
     if (!(r.sampler.temp >= 0.0f))
         return st_fail(ST_ERR_INVALID, "engine: sampler temp %g is negative",
                        (double)r.sampler.temp);
+    if (r.top_logprobs < 0 || r.top_logprobs > ST_MAX_TOP_LOGPROBS)
+        return st_fail(ST_ERR_INVALID, "engine: top_logprobs %d outside 0..%d", r.top_logprobs,
+                       ST_MAX_TOP_LOGPROBS);
     if (n_prompt >= e->n_ctx)
         return st_fail(ST_ERR_RANGE,
                        "engine: a prompt of %lld tokens does not fit the context of %d",
@@ -315,7 +318,7 @@ static st_status prefill(st_engine *e, int *ran) {
         *ran = 1;
         int32_t next = 0;
         if (!rc && last && r->rp.n_predict > 0)
-            rc = st_gen_target_token(g, b, g->logits, r->n_prompt, &next);
+            rc = st_gen_target_token(g, b, g->logits, r->n_prompt, &next, g->lps);
         e->prefill_s += st_time_now() - t0;
         if (rc) {
             req_finish(e, r, rc);
@@ -331,7 +334,7 @@ static st_status prefill(st_engine *e, int *ran) {
             g->done[b] = 1;
             r->st.stop_reason = ST_STOP_LENGTH;
         } else {
-            st_gen_push(g, b, next);
+            st_gen_push(g, b, next, g->lps);
         }
     }
     return ST_OK;

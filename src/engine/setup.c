@@ -90,6 +90,7 @@ static void gen_layout(st_gen *g, st_plan *p, int32_t n_ctx) {
     g->acc = st_plan_take(p, B * (size_t)(g->S + 1), sizeof *g->acc);
     g->n_acc = st_plan_take(p, B, sizeof *g->n_acc);
     g->logits = st_plan_take(p, B * V, sizeof *g->logits);
+    g->lps = st_plan_take(p, B * N, sizeof *g->lps);
     g->scratch = st_plan_take(p, st_sample_scratch_size(g->V), 1);
     for (int32_t b = 0; b < g->bs; b++)
         g->hist[b] = st_plan_take(p, (size_t)n_ctx + 1, sizeof *g->hist[b]);

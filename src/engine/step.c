@@ -11,7 +11,36 @@
 
 #include <math.h>
 
-st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out) {
+/* log-softmax of the logits lg (finite) at token tok and at the n most likely tokens: one pass
+ * for the maximum and the n best (st_ranks_before's order), one for the sum of exponentials, in
+ * index order and in double, so the values are a pure function of the logits. */
+static void logprobs(const float *lg, int32_t V, int32_t tok, int32_t n, st_token_logprobs *lp) {
+    float mx = lg[0];
+    int32_t k = 0; /* entries of the top list so far */
+    for (int32_t i = 0; i < V; i++) {
+        mx = lg[i] > mx ? lg[i] : mx;
+        if (k == n &&
+            (n == 0 || !st_ranks_before(lg[i], i, lg[lp->top_token[n - 1]], lp->top_token[n - 1])))
+            continue;
+        int32_t j = k < n ? k++ : n - 1; /* insertion into the sorted list */
+        for (; j > 0 && st_ranks_before(lg[i], i, lg[lp->top_token[j - 1]], lp->top_token[j - 1]);
+             j--)
+            lp->top_token[j] = lp->top_token[j - 1];
+        lp->top_token[j] = i;
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < V; i++)
+        sum += exp((double)lg[i] - (double)mx);
+    const double lse = (double)mx + log(sum);
+    lp->token = tok;
+    lp->logprob = (float)((double)lg[tok] - lse);
+    lp->n_top = k;
+    for (int32_t j = 0; j < k; j++)
+        lp->top_logprob[j] = (float)((double)lg[lp->top_token[j]] - lse);
+}
+
+st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out,
+                              st_token_logprobs *lp) {
     /* NaN or infinity: broken weights, never a token. x * 0 is 0 for finite x and NaN
      * otherwise; eight independent sums (a loop compilers vectorize, as in st_argmax) stay 0
      * unless one is not finite, and only then is the row searched for the culprit. */
@@ -32,7 +61,11 @@ st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos
                                "generate: the logits at position %lld are not finite (token %d "
                                "is %s): the model's weights or activations are broken",
                                (long long)pos, i, isnan(lg[i]) ? "NaN" : "infinite");
-    return st_sample(lg, g->V, &g->req[b]->rp.sampler, pos, g->scratch, out);
+    const st_request_params *rp = &g->req[b]->rp;
+    st_status rc = st_sample(lg, g->V, &rp->sampler, pos, g->scratch, out);
+    if (rc == ST_OK && rp->on_logprobs && lp)
+        logprobs(lg, g->V, *out, rp->top_logprobs, lp);
+    return rc;
 }
 
 /* Ends slot b for reason r; returns 1. */
@@ -42,7 +75,7 @@ static int finish(st_gen *g, int32_t b, st_stop_reason r) {
     return 1;
 }
 
-int st_gen_push(st_gen *g, int32_t b, int32_t tok) {
+int st_gen_push(st_gen *g, int32_t b, int32_t tok, const st_token_logprobs *lp) {
     st_req *r = g->req[b];
     if (st_tokenizer_is_eog(g->m->tok, tok))
         return finish(g, b, ST_STOP_EOS);
@@ -50,6 +83,8 @@ int st_gen_push(st_gen *g, int32_t b, int32_t tok) {
     g->n_gen[b]++;
     g->stats->gen_tokens++;
     r->st.gen_tokens++;
+    if (lp && r->rp.on_logprobs)
+        r->rp.on_logprobs(r->user, lp);
     if (r->emit && r->emit(r->user, tok))
         return finish(g, b, ST_STOP_STOP);
     if (g->n_gen[b] >= r->rp.n_predict)
@@ -81,7 +116,7 @@ static st_status path_target(void *user, int64_t x, int32_t *token) {
     st_status rc = st_session_logits(g->s, x, g->logits);
     return rc ? rc
               : st_gen_target_token(g, g->seqs[x / g->n_cur], g->logits,
-                                    (int64_t)g->positions[x] + 1, token);
+                                    (int64_t)g->positions[x] + 1, token, g->lps + x);
 }
 
 /* Commits active sequence a after the walk: its accepted nodes' KV rows, then the accepted
@@ -101,8 +136,10 @@ static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
                                     st_session_state(g->s, o + acc[i]))))
             return rc;
     const int64_t before = g->n_gen[b];
+    /* token i was the target's at node acc[i-1] (the accepted draft matched it, or the bonus) */
     for (int64_t i = 1; i <= k + 1; i++)
-        if (st_gen_push(g, b, i <= k ? g->tree_tokens[o + acc[i]] : g->pred[o + acc[k]]))
+        if (st_gen_push(g, b, i <= k ? g->tree_tokens[o + acc[i]] : g->pred[o + acc[k]],
+                        g->lps + o + acc[i - 1]))
             break;
     g->stats->spec_steps++;
     g->stats->tree_tokens += n;
@@ -195,9 +232,9 @@ st_status st_gen_plain_step(st_gen *g, int64_t *emitted) {
             return rc;
         int32_t next;
         if ((rc = st_gen_target_token(g, g->seqs[a], g->logits + (size_t)a * (size_t)g->V,
-                                      g->seq_lens[a] + 1, &next)))
+                                      g->seq_lens[a] + 1, &next, g->lps + a)))
             return rc;
-        st_gen_push(g, g->seqs[a], next);
+        st_gen_push(g, g->seqs[a], next, g->lps + a);
         g->stats->plain_steps++;
         g->req[g->seqs[a]]->st.plain_steps++;
         (*emitted)++;

@@ -1,9 +1,9 @@
 /*
  * fuzz_serve_request.c: libFuzzer target for the request side of `spectree serve`
- * (tools/serve/api.c). The input's first byte picks the endpoint (completions or chat); the
- * rest is the HTTP body. A body that parses must be well-formed (valid UTF-8 strings, ranges
- * kept); a chat request is rendered with every template; the text then runs through the
- * stop-string matcher in pieces, and what it releases must be a prefix of the text.
+ * (tools/serve/api.c, tmpl.c). The input's first byte picks the endpoint (completions, chat or
+ * SGLang's /generate); the rest is the HTTP body. A body that parses must be well-formed (valid
+ * UTF-8 strings, ranges kept); a chat request is rendered with every template; the text then runs
+ * through the stop-string matcher in pieces, and what it releases must be a prefix of the text.
  * Build: CC=clang cmake -S . -B build-fuzz -DST_FUZZ=ON && cmake --build build-fuzz -t
  * fuzz_serve_request
  */
@@ -40,15 +40,18 @@ static void check_stops(const srv_request *r, const char *text, size_t n) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1)
         return 0;
-    const int chat = data[0] & 1;
+    const int chat = data[0] & 1, sglang = (data[0] & 2) && !chat;
     srv_request r;
     char err[SRV_ERR_CAP], param[SRV_ERR_CAP];
-    if (srv_request_parse((const char *)data + 1, size - 1, chat, &r, err, param) != 0) {
+    if ((sglang ? srv_generate_parse((const char *)data + 1, size - 1, &r, err, param)
+                : srv_request_parse((const char *)data + 1, size - 1, chat, &r, err, param)) != 0) {
         if (!err[0])
             abort(); /* a refusal always says why */
         return 0;
     }
     if (r.sp.temp < 0 || r.sp.top_p <= 0 || r.sp.top_p > 1 || r.sp.min_p < 0 || r.sp.min_p > 1)
+        abort();
+    if (r.top_logprobs < 0 || r.top_logprobs > ST_MAX_TOP_LOGPROBS || r.sglang != sglang)
         abort();
     if (r.prompt) {
         if (srv_utf8_valid_prefix(r.prompt, r.prompt_len) != r.prompt_len)

@@ -6,6 +6,12 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - completions and chat, greedy and seeded sampling, stop strings, token-id prompts: the text
   equals `spectree generate` with the same parameters (the server speculates with NGRAM);
 - streaming: the deltas add up to the non-streamed text, usage chunk, [DONE];
+- the routes users script against: /completions and /chat/completions without /v1,
+  /v1/models/ID (404 in OpenAI's shape), llama-server's /tokenize, /detokenize and /props,
+  SGLang's /generate, /server_info and /get_model_info, each with its bad input refused;
+- the neutral fields (user, metadata, store, tools: [], n: 1, ...) are accepted and change
+  nothing; values that would change the answer (n: 2, a penalty, a bias, json_object, a tool)
+  are refused with a 400 naming the field (curl and the openai npm client);
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
   bodies and prompts each get their status and an OpenAI error object; so do malformed request
   lines, a %00 in the path, a missing Host and two different Content-Length headers (400);
@@ -16,10 +22,15 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   run; SIGTERM lets running requests finish, then the server exits 0; requests still running at
   --drain-timeout or at a second signal are answered 503 (a stream: an error event and
   [DONE]); SIGHUP drains as SIGTERM does;
+- logprobs (chat's logprobs/top_logprobs, completions' logprobs N), streamed and not: the
+  tokens make the text, the values sorted and <= 0, the same bits from a plain server and
+  from NGRAM and EAGLE servers verifying fixed trees;
 - chat templates from a GGUF and from a Hugging Face directory's tokenizer_config.json (its
   list-of-templates form too); an unknown one is a startup error; none: ChatML, with a warning;
 - logging: the start-up lines, one line per request, auto's drafting state when it changes (and
-  its gauges in /metrics), --log-level; llama.cpp's flags (-np,
+  its gauges in /metrics), --log-level, --log-format json (every line an object, the request's
+  fields by name); --cors (the origin on answers and streams, preflights answered 204, other
+  origins not); llama.cpp's flags (-np,
   -n -1, GPU-only flags) and SPECTREE_ARG_<FLAG> variables on a running server;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
@@ -287,6 +298,203 @@ def test_errors():
         check(want in e["message"] and e["type"], "%r: %s" % (raw[:40], e))
     m = metrics(srv.url)
     check(m['spectree_http_requests_total{code="400"}'] >= len(cases) - 1, "400s counted")
+
+
+# Fields that do not change the answer at these values, accepted; each changes nothing
+NEUTRAL_BOTH = [("user", "u-1"), ("metadata", {"team": "a"}), ("store", True),
+                ("store", False), ("service_tier", "auto"), ("logit_bias", {}), ("n", 1),
+                ("presence_penalty", 0), ("frequency_penalty", 0.0), ("logprobs", None)]
+NEUTRAL_COMPLETION = [("echo", False), ("suffix", None), ("suffix", ""), ("best_of", 1),
+                      ("logprobs", None)]
+NEUTRAL_CHAT = [("parallel_tool_calls", True), ("response_format", {"type": "text"}),
+                ("tools", []), ("tool_choice", "none"), ("tool_choice", "auto"),
+                ("modalities", ["text"]), ("logprobs", False)]
+# Values that would change the answer and are not implemented: 400 naming the field
+REFUSED_BOTH = [("n", 2), ("presence_penalty", 0.5), ("frequency_penalty", -0.1),
+                ("logit_bias", {"42": 5})]
+REFUSED_COMPLETION = [("echo", True), ("suffix", " The end."), ("best_of", 2)]
+REFUSED_CHAT = [("response_format", {"type": "json_object"}),
+                ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+                ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+                ("tool_choice", "required"), ("modalities", ["text", "audio"])]
+
+
+def test_neutral_fields():
+    base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    cbase = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12,
+             "temperature": 0}
+    want = completion(base)["choices"][0]["text"]
+    code, text = post("/v1/chat/completions", cbase)
+    check(code == 200, "chat: %d %s" % (code, text))
+    cwant = json.loads(text)["choices"][0]["message"]["content"]
+    for path, b, fields, refused, get in [
+            ("/v1/completions", base, NEUTRAL_BOTH + NEUTRAL_COMPLETION,
+             REFUSED_BOTH + REFUSED_COMPLETION, lambda d: d["choices"][0]["text"]),
+            ("/v1/chat/completions", cbase, NEUTRAL_BOTH + NEUTRAL_CHAT,
+             REFUSED_BOTH + REFUSED_CHAT, lambda d: d["choices"][0]["message"]["content"])]:
+        w = want if "chat" not in path else cwant
+        for k, v in fields:
+            code, text = post(path, dict(b, **{k: v}))
+            check(code == 200, "%s %s=%r: %d %s" % (path, k, v, code, text))
+            check(get(json.loads(text)) == w, "%s %s=%r changed the answer" % (path, k, v))
+        # all of them at once, and streamed with stream_options
+        allf = dict(b, **{k: v for k, v in fields})
+        code, text = post(path, allf)
+        check(code == 200 and get(json.loads(text)) == w, "%s all neutral: %s" % (path, text))
+        code, text = post(path, dict(allf, stream=True, stream_options={
+            "include_usage": True, "include_obfuscation": False}))
+        ev = sse_events(text)
+        check(code == 200 and ev[-1]["usage"]["completion_tokens"] == 12,
+              "%s streamed with every neutral field: %s" % (path, ev[-1]))
+        for k, v in refused:
+            code, text = post(path, dict(b, **{k: v}))
+            check(code == 400, "%s %s=%r: %d, want 400" % (path, k, v, code))
+            e = json.loads(text)["error"]
+            check(e["param"] == k and k in e["message"] and e["type"] == "invalid_request_error",
+                  "%s %s=%r: %s" % (path, k, v, e))
+    # a chat field on completions (and back) stays an unknown field
+    for path, b, k, v in [("/v1/completions", base, "tools", []),
+                          ("/v1/chat/completions", cbase, "echo", False)]:
+        code, text = post(path, dict(b, **{k: v}))
+        check(code == 400 and "unknown field" in text and json.loads(text)["error"]["param"] == k,
+              "%s %s: %d %s" % (path, k, code, text))
+
+
+def test_routes():
+    # OpenAI's routes without /v1 (llama-server's), a model by id, 404 in OpenAI's shape
+    body = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0}
+    want = completion(body)["choices"][0]["text"]
+    code, text = post("/completions", body)
+    check(code == 200 and json.loads(text)["choices"][0]["text"] == want, "/completions: %s" % text)
+    cbody = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+    code, text = post("/chat/completions", cbody)
+    code1, text1 = post("/v1/chat/completions", cbody)
+    check(code == code1 == 200 and json.loads(text)["choices"][0]["message"] ==
+          json.loads(text1)["choices"][0]["message"], "/chat/completions: %s" % text)
+    for path in ("/v1/models/stories", "/models/stories"):
+        code, text = curl(srv.url + path, key=KEY)
+        d = json.loads(text)
+        check(code == 200 and d["id"] == "stories" and d["object"] == "model", "%s: %s" % (path, text))
+    code, text = curl(srv.url + "/v1/models/gpt-4o", key=KEY)
+    e = json.loads(text)["error"]
+    check(code == 404 and e["code"] == "model_not_found" and e["param"] == "model" and
+          "gpt-4o" in e["message"] and e["type"] == "invalid_request_error", "unknown model: %s" % text)
+    code, text = curl(srv.url + "/models")
+    check(code == 401, "/models without the key: %d" % code)
+    # llama-server's /tokenize and /detokenize
+    ids = [int(i) for i in subprocess.run(
+        [os.path.join(BUILD, "spectree"), "tokenize", "-m", MODEL, PROMPT],
+        capture_output=True, check=True).stdout.split()]
+    code, text = post("/tokenize", {"content": PROMPT})
+    check(code == 200 and json.loads(text) == {"tokens": ids}, "/tokenize: %s vs %s" % (text, ids))
+    code, text = post("/tokenize", {"content": PROMPT, "add_special": True})
+    check(code == 200 and json.loads(text)["tokens"] == [1] + ids, "/tokenize add_special: %s" % text)
+    code, text = post("/tokenize", {"content": PROMPT, "with_pieces": True})
+    pieces = json.loads(text)["tokens"]
+    check([p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == " " + PROMPT,
+          "/tokenize with_pieces: %s" % text)
+    code, text = post("/tokenize", {"content": ""})
+    check(code == 200 and json.loads(text) == {"tokens": []}, "/tokenize of nothing: %s" % text)
+    code, text = post("/detokenize", {"tokens": [1] + ids})
+    check(code == 200 and json.loads(text) == {"content": PROMPT}, "/detokenize: %s" % text)
+    code, text = post("/detokenize", {"tokens": []})
+    check(code == 200 and json.loads(text) == {"content": ""}, "/detokenize of nothing: %s" % text)
+    for path, b, field in [("/tokenize", {}, "content"), ("/tokenize", {"content": 5}, "content"),
+                           ("/tokenize", {"content": "x", "add_special": "yes"}, "add_special"),
+                           ("/tokenize", {"content": "x", "frob": 1}, "frob"),
+                           ("/detokenize", {"tokens": [1, 512]}, "tokens"),
+                           ("/detokenize", {"tokens": [-1]}, "tokens"),
+                           ("/detokenize", {"tokens": [1.5]}, "tokens"),
+                           ("/detokenize", {"tokens": "abc"}, "tokens"),
+                           ("/detokenize", {}, "tokens")]:
+        code, text = post(path, b)
+        check(code == 400 and json.loads(text)["error"]["param"] == field,
+              "%s %s: %d %s" % (path, b, code, text))
+    code, text = post("/tokenize", None, raw=b'{"content": "x",')
+    check(code == 400 and "malformed JSON" in text, "/tokenize malformed: %s" % text)
+    code, text = curl(srv.url + "/tokenize", key=KEY)
+    check(code == 405, "GET /tokenize: %d" % code)
+    code, _ = curl(srv.url + "/tokenize", {"content": "x"})
+    check(code == 401, "/tokenize without the key: %d" % code)
+    # /props (llama-server) and /server_info (SGLang)
+    code, text = curl(srv.url + "/props", key=KEY)
+    p = json.loads(text)
+    check(code == 200 and p["total_slots"] == 4 and p["n_ctx"] == 2048 and
+          p["chat_template"] == "llama-2" and p["model_alias"] == "stories" and
+          p["speculative"]["algorithm"] == "NGRAM" and p["speculative"]["tree"] == "auto" and
+          p["default_generation_settings"]["params"]["temperature"] == 1.0 and
+          p["steps"]["speculative"] + p["steps"]["plain"] > 0, "/props: %s" % text)
+    for path in ("/server_info", "/get_server_info"):
+        code, text = curl(srv.url + path, key=KEY)
+        i = json.loads(text)
+        check(code == 200 and i["context_length"] == 2048 and i["max_running_requests"] == 4 and
+              i["speculative_algorithm"] == "NGRAM" and i["served_model_name"] == "stories" and
+              i["internal_states"][0]["avg_spec_accept_length"] >= 1, "%s: %s" % (path, text))
+    code, text = curl(srv.url + "/get_model_info", key=KEY)
+    check(code == 200 and json.loads(text)["is_generation"] is True, "/get_model_info: %s" % text)
+    # SGLang's /generate: the completion's text, meta_info with the counts and spec fields
+    code, text = post("/generate", {"text": PROMPT, "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0, "n": 1, "repetition_penalty": 1.0}})
+    d = json.loads(text)
+    mi = d.get("meta_info", {})
+    check(code == 200 and d["text"] == want and mi["prompt_tokens"] == 5 and
+          mi["completion_tokens"] == 10 and mi["finish_reason"] == {"type": "length", "length": 10}
+          and mi["spec_verify_ct"] >= 1 and "spec_accept_length" in mi and
+          "spec_accept_histogram" in mi, "/generate: %s" % text)
+    code, text = post("/generate", {"input_ids": [1] + ids,
+                                    "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
+    check(code == 200 and json.loads(text)["text"] == want, "/generate input_ids: %s" % text)
+    # return_logprob: SGLang's [logprob, id, text] triples, the values of /v1/completions'
+    code, text = post("/generate", {"text": PROMPT, "return_logprob": True, "top_logprobs_num": 2,
+                                    "return_text_in_logprobs": True,
+                                    "sampling_params": {"max_new_tokens": 10, "temperature": 0}})
+    mi = json.loads(text)["meta_info"]
+    lp = completion(dict(body, logprobs=2))["choices"][0]["logprobs"]
+    out, tops = mi["output_token_logprobs"], mi["output_top_logprobs"]
+    check(code == 200 and [o[0] for o in out] == lp["token_logprobs"] and
+          [o[2] for o in out] == lp["tokens"] and all(len(t) == 2 and t[0][1] == o[1] and
+                                                      t[0][0] == o[0] for t, o in zip(tops, out))
+          and [{t[2]: t[0] for t in tt} for tt in tops] == lp["top_logprobs"],
+          "/generate return_logprob: %s vs %s" % (mi, lp))
+    code, text = post("/generate", {"text": PROMPT, "return_logprob": True,
+                                    "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    mi = json.loads(text)["meta_info"]
+    check(code == 200 and [o[2] for o in mi["output_token_logprobs"]] == [None] * 3 and
+          mi["output_top_logprobs"] == [None] * 3, "/generate return_logprob, no text: %s" % mi)
+    stop_want = generate(BUILD, MODEL, PROMPT, 100, stops=["Lily"])
+    code, text = post("/generate", {"text": PROMPT, "sampling_params": {
+        "max_new_tokens": 100, "temperature": 0, "stop": ["Lily"]}})
+    d = json.loads(text)
+    check(code == 200 and d["text"] == stop_want and
+          d["meta_info"]["finish_reason"] == {"type": "stop", "matched": "Lily"},
+          "/generate stop: %s" % text)
+    code, text = post("/generate", {"text": PROMPT})
+    mi = json.loads(text)["meta_info"]
+    check(code == 200 and (mi["completion_tokens"] == 128 or mi["finish_reason"]["type"] == "stop"),
+          "/generate default max_new_tokens: %s" % text[:300])
+    for b, field in [({"sampling_params": {}}, "text"), ({"text": ["a", "b"]}, "text"),
+                     ({"text": "x", "input_ids": [1]}, "input_ids"),
+                     ({"input_ids": [1, 99999]}, "input_ids"),
+                     ({"text": "x", "sampling_params": {"max_new_tokens": 2047}},
+                      "sampling_params.max_new_tokens"),
+                     ({"text": "x", "stream": True}, "stream"),
+                     ({"text": "x", "logprob_start_len": 0}, "logprob_start_len"),
+                     ({"text": "x", "top_logprobs_num": 21}, "top_logprobs_num"),
+                     ({"text": "x", "sampling_params": {"temperature": -1}},
+                      "sampling_params.temperature"),
+                     ({"text": "x", "sampling_params": {"max_new_tokens": 0}},
+                      "sampling_params.max_new_tokens"),
+                     ({"text": "x", "sampling_params": {"frequency_penalty": 0.3}},
+                      "sampling_params.frequency_penalty"),
+                     ({"text": "x", "sampling_params": {"ignore_eos": True}},
+                      "sampling_params.ignore_eos"),
+                     ({"text": "x", "sampling_params": {"max_tokens": 3}},
+                      "sampling_params.max_tokens"),
+                     ({"text": "x", "sampling_params": 3}, "sampling_params"),
+                     ({"text": "x", "prompt": "y"}, "prompt")]:
+        code, text = post("/generate", b)
+        e = json.loads(text)["error"]
+        check(code == 400 and e["param"] == field, "/generate %s: %d %s" % (b, code, text))
 
 
 def test_openai_client():
@@ -706,6 +914,197 @@ def test_outlook():
         check(drafting or speedup < 1.03, "backed off at an expected %.3fx" % speedup)
 
 
+def test_log_format_and_cors():
+    # --log-format json: every line of the server an object (time, level, msg), the request's
+    # line its fields by name; --cors: the allowed origin on answers and streams, preflights
+    with Server(BUILD, MODEL, "--log-format", "json", "--log-level", "debug", "--cors",
+                "https://a.example,https://b.example", "--speculative-algorithm", "NGRAM",
+                api_key=KEY) as s:
+        code, text = curl(s.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 9,
+                                                      "temperature": 0}, key=KEY)
+        check(code == 200, "completion: %d %s" % (code, text))
+        d = json.loads(text)
+        c = Conn(s.port)
+        for origin, want in [("https://b.example", "https://b.example"),
+                             ("https://evil.example", None), (None, None)]:
+            extra = b"Origin: " + origin.encode() + b"\r\n" if origin else b""
+            c.send(http_request("GET", "/health", extra=extra))
+            code, h, _ = c.response()
+            check(code == 200 and h.get("access-control-allow-origin") == want and
+                  h.get("vary") == "Origin", "Origin %s: %s" % (origin, h))
+        # a preflight needs no key; the request after it gets the header, streamed too
+        c.send(http_request("OPTIONS", "/v1/chat/completions", extra=(
+            b"Origin: https://a.example\r\nAccess-Control-Request-Method: POST\r\n"
+            b"Access-Control-Request-Headers: authorization, content-type\r\n")))
+        code, h, body = c.response()
+        check(code == 204 and h.get("access-control-allow-origin") == "https://a.example" and
+              "POST" in h.get("access-control-allow-methods", "") and
+              h.get("access-control-allow-headers") == "authorization, content-type" and
+              body == b"", "preflight: %d %s" % (code, h))
+        c.send(http_request("OPTIONS", "/nowhere", extra=b"Origin: https://a.example\r\n"))
+        check(c.response()[0] == 404, "a preflight of no route")
+        c.send(http_request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True},
+            key=KEY, extra=b"Origin: https://a.example\r\n"))
+        code, h, body = c.response()
+        check(code == 200 and h.get("access-control-allow-origin") == "https://a.example" and
+              body.endswith(b"data: [DONE]\n\n"), "a stream's CORS header: %s" % h)
+        c.close()
+        check(s.stop() == 0, "exit status")
+        lines = [l for l in s.log_text().splitlines() if l.strip()]
+        objs = []
+        for l in lines:
+            if l.startswith("{"):
+                objs.append(json.loads(l))
+        check(len(objs) == len(lines), "lines that are not JSON: %s" %
+              [l for l in lines if not l.startswith("{")])
+        check(all(isinstance(o["time"], float) and o["level"] in ("info", "warn", "debug") and
+                  o["msg"] for o in objs), "the objects' fields: %s" % objs)
+        check(any("on http://127.0.0.1:%d" % s.port in o["msg"] for o in objs), "address line")
+        check(any(o["level"] == "warn" and "no chat template" in o["msg"] for o in objs),
+              "the template warning: %s" % objs)
+        req = [o for o in objs if o.get("id") == d["id"]]
+        check(len(req) == 1, "one line per request: %s" % objs)
+        r = req[0]
+        check(r["msg"] == "request" and r["prompt_tokens"] == 5 and r["gen_tokens"] == 9 and
+              r["ttft_ms"] > 0 and r["tok_s"] > 0 and r["tau"] >= 0 and r["finish"] == "length"
+              and r["spec_steps"] + r["plain_steps"] >= 1 and len(r["accept_hist"]) == 17 and
+              r["queue_ms"] >= 0, "the request's line: %s" % r)
+    # without --cors: no header, OPTIONS is a 405
+    with Server(BUILD, MODEL, "--log-level", "warn") as s:
+        c = Conn(s.port)
+        c.send(http_request("GET", "/health", extra=b"Origin: https://a.example\r\n"))
+        code, h, _ = c.response()
+        check(code == 200 and "access-control-allow-origin" not in h, "no --cors: %s" % h)
+        c.send(http_request("OPTIONS", "/v1/completions"))
+        check(c.response()[0] == 405, "OPTIONS without --cors")
+        c.close()
+    with Server(BUILD, MODEL, "--log-level", "warn", "--cors", "*") as s:
+        c = Conn(s.port)
+        c.send(http_request("GET", "/health", extra=b"Origin: https://x.example\r\n"))
+        code, h, _ = c.response()
+        check(h.get("access-control-allow-origin") == "*", "--cors '*': %s" % h)
+        c.close()
+
+
+def lp_requests(url):
+    """The answers with logprobs that test_logprobs compares between servers: completions
+    (greedy, seeded, a stop string, streamed) and chat (greedy, streamed)."""
+    rep = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a"
+    out = []
+    for body in [{"prompt": rep, "max_tokens": 48, "temperature": 0, "logprobs": 5},
+                 {"prompt": PROMPT, "max_tokens": 48, "temperature": 0.8, "seed": 7,
+                  "logprobs": 3},
+                 {"prompt": PROMPT, "max_tokens": 100, "temperature": 0, "logprobs": 0,
+                  "stop": ["Lily"]},
+                 {"messages": [{"role": "user", "content": rep}], "max_tokens": 40,
+                  "temperature": 0, "logprobs": True, "top_logprobs": 4},
+                 {"messages": [{"role": "user", "content": "Tell me a story"}],
+                  "max_tokens": 40, "temperature": 0.9, "seed": 3, "logprobs": True}]:
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        code, text = curl(url + path, body)
+        check(code == 200, "%s %s: %d %s" % (path, body, code, text))
+        d = json.loads(text)
+        code, text = curl(url + path, dict(body, stream=True))
+        check(code == 200, "stream: %d" % code)
+        out.append((body, d, sse_events(text)))
+    return out
+
+
+def streamed_logprobs(events, chat):
+    """The logprobs of a stream's chunks, one entry per token, in order."""
+    got = []
+    for e in events:
+        if e["choices"] and e["choices"][0]["logprobs"]:
+            l = e["choices"][0]["logprobs"]
+            got += l["content"] if chat else list(zip(l["tokens"], l["token_logprobs"],
+                                                      l["top_logprobs"], l["text_offset"]))
+    return got
+
+
+def test_logprobs():
+    # logprobs of each completion token (the target's log-softmax at its position): the same
+    # bits from a plain server and from NGRAM and EAGLE servers verifying fixed trees
+    fixed = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+             "--speculative-num-draft-tokens", "6"]
+    runs = {}
+    for name, args in [("plain", []),
+                       ("NGRAM", ["--speculative-algorithm", "NGRAM"] + fixed),
+                       ("EAGLE", ["--speculative-algorithm", "EAGLE",
+                                  "--speculative-draft-model-path",
+                                  os.path.join(SRC, "models", "eagle-stories260K")] + fixed)]:
+        with Server(BUILD, MODEL, "--chat-template", "llama-2", "--log-level", "warn",
+                    *args) as s:
+            runs[name] = lp_requests(s.url)
+    for body, d, ev in runs["plain"]:
+        chat = "messages" in body
+        ch = d["choices"][0]
+        lp = ch["logprobs"]
+        text = ch["message"]["content"] if chat else ch["text"]
+        n = d["usage"]["completion_tokens"]
+        top = body.get("top_logprobs", 0) if chat else body["logprobs"]
+        if chat:
+            toks = [e["token"] for e in lp["content"]]
+            vals = [e["logprob"] for e in lp["content"]]
+            tops = [[(t["token"], t["logprob"]) for t in e["top_logprobs"]] for e in lp["content"]]
+            check(all(bytes(e["bytes"]) == e["token"].encode() for e in lp["content"]), "bytes")
+        else:
+            toks, vals = lp["tokens"], lp["token_logprobs"]
+            tops = [list(t.items()) for t in lp["top_logprobs"]]
+            check(lp["text_offset"] == [len("".join(toks[:i]).encode()) for i in range(len(toks))],
+                  "text_offset: %s" % lp["text_offset"])
+        check("".join(toks) == text, "%s: the tokens %r do not make the text %r" % (body, toks, text))
+        check(len(toks) == n or body.get("stop"), "%s: %d tokens for %d" % (body, len(toks), n))
+        check(all(v <= 0 for v in vals) and all(len(t) <= top for t in tops), "values %s" % vals)
+        for v, t in zip(vals, tops):
+            check(all(t[i][1] >= t[i + 1][1] for i in range(len(t) - 1)), "top order: %s" % t)
+            check(not t or t[0][1] >= v, "the best is at least the token: %s %s" % (v, t))
+            if body["temperature"] == 0 and t:
+                check(t[0][1] == v, "greedy: the token is the most likely: %s %s" % (v, t))
+            check(sum(2.718281828459045 ** x for _, x in t) <= 1 + 1e-6, "mass of %s" % t)
+        if top:
+            check(any(len(t) == top for t in tops), "%s: top lists of %d" % (body, top))
+        # streamed: the chunks' logprobs add up to the whole answer's
+        want = lp["content"] if chat else list(zip(lp["tokens"], lp["token_logprobs"],
+                                                   lp["top_logprobs"], lp["text_offset"]))
+        got = streamed_logprobs(ev, chat)
+        check(got == want, "%s: streamed logprobs differ:\n%s\n%s" % (body, got, want))
+    for name in ("NGRAM", "EAGLE"):
+        spec = 0
+        for (body, d0, ev0), (_, d1, ev1) in zip(runs["plain"], runs[name]):
+            c0, c1 = d0["choices"][0], d1["choices"][0]
+            check(c0["logprobs"] == c1["logprobs"] and c0.get("text") == c1.get("text") and
+                  c0.get("message") == c1.get("message"),
+                  "%s: %s logprobs differ from plain decoding's" % (name, body))
+            check(streamed_logprobs(ev0, "messages" in body) ==
+                  streamed_logprobs(ev1, "messages" in body),
+                  "%s: %s streamed logprobs differ from plain decoding's" % (name, body))
+            mi = d1["meta_info"]
+            spec += sum(mi["spec_accept_histogram"][1:])
+            check(mi["spec_steps"] > 0, "%s: no tree verified for %s" % (name, body))
+        check(spec > 0, "%s accepted no draft token" % name)
+    # refused: the field named
+    with Server(BUILD, MODEL, "--log-level", "warn") as s:
+        for path, b, field in [
+                ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
+                ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+                ("/v1/chat/completions", {"logprobs": False, "top_logprobs": -1}, "top_logprobs"),
+                ("/v1/completions", {"logprobs": 21}, "logprobs"),
+                ("/v1/completions", {"logprobs": True}, "logprobs"),
+                ("/v1/completions", {"top_logprobs": 2}, "top_logprobs")]:
+            b = dict(b, max_tokens=2)
+            b.update({"messages": [{"role": "user", "content": "x"}]} if "chat" in path
+                     else {"prompt": "x"})
+            code, text = curl(s.url + path, b)
+            check(code == 400 and json.loads(text)["error"]["param"] == field,
+                  "%s %s: %d %s" % (path, b, code, text))
+        code, text = curl(s.url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": False,
+            "top_logprobs": 0})
+        check(code == 200 and json.loads(text)["choices"][0]["logprobs"] is None, text)
+
+
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -983,6 +1382,8 @@ def main():
                        ("completions equal generate", test_completions_equal_generate),
                        ("stop strings and token ids", test_stop_and_ids), ("chat", test_chat),
                        ("streaming", test_streaming), ("errors", test_errors),
+                       ("neutral fields", test_neutral_fields),
+                       ("llama.cpp's and SGLang's routes", test_routes),
                        ("openai npm client", test_openai_client),
                        ("disconnect cancels", test_disconnect),
                        ("a client that half-closes", test_half_close),
@@ -994,6 +1395,8 @@ def main():
     run_tests([("startup errors", test_startup_errors),
                ("logging and llama.cpp's flags", test_logging_and_llama_flags),
                ("auto's drafting state", test_outlook),
+               ("--log-format json, --cors", test_log_format_and_cors),
+               ("logprobs, with and without speculation", test_logprobs),
                ("limits", test_limits),
                ("requests cut at the drain timeout", test_drain_cut),
                ("a second signal, SIGHUP", test_signals),

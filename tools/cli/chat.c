@@ -1,6 +1,6 @@
 /*
  * chat.c: `spectree chat`, a conversation in the terminal with the model's chat template (the
- * server's renderers, tools/serve/api.c), answers streamed as they are generated, multi-line
+ * server's renderers, tools/serve/tmpl.c), answers streamed as they are generated, multi-line
  * input, /clear, /regen and /stats. One engine serves every turn, so the drafter and the `auto`
  * controller keep what they measured. Each turn submits the whole conversation, and the engine
  * (reuse_prefix) keeps the KV cache of the last: only the new turn is prefilled (EAGLE heads,

@@ -1,9 +1,8 @@
 /*
- * api.c: request checking, chat templates and stop strings for `spectree serve`
- * (api.h). Request bodies are parsed by jansson; every field is checked for its type and
- * range here so that the server only ever sees a well-formed srv_request. The chat renderers
- * reproduce what each family's Hugging Face template renders for a list of messages with
- * add_generation_prompt, written out by hand (no Jinja engine).
+ * api.c: request checking and stop strings for `spectree serve` (api.h; the chat templates
+ * are tmpl.c's). Request bodies (OpenAI's completions and chat, SGLang's /generate) are parsed
+ * by jansson; every field is checked for its type and range here so that the server only ever
+ * sees a well-formed srv_request.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "api.h"
@@ -15,71 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------------------------------- */
-/* Chat template names and detection                                                         */
-
-static const struct {
-    const char *name;
-    srv_tmpl t;
-} tmpl_names[] = {
-    {"llama-2", SRV_TMPL_LLAMA2},  {"llama2", SRV_TMPL_LLAMA2}, {"llama-3", SRV_TMPL_LLAMA3},
-    {"llama3", SRV_TMPL_LLAMA3},   {"chatml", SRV_TMPL_CHATML}, {"zephyr", SRV_TMPL_ZEPHYR},
-    {"mistral", SRV_TMPL_MISTRAL},
-};
-
-int srv_tmpl_parse(const char *name, srv_tmpl *out) {
-    for (size_t i = 0; i < sizeof tmpl_names / sizeof tmpl_names[0]; i++)
-        if (!strcmp(name, tmpl_names[i].name)) {
-            *out = tmpl_names[i].t;
-            return 0;
-        }
-    return -1;
-}
-
-const char *srv_tmpl_name(srv_tmpl t) {
-    switch (t) {
-    case SRV_TMPL_LLAMA2:
-        return "llama-2";
-    case SRV_TMPL_LLAMA3:
-        return "llama-3";
-    case SRV_TMPL_CHATML:
-        return "chatml";
-    case SRV_TMPL_ZEPHYR:
-        return "zephyr";
-    case SRV_TMPL_MISTRAL:
-        return "mistral";
-    default:
-        return "none";
-    }
-}
-
-static int has(const char *s, size_t n, const char *needle) {
-    size_t k = strlen(needle);
-    for (size_t i = 0; i + k <= n; i++)
-        if (s[i] == needle[0] && memcmp(s + i, needle, k) == 0)
-            return 1;
-    return 0;
-}
-
-/* Each family's template names its own markers: Llama 3 its header tokens, ChatML (Qwen, Yi,
- * OpenHermes) <|im_start|>, Zephyr its <|user|> turn marker, Llama 2 the [INST] turns with the
- * <<SYS>> block, Mistral [INST] turns without one. */
-srv_tmpl srv_tmpl_detect(const char *s, size_t n) {
-    if (!s)
-        return SRV_TMPL_NONE;
-    if (has(s, n, "<|start_header_id|>") && has(s, n, "<|eot_id|>"))
-        return SRV_TMPL_LLAMA3;
-    if (has(s, n, "<|im_start|>"))
-        return SRV_TMPL_CHATML;
-    if (has(s, n, "<|user|>") && has(s, n, "<|assistant|>"))
-        return SRV_TMPL_ZEPHYR;
-    if (has(s, n, "[INST]") && has(s, n, "<<SYS>>"))
-        return SRV_TMPL_LLAMA2;
-    if (has(s, n, "[INST]"))
-        return SRV_TMPL_MISTRAL;
-    return SRV_TMPL_NONE;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Request parsing                                                                           */
@@ -280,22 +214,22 @@ static int get_prompt(const json_t *v, srv_request *r, char *err, char *param) {
     return 0;
 }
 
-static int get_stops(const json_t *v, srv_request *r, char *err, char *param) {
+static int get_stops(const json_t *v, const char *name, srv_request *r, char *err, char *param) {
     if (json_is_null(v))
         return 0;
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_string(v) && !json_is_array(v))
-        return fail(err, param, "stop", "'stop' must be a string or an array of strings, not %s",
+        return fail(err, param, name, "'%s' must be a string or an array of strings, not %s", name,
                     type_name(v));
     if (n > SRV_MAX_STOPS)
-        return fail(err, param, "stop", "at most %d stop strings", SRV_MAX_STOPS);
+        return fail(err, param, name, "at most %d stop strings", SRV_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
         if (!json_is_string(x))
-            return fail(err, param, "stop", "stop strings must be strings, not %s", type_name(x));
+            return fail(err, param, name, "stop strings must be strings, not %s", type_name(x));
         size_t len = json_string_length(x);
         if (len == 0 || len > SRV_MAX_STOP_LEN)
-            return fail(err, param, "stop", "stop strings must have 1..%d bytes", SRV_MAX_STOP_LEN);
+            return fail(err, param, name, "stop strings must have 1..%d bytes", SRV_MAX_STOP_LEN);
         r->stops[r->n_stops] = dup_str(x, NULL);
         if (!r->stops[r->n_stops])
             return fail(err, param, NULL, "out of memory");
@@ -304,14 +238,169 @@ static int get_stops(const json_t *v, srv_request *r, char *err, char *param) {
     return 0;
 }
 
-/* Fields accepted only at their neutral value (OpenAI fields this server does not implement). */
-static int neutral(const json_t *v, const char *k, char *err, char *param) {
-    int ok =
-        json_is_null(v) || json_is_false(v) || (json_is_number(v) && json_number_value(v) == 0);
-    if (!strcmp(k, "n"))
-        ok = json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 1);
-    if (!ok)
-        return fail(err, param, k, "'%s' is not supported by this server (only its default)", k);
+/* Fields that do not change this server's answer at the values it accepts: metadata about the
+ * request (user, metadata, store, service_tier), options of features it does not have at their
+ * "off" value (no tools, plain text, no bias, one choice, no penalties, no echo or suffix).
+ * Values that would change the answer, and that the server does not implement, are refused
+ * with a message naming the field: never silently ignored. null is every field's default.
+ * Returns 1 when k is none of these fields, 0 when v is accepted, -1 when refused. */
+static int neutral_field(const char *k, const json_t *v, int chat, char *err, char *param) {
+    static const char *const any_chat[] = {"parallel_tool_calls", "response_format", "tools",
+                                           "tool_choice", "modalities"};
+    static const char *const any_completion[] = {"echo", "suffix", "best_of"};
+    static const char *const both[] = {"user",
+                                       "metadata",
+                                       "store",
+                                       "service_tier",
+                                       "logit_bias",
+                                       "n",
+                                       "presence_penalty",
+                                       "frequency_penalty"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
+        known |= !strcmp(k, both[i]);
+    for (size_t i = 0; chat && i < sizeof any_chat / sizeof any_chat[0]; i++)
+        known |= !strcmp(k, any_chat[i]);
+    for (size_t i = 0; !chat && i < sizeof any_completion / sizeof any_completion[0]; i++)
+        known |= !strcmp(k, any_completion[i]);
+    if (!known)
+        return 1;
+    if (json_is_null(v))
+        return 0;
+    if (!strcmp(k, "user") || !strcmp(k, "service_tier")) {
+        if (!json_is_string(v))
+            return fail(err, param, k, "'%s' must be a string, not %s", k, type_name(v));
+        return 0;
+    }
+    if (!strcmp(k, "store") || !strcmp(k, "parallel_tool_calls") || !strcmp(k, "echo")) {
+        int b = 0;
+        if (get_bool(v, k, &b, err, param))
+            return -1;
+        if (b && !strcmp(k, "echo"))
+            return fail(err, param, k, "'echo' is not supported by this server (only false)");
+        return 0;
+    }
+    if (!strcmp(k, "metadata")) {
+        const char *mk;
+        const json_t *mv;
+        if (!json_is_object(v))
+            return fail(err, param, k, "'metadata' must be an object, not %s", type_name(v));
+        json_object_foreach((json_t *)v, mk, mv) {
+            if (!json_is_string(mv))
+                return fail(err, param, k, "metadata values must be strings ('%s' is %s)", mk,
+                            type_name(mv));
+        }
+        return 0;
+    }
+    if (!strcmp(k, "n") || !strcmp(k, "best_of")) {
+        json_int_t i;
+        if (get_int(v, k, 1, 128, &i, err, param))
+            return -1;
+        if (i != 1)
+            return fail(err, param, k,
+                        "'%s' is %lld: this server returns one choice per request (only 1)", k,
+                        (long long)i);
+        return 0;
+    }
+    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
+        double d;
+        if (get_number(v, k, -2, 2, &d, err, param))
+            return -1;
+        if (d != 0)
+            return fail(err, param, k, "'%s' is not supported by this server (only 0)", k);
+        return 0;
+    }
+    if (!strcmp(k, "logit_bias")) {
+        if (!json_is_object(v))
+            return fail(err, param, k, "'logit_bias' must be an object, not %s", type_name(v));
+        if (json_object_size(v) > 0)
+            return fail(err, param, k, "'logit_bias' is not supported by this server (only {})");
+        return 0;
+    }
+    if (!strcmp(k, "tools")) {
+        if (!json_is_array(v))
+            return fail(err, param, k, "'tools' must be an array, not %s", type_name(v));
+        if (json_array_size(v) > 0)
+            return fail(err, param, k, "'tools' is not supported by this server (only [])");
+        return 0;
+    }
+    if (!strcmp(k, "tool_choice")) {
+        /* with no tools, "none" and "auto" both call none */
+        if (json_is_string(v) &&
+            (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto")))
+            return 0;
+        return fail(err, param, k,
+                    "'tool_choice' must be \"none\" or \"auto\": this server has no tools");
+    }
+    if (!strcmp(k, "response_format")) {
+        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t))
+            return fail(err, param, k, "'response_format' must be an object with a string 'type'");
+        if (strcmp(json_string_value(t), "text") != 0 || json_object_size(v) != 1)
+            return fail(err, param, k,
+                        "'response_format' {\"type\": \"%s\"} is not supported by this "
+                        "server (only {\"type\": \"text\"})",
+                        json_string_value(t));
+        return 0;
+    }
+    if (!strcmp(k, "modalities")) {
+        const json_t *m0 = json_is_array(v) ? json_array_get(v, 0) : NULL;
+        if (!json_is_array(v) || json_array_size(v) != 1 || !json_is_string(m0) ||
+            strcmp(json_string_value(m0), "text") != 0)
+            return fail(err, param, k, "'modalities' must be [\"text\"]: this server writes text");
+        return 0;
+    }
+    /* suffix: text after the completion (insertion), which this server does not do */
+    if (!json_is_string(v))
+        return fail(err, param, k, "'suffix' must be a string, not %s", type_name(v));
+    if (json_string_length(v) > 0)
+        return fail(err, param, k, "'suffix' is not supported by this server (only \"\")");
+    return 0;
+}
+
+/* A sampling field: key k (the OpenAI name), shown as name in messages and param. Returns 1
+ * when k is not one, 0 when read into r, -1 when refused. null is the field's default. */
+static int sampling_field(const char *k, const char *name, const json_t *v, srv_request *r,
+                          char *err, char *param) {
+    double d;
+    json_int_t i;
+    if (!strcmp(k, "stop"))
+        return get_stops(v, name, r, err, param);
+    if (strcmp(k, "max_tokens") && strcmp(k, "temperature") && strcmp(k, "top_p") &&
+        strcmp(k, "min_p") && strcmp(k, "top_k") && strcmp(k, "seed"))
+        return 1;
+    if (json_is_null(v))
+        return 0;
+    if (!strcmp(k, "max_tokens")) {
+        if (get_int(v, name, 1, INT32_MAX, &i, err, param))
+            return -1;
+        r->max_tokens = i;
+    } else if (!strcmp(k, "temperature")) {
+        if (get_number(v, name, 0, 100, &d, err, param))
+            return -1;
+        r->sp.temp = (float)d;
+        r->given |= SRV_GIVEN_TEMP;
+    } else if (!strcmp(k, "top_p")) {
+        if (get_number(v, name, 1e-9, 1, &d, err, param))
+            return -1;
+        r->sp.top_p = (float)d;
+        r->given |= SRV_GIVEN_TOPP;
+    } else if (!strcmp(k, "min_p")) {
+        if (get_number(v, name, 0, 1, &d, err, param))
+            return -1;
+        r->sp.min_p = (float)d;
+        r->given |= SRV_GIVEN_MINP;
+    } else if (!strcmp(k, "top_k")) {
+        if (get_int(v, name, -1, INT32_MAX, &i, err, param))
+            return -1;
+        r->sp.top_k = i < 0 ? 0 : (int32_t)i; /* -1 (SGLang, vLLM) and 0: off */
+        r->given |= SRV_GIVEN_TOPK;
+    } else {
+        if (get_int(v, name, 0, LLONG_MAX, &i, err, param))
+            return -1;
+        r->sp.seed = (uint64_t)i;
+        r->seed_set = 1;
+    }
     return 0;
 }
 
@@ -322,10 +411,9 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     const char *k;
     json_t *v;
     const json_t *stream_options = NULL;
-    int have_input = 0;
+    int have_input = 0, top_given = 0;
     json_object_foreach(root, k, v) {
-        double d;
-        json_int_t i;
+        int sf = 1;
         if (!strcmp(k, "model")) {
             if (!json_is_string(v))
                 return fail(err, param, k, "'model' must be a string, not %s", type_name(v));
@@ -337,70 +425,44 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
             if (get_messages(v, r, err, param))
                 return -1;
             have_input = 1;
-        } else if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
-            if (json_is_null(v))
-                continue;
-            if (get_int(v, k, 1, INT32_MAX, &i, err, param))
+        } else if (chat && !strcmp(k, "max_completion_tokens")) {
+            if (sampling_field("max_tokens", k, v, r, err, param))
                 return -1;
-            r->max_tokens = i;
-        } else if (!strcmp(k, "temperature")) {
-            if (json_is_null(v))
-                continue;
-            if (get_number(v, k, 0, 100, &d, err, param))
-                return -1;
-            r->sp.temp = (float)d;
-            r->given |= SRV_GIVEN_TEMP;
-        } else if (!strcmp(k, "top_p")) {
-            if (json_is_null(v))
-                continue;
-            if (get_number(v, k, 1e-9, 1, &d, err, param))
-                return -1;
-            r->sp.top_p = (float)d;
-            r->given |= SRV_GIVEN_TOPP;
-        } else if (!strcmp(k, "min_p")) {
-            if (json_is_null(v))
-                continue;
-            if (get_number(v, k, 0, 1, &d, err, param))
-                return -1;
-            r->sp.min_p = (float)d;
-            r->given |= SRV_GIVEN_MINP;
-        } else if (!strcmp(k, "top_k")) {
-            if (json_is_null(v))
-                continue;
-            if (get_int(v, k, -1, INT32_MAX, &i, err, param))
-                return -1;
-            r->sp.top_k = i < 0 ? 0 : (int32_t)i; /* -1 (SGLang, vLLM) and 0: off */
-            r->given |= SRV_GIVEN_TOPK;
-        } else if (!strcmp(k, "seed")) {
-            if (json_is_null(v))
-                continue;
-            if (get_int(v, k, 0, LLONG_MAX, &i, err, param))
-                return -1;
-            r->sp.seed = (uint64_t)i;
-            r->seed_set = 1;
-        } else if (!strcmp(k, "stop")) {
-            if (get_stops(v, r, err, param))
+        } else if ((sf = sampling_field(k, k, v, r, err, param)) <= 0) {
+            if (sf < 0)
                 return -1;
         } else if (!strcmp(k, "stream")) {
             if (!json_is_null(v) && get_bool(v, k, &r->stream, err, param))
                 return -1;
         } else if (!strcmp(k, "stream_options")) {
             stream_options = v;
-        } else if (!strcmp(k, "user")) {
-            if (!json_is_string(v))
-                return fail(err, param, k, "'user' must be a string, not %s", type_name(v));
-        } else if (!strcmp(k, "n") || !strcmp(k, "presence_penalty") ||
-                   !strcmp(k, "frequency_penalty") || !strcmp(k, "logprobs") ||
-                   (!chat && !strcmp(k, "echo"))) {
-            if (neutral(v, k, err, param))
+        } else if (!strcmp(k, "logprobs") && chat) { /* chat: a boolean, top_logprobs N */
+            if (!json_is_null(v) && get_bool(v, k, &r->logprobs, err, param))
                 return -1;
+        } else if (!strcmp(k, chat ? "top_logprobs" : "logprobs")) {
+            /* completions' logprobs: N alternatives (0: the token's own only) */
+            json_int_t i;
+            if (json_is_null(v))
+                continue;
+            if (get_int(v, k, 0, ST_MAX_TOP_LOGPROBS, &i, err, param))
+                return -1;
+            r->top_logprobs = (int)i;
+            if (!chat)
+                r->logprobs = 1;
+            top_given = 1;
         } else {
-            return fail(err, param, k, "unknown field '%s'", k);
+            int nf = neutral_field(k, v, chat, err, param);
+            if (nf < 0)
+                return -1;
+            if (nf > 0)
+                return fail(err, param, k, "unknown field '%s'", k);
         }
     }
     if (!have_input)
         return fail(err, param, chat ? "messages" : "prompt", "'%s' is required",
                     chat ? "messages" : "prompt");
+    if (chat && top_given && r->top_logprobs > 0 && !r->logprobs)
+        return fail(err, param, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
     if (stream_options && !json_is_null(stream_options)) {
         if (!r->stream)
             return fail(err, param, "stream_options",
@@ -408,6 +470,12 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
         if (!json_is_object(stream_options))
             return fail(err, param, "stream_options", "'stream_options' must be an object");
         json_object_foreach((json_t *)stream_options, k, v) {
+            int b = 0;
+            if (!strcmp(k, "include_obfuscation")) { /* padding against size side channels */
+                if (get_bool(v, "stream_options.include_obfuscation", &b, err, param))
+                    return -1;
+                continue;
+            }
             if (strcmp(k, "include_usage") != 0)
                 return fail(err, param, "stream_options", "unknown field 'stream_options.%s'", k);
             if (get_bool(v, "stream_options.include_usage", &r->include_usage, err, param))
@@ -447,6 +515,155 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, ch
     return rc;
 }
 
+/* SGLang's sampling parameters this server does not implement, at the values that leave the
+ * answer as it is: {name, 'b'oolean / 'n'umber / 'i'nteger / empty 'a'rray, that value}. */
+static const struct {
+    const char *name;
+    char type;
+    double value;
+} sglang_neutral[] = {
+    {"n", 'i', 1},
+    {"presence_penalty", 'n', 0},
+    {"frequency_penalty", 'n', 0},
+    {"repetition_penalty", 'n', 1},
+    {"min_new_tokens", 'i', 0},
+    {"ignore_eos", 'b', 0},
+    {"no_stop_trim", 'b', 0},
+    {"skip_special_tokens", 'b', 1},
+    {"spaces_between_special_tokens", 'b', 1},
+    {"stop_token_ids", 'a', 0},
+};
+
+static int sglang_sampling(const json_t *sp, srv_request *r, char *err, char *param) {
+    if (!json_is_object(sp))
+        return fail(err, param, "sampling_params", "'sampling_params' must be an object, not %s",
+                    type_name(sp));
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)sp, k, v) {
+        char name[96];
+        snprintf(name, sizeof name, "sampling_params.%.60s", k);
+        const char *as = !strcmp(k, "max_new_tokens")  ? "max_tokens"
+                         : !strcmp(k, "sampling_seed") ? "seed"
+                                                       : k;
+        int sf = strcmp(k, "max_tokens") && strcmp(k, "seed")
+                     ? sampling_field(as, name, v, r, err, param)
+                     : 1;
+        if (sf < 0)
+            return -1;
+        if (sf == 0)
+            continue;
+        size_t i = 0, n = sizeof sglang_neutral / sizeof sglang_neutral[0];
+        while (i < n && strcmp(k, sglang_neutral[i].name) != 0)
+            i++;
+        if (i == n)
+            return fail(err, param, name, "unknown field '%s'", name);
+        if (json_is_null(v))
+            continue;
+        const char t = sglang_neutral[i].type;
+        const double want = sglang_neutral[i].value;
+        int ok;
+        if (t == 'b')
+            ok = json_is_boolean(v) && json_is_true(v) == (want != 0);
+        else if (t == 'a')
+            ok = json_is_array(v) && json_array_size(v) == 0;
+        else
+            ok =
+                (t == 'i' ? json_is_integer(v) : json_is_number(v)) && json_number_value(v) == want;
+        if (!ok) {
+            const char *shown = t == 'a' ? "[]" : t == 'b' ? (want != 0 ? "true" : "false") : NULL;
+            if (shown)
+                return fail(err, param, name, "'%s' is not supported by this server (only %s)",
+                            name, shown);
+            return fail(err, param, name, "'%s' is not supported by this server (only %g)", name,
+                        want);
+        }
+    }
+    return 0;
+}
+
+int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, char *param) {
+    memset(r, 0, sizeof *r);
+    r->sglang = 1;
+    r->max_tokens = -1;
+    r->sp = st_sampler_default_params();
+    r->sp.temp = 1.0f; /* SGLang's defaults: plain sampling at temperature 1 */
+    r->sp.top_k = 0;
+    r->sp.top_p = 1.0f;
+    r->sp.min_p = 0.0f;
+    err[0] = 0;
+    param[0] = 0;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+                    je.column);
+    int rc = 0, have_input = 0;
+    if (!json_is_object(root))
+        rc = fail(err, param, NULL, "the request body must be a JSON object, not %s",
+                  type_name(root));
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (rc)
+            break;
+        if (!strcmp(k, "text") || !strcmp(k, "input_ids")) {
+            if (have_input) {
+                rc = fail(err, param, k, "give 'text' or 'input_ids', not both");
+            } else if (!strcmp(k, "text") && !json_is_string(v)) {
+                rc = fail(err, param, k, "'text' must be a string (one prompt per request), not %s",
+                          type_name(v));
+            } else if (!strcmp(k, "input_ids") &&
+                       (!json_is_array(v) || json_is_string(json_array_get(v, 0)))) {
+                rc = fail(err, param, k, "'input_ids' must be an array of token ids");
+            } else if (get_prompt(v, r, err, param)) {
+                snprintf(param, SRV_ERR_CAP, "%s", k); /* get_prompt names 'prompt' */
+                rc = -1;
+            }
+            have_input = 1;
+        } else if (!strcmp(k, "sampling_params")) {
+            rc = json_is_null(v) ? 0 : sglang_sampling(v, r, err, param);
+        } else if (!strcmp(k, "stream")) {
+            int b = 0;
+            rc = json_is_null(v) ? 0 : get_bool(v, k, &b, err, param);
+            if (!rc && b)
+                rc = fail(err, param, k,
+                          "'stream' is not supported on /generate (only false); "
+                          "/v1/completions streams");
+        } else if (!strcmp(k, "return_logprob") || !strcmp(k, "return_text_in_logprobs")) {
+            int *out = !strcmp(k, "return_logprob") ? &r->logprobs : &r->lp_text;
+            rc = json_is_null(v) ? 0 : get_bool(v, k, out, err, param);
+        } else if (!strcmp(k, "top_logprobs_num")) {
+            json_int_t i = 0;
+            rc = json_is_null(v) ? 0 : get_int(v, k, 0, ST_MAX_TOP_LOGPROBS, &i, err, param);
+            r->top_logprobs = (int)i;
+        } else if (!strcmp(k, "logprob_start_len")) {
+            json_int_t i = -1;
+            rc = json_is_null(v) ? 0 : get_int(v, k, -1, INT32_MAX, &i, err, param);
+            if (!rc && i != -1)
+                rc = fail(err, param, k,
+                          "'logprob_start_len' is not supported (only -1: no prompt logprobs)");
+        } else if (!strcmp(k, "rid")) {
+            if (!json_is_string(v) && !json_is_null(v))
+                rc = fail(err, param, k, "'rid' must be a string, not %s", type_name(v));
+        } else {
+            rc = fail(err, param, k, "unknown field '%s'", k);
+        }
+    }
+    if (!rc && !have_input)
+        rc = fail(err, param, "text", "'text' (or 'input_ids') is required");
+    json_decref(root);
+    if (rc) {
+        char e[SRV_ERR_CAP], p[SRV_ERR_CAP];
+        memcpy(e, err, SRV_ERR_CAP);
+        memcpy(p, param, SRV_ERR_CAP);
+        srv_request_free(r);
+        memcpy(err, e, SRV_ERR_CAP);
+        memcpy(param, p, SRV_ERR_CAP);
+    }
+    return rc;
+}
+
 void srv_request_free(srv_request *r) {
     if (!r)
         return;
@@ -457,267 +674,6 @@ void srv_request_free(srv_request *r) {
     free(r->msgs);
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
-    memset(r, 0, sizeof *r);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Chat rendering                                                                            */
-
-static int32_t find_piece(const st_tokenizer *tok, const char *piece) {
-    int32_t n = st_tokenizer_n_vocab(tok);
-    size_t k = strlen(piece);
-    for (int32_t i = 0; i < n; i++) {
-        size_t len;
-        const char *p = st_tokenizer_piece(tok, i, &len);
-        if (p && len == k && !memcmp(p, piece, k))
-            return i;
-    }
-    return -1;
-}
-
-void srv_specials_find(const st_tokenizer *tok, srv_specials *out) {
-    out->bos = st_tokenizer_bos(tok);
-    out->eos = st_tokenizer_eos(tok);
-    out->im_start = find_piece(tok, "<|im_start|>");
-    out->im_end = find_piece(tok, "<|im_end|>");
-    out->start_header = find_piece(tok, "<|start_header_id|>");
-    out->end_header = find_piece(tok, "<|end_header_id|>");
-    out->eot = find_piece(tok, "<|eot_id|>");
-}
-
-static int put_text(srv_rendered *r, const char *s, size_t n) {
-    if (n == 0)
-        return 0;
-    if (r->n_text + n + 1 > r->cap_text) {
-        size_t cap = (r->n_text + n + 1) * 2;
-        char *t = realloc(r->text, cap);
-        if (!t)
-            return -1;
-        r->text = t;
-        r->cap_text = cap;
-    }
-    if (r->n_segs > 0 && r->segs[r->n_segs - 1].special < 0 &&
-        r->segs[r->n_segs - 1].off + r->segs[r->n_segs - 1].len == r->n_text) {
-        r->segs[r->n_segs - 1].len += n;
-    } else {
-        if (r->n_segs == r->cap_segs) {
-            int cap = r->cap_segs ? r->cap_segs * 2 : 16;
-            srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
-            if (!g)
-                return -1;
-            r->segs = g;
-            r->cap_segs = cap;
-        }
-        r->segs[r->n_segs++] = (srv_seg){-1, r->n_text, n};
-    }
-    memcpy(r->text + r->n_text, s, n);
-    r->n_text += n;
-    r->text[r->n_text] = 0;
-    return 0;
-}
-
-static int put(srv_rendered *r, const char *s) { return put_text(r, s, strlen(s)); }
-
-/* A special token: its id, or its text when the vocabulary lacks it (BOS: nothing). */
-static int put_special(srv_rendered *r, int32_t id, const char *text) {
-    if (id < 0)
-        return text ? put(r, text) : 0;
-    if (r->n_segs == r->cap_segs) {
-        int cap = r->cap_segs ? r->cap_segs * 2 : 16;
-        srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
-        if (!g)
-            return -1;
-        r->segs = g;
-        r->cap_segs = cap;
-    }
-    r->segs[r->n_segs++] = (srv_seg){id, r->n_text, 0};
-    return 0;
-}
-
-static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-/* Jinja's str.strip() / |trim: without leading and trailing whitespace. */
-static int put_stripped(srv_rendered *r, const char *s, size_t n) {
-    while (n && is_space(*s))
-        s++, n--;
-    while (n && is_space(s[n - 1]))
-        n--;
-    return put_text(r, s, n);
-}
-
-static const char *role_name(srv_role r) {
-    return r == SRV_ROLE_SYSTEM ? "system" : r == SRV_ROLE_USER ? "user" : "assistant";
-}
-
-/* Llama 2 and Mistral: user/assistant turns alternating from a user turn (their templates raise
- * an exception otherwise); an optional leading system message. */
-static int check_alternating(const srv_msg *m, int n, int first, char *err) {
-    if (first >= n) {
-        snprintf(err, SRV_ERR_CAP, "the conversation needs a user message");
-        return -1;
-    }
-    for (int i = first; i < n; i++) {
-        srv_role want = (i - first) % 2 == 0 ? SRV_ROLE_USER : SRV_ROLE_ASSISTANT;
-        if (m[i].role != want) {
-            snprintf(err, SRV_ERR_CAP,
-                     "this model's chat template needs user and assistant messages alternating "
-                     "from a user message (one optional system message first): messages[%d] is "
-                     "%s",
-                     i, role_name(m[i].role));
-            return -1;
-        }
-    }
-    if (m[n - 1].role != SRV_ROLE_USER) {
-        snprintf(err, SRV_ERR_CAP, "the last message must be a user message");
-        return -1;
-    }
-    return 0;
-}
-
-static int render_llama2(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r,
-                         char *err) {
-    int first = n > 0 && m[0].role == SRV_ROLE_SYSTEM;
-    if (check_alternating(m, n, first, err))
-        return -1;
-    int rc = 0;
-    for (int i = first; i < n && !rc; i++) {
-        if (m[i].role == SRV_ROLE_USER) {
-            rc |= put_special(r, sp->bos, NULL);
-            rc |= put(r, "[INST] ");
-            /* content.strip() of "<<SYS>>\nS\n<</SYS>>\n\nU" strips only its outer ends:
-             * the system text stays as it is, the user text loses trailing blanks */
-            if (i == first && first) {
-                rc |= put(r, "<<SYS>>\n");
-                rc |= put_text(r, m[0].content, m[0].len);
-                rc |= put(r, "\n<</SYS>>\n\n");
-                size_t n1 = m[i].len;
-                while (n1 && is_space(m[i].content[n1 - 1]))
-                    n1--;
-                rc |= put_text(r, m[i].content, n1);
-            } else {
-                rc |= put_stripped(r, m[i].content, m[i].len);
-            }
-            rc |= put(r, " [/INST]");
-        } else {
-            rc |= put(r, " ");
-            rc |= put_stripped(r, m[i].content, m[i].len);
-            rc |= put(r, " ");
-            rc |= put_special(r, sp->eos, "</s>");
-        }
-    }
-    r->has_bos = sp->bos >= 0;
-    return rc;
-}
-
-/* Mistral-7B-Instruct's template; a system message (which v0.1's template refuses) is put
- * before the first user message's text, separated by a blank line, as v0.2+ templates do. */
-static int render_mistral(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r,
-                          char *err) {
-    int first = n > 0 && m[0].role == SRV_ROLE_SYSTEM;
-    if (check_alternating(m, n, first, err))
-        return -1;
-    int rc = put_special(r, sp->bos, NULL);
-    for (int i = first; i < n && !rc; i++) {
-        if (m[i].role == SRV_ROLE_USER) {
-            rc |= put(r, "[INST] ");
-            if (i == first && first) {
-                rc |= put_text(r, m[0].content, m[0].len);
-                rc |= put(r, "\n\n");
-            }
-            rc |= put_text(r, m[i].content, m[i].len);
-            rc |= put(r, " [/INST]");
-        } else {
-            rc |= put_text(r, m[i].content, m[i].len);
-            rc |= put_special(r, sp->eos, "</s>");
-        }
-    }
-    r->has_bos = sp->bos >= 0;
-    return rc;
-}
-
-static int render_llama3(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
-    int rc = put_special(r, sp->bos, NULL);
-    for (int i = 0; i < n && !rc; i++) {
-        rc |= put_special(r, sp->start_header, "<|start_header_id|>");
-        rc |= put(r, role_name(m[i].role));
-        rc |= put_special(r, sp->end_header, "<|end_header_id|>");
-        rc |= put(r, "\n\n");
-        rc |= put_stripped(r, m[i].content, m[i].len);
-        rc |= put_special(r, sp->eot, "<|eot_id|>");
-    }
-    rc |= put_special(r, sp->start_header, "<|start_header_id|>");
-    rc |= put(r, "assistant");
-    rc |= put_special(r, sp->end_header, "<|end_header_id|>");
-    rc |= put(r, "\n\n");
-    r->has_bos = sp->bos >= 0;
-    return rc;
-}
-
-static int render_chatml(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        rc |= put_special(r, sp->im_start, "<|im_start|>");
-        rc |= put(r, role_name(m[i].role));
-        rc |= put(r, "\n");
-        rc |= put_text(r, m[i].content, m[i].len);
-        rc |= put_special(r, sp->im_end, "<|im_end|>");
-        rc |= put(r, "\n");
-    }
-    rc |= put_special(r, sp->im_start, "<|im_start|>");
-    rc |= put(r, "assistant\n");
-    return rc;
-}
-
-static int render_zephyr(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        rc |= put(r, m[i].role == SRV_ROLE_SYSTEM ? "<|system|>\n"
-                     : m[i].role == SRV_ROLE_USER ? "<|user|>\n"
-                                                  : "<|assistant|>\n");
-        rc |= put_text(r, m[i].content, m[i].len);
-        rc |= put_special(r, sp->eos, "</s>");
-        rc |= put(r, "\n");
-    }
-    rc |= put(r, "<|assistant|>\n");
-    return rc;
-}
-
-int srv_chat_render(srv_tmpl t, const srv_msg *msgs, int n, const srv_specials *sp,
-                    srv_rendered *out, char *err) {
-    memset(out, 0, sizeof *out);
-    int rc;
-    switch (t) {
-    case SRV_TMPL_LLAMA2:
-        rc = render_llama2(msgs, n, sp, out, err);
-        break;
-    case SRV_TMPL_MISTRAL:
-        rc = render_mistral(msgs, n, sp, out, err);
-        break;
-    case SRV_TMPL_LLAMA3:
-        rc = render_llama3(msgs, n, sp, out);
-        break;
-    case SRV_TMPL_CHATML:
-        rc = render_chatml(msgs, n, sp, out);
-        break;
-    case SRV_TMPL_ZEPHYR:
-        rc = render_zephyr(msgs, n, sp, out);
-        break;
-    default:
-        snprintf(err, SRV_ERR_CAP, "no chat template");
-        rc = -1;
-    }
-    if (rc && !err[0])
-        snprintf(err, SRV_ERR_CAP, "out of memory");
-    if (rc)
-        srv_rendered_free(out);
-    return rc;
-}
-
-void srv_rendered_free(srv_rendered *r) {
-    if (!r)
-        return;
-    free(r->text);
-    free(r->segs);
     memset(r, 0, sizeof *r);
 }
 
@@ -788,6 +744,7 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
         for (size_t j = 0; j + ls <= s->n_hold && j < first; j++)
             if (memcmp(s->hold + j, st, ls) == 0) {
                 first = j;
+                s->matched = i;
                 break;
             }
     }

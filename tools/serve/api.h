@@ -64,6 +64,11 @@ typedef struct srv_request {
     char *stops[SRV_MAX_STOPS];
     int n_stops;
     int stream, include_usage;
+    int logprobs;     /* each completion token's log-probability (chat: "logprobs": true;
+                       * completions: "logprobs": N) */
+    int top_logprobs; /* with it the N most likely tokens (0..ST_MAX_TOP_LOGPROBS) */
+    int lp_text;      /* SGLang's return_text_in_logprobs */
+    int sglang;       /* SGLang's /generate (srv_generate_parse): its answer's shape */
 } srv_request;
 
 /* Parses and checks a request body for /v1/completions (chat 0) or /v1/chat/completions
@@ -74,6 +79,14 @@ typedef struct srv_request {
 int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, char *err,
                       char *param);
 void srv_request_free(srv_request *r);
+
+/* Parses and checks a body for SGLang's /generate: {"text": STRING} or {"input_ids": [ids]},
+ * "sampling_params" (max_new_tokens, temperature, top_p, top_k, min_p, stop, sampling_seed; the
+ * penalties, n and the token options only at their defaults), "rid", "return_logprob" with
+ * "top_logprobs_num" and "return_text_in_logprobs" ("logprob_start_len" only -1: no prompt
+ * logprobs); "stream" only false. Into a completion request (sglang set); errors as
+ * srv_request_parse's, param naming sampling fields as "sampling_params.NAME". */
+int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, char *param);
 
 /* A rendered chat prompt: text pieces and special tokens in order. */
 typedef struct srv_seg {
@@ -116,6 +129,7 @@ typedef struct srv_stopper {
     size_t n_hold, cap;
     size_t n_drop; /* bytes at the start of hold released by the last call */
     int stopped;
+    int matched; /* with stopped: the index of the stop string that matched */
 } srv_stopper;
 
 /* Adds n bytes. Writes the bytes now safe to emit to *out_len bytes at *out_ptr (pointing into

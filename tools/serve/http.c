@@ -113,8 +113,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         if (!w->spoke) {
             static const char m[] =
                 "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
-            ssize_t k = send(w->fd, m, sizeof m - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            fprintf(stderr, "CLOSED probe %zd %s\n", k, k < 0 ? strerror(errno) : "");
+            (void)!send(w->fd, m, sizeof m - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         pthread_mutex_lock(&s->mu);
         s->n_conns--;
@@ -176,14 +175,36 @@ static void *watchdog_main(void *arg) {
 static void count_code(srv *s, unsigned code) {
     pthread_mutex_lock(&s->mu);
     s->metrics.requests_total++;
-    int k = code == 200   ? 0
-            : code == 400 ? 1
-            : code < 500  ? 2
-            : code == 500 ? 3
-            : code == 503 ? 4
-                          : 5;
+    int k = code == 200                ? 0
+            : code == 400              ? 1
+            : code > 400 && code < 500 ? 2
+            : code == 500              ? 3
+            : code == 503              ? 4
+                                       : 5;
     s->metrics.by_code[k]++;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* --cors: the Access-Control-Allow-Origin header, for any origin (*) or for a request whose
+ * Origin is one of the listed ones (then with Vary: Origin). */
+static void add_cors(const srv *s, struct MHD_Connection *c, struct MHD_Response *r) {
+    if (!s->o.cors)
+        return;
+    if (!strcmp(s->o.cors, "*")) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        return;
+    }
+    MHD_add_response_header(r, "Vary", "Origin");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const size_t n = origin ? strlen(origin) : 0;
+    for (const char *p = s->o.cors; origin && *p;) {
+        const size_t k = strcspn(p, ",");
+        if (k == n && !strncmp(p, origin, n)) {
+            MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+            return;
+        }
+        p += k + (p[k] == ',');
+    }
 }
 
 static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code, const char *type,
@@ -192,7 +213,9 @@ static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, unsigned code,
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", type);
+    if (type)
+        MHD_add_response_header(r, "Content-Type", type);
+    add_cors(s, c, r);
     const srv_watch *w = watch_of(c);
     pthread_mutex_lock(&s->mu);
     /* draining: the client (or nginx) should take its next request elsewhere; a spare
@@ -238,14 +261,14 @@ static const char *err_type(unsigned code) {
 }
 
 /* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
-static json_t *error_obj(unsigned code, const char *msg, const char *param) {
+json_t *srv_error_obj(unsigned code, const char *msg, const char *param) {
     return json_pack("{s:{s:s,s:s,s:s?,s:i}}", "error", "message", msg, "type", err_type(code),
                      "param", param && param[0] ? param : NULL, "code", (int)code);
 }
 
 static enum MHD_Result send_error(srv *s, struct MHD_Connection *c, unsigned code, const char *msg,
                                   const char *param) {
-    return send_json(s, c, code, error_obj(code, msg, param));
+    return send_json(s, c, code, srv_error_obj(code, msg, param));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -318,7 +341,7 @@ static json_t *cut_error(const srv *s) {
         snprintf(msg, sizeof msg,
                  "the server shut down before this request finished (drain timeout, %ld s)",
                  s->o.drain_s);
-    return error_obj(503, msg, NULL);
+    return srv_error_obj(503, msg, NULL);
 }
 
 static int sse_add(srv_job *j, json_t *v) {
@@ -341,13 +364,21 @@ static int sse_add(srv_job *j, json_t *v) {
     return 0;
 }
 
-static json_t *chunk(const srv_job *j, json_t *delta_or_text, const char *finish) {
-    json_t *choice;
+/* A chunk of a stream: its text, and the log-probabilities of the tokens it completes (with
+ * the request's logprobs: records [j->n_lp_sent, lp_to), which it then counts as sent; null
+ * when there are none). */
+static json_t *chunk(srv_job *j, json_t *delta_or_text, const char *finish, int64_t lp_to) {
+    json_t *choice, *lp = json_null();
+    if (j->req.logprobs && lp_to > j->n_lp_sent) {
+        json_decref(lp);
+        lp = srv_logprobs_json(j->srv, j, j->n_lp_sent, lp_to);
+        j->n_lp_sent = lp_to;
+    }
     if (j->req.chat)
-        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "delta", delta_or_text, "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", 0, "delta", delta_or_text, "logprobs", lp,
                            "finish_reason", finish);
     else
-        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "text", delta_or_text, "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", 0, "text", delta_or_text, "logprobs", lp,
                            "finish_reason", finish);
     json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object",
                           j->req.chat ? "chat.completion.chunk" : "text_completion", "created",
@@ -365,14 +396,18 @@ static json_t *text_piece(const srv_job *j, const char *t, size_t n) {
 static int sse_fill(srv_job *j) {
     int rc = 0;
     if (j->req.chat && !j->sent_role) {
-        rc |=
-            sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+        rc |= sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL,
+                               j->n_lp_sent));
         j->sent_role = 1;
     }
     size_t avail =
         j->text ? j->n_sent + srv_utf8_valid_prefix(j->text + j->n_sent, j->n_text - j->n_sent) : 0;
     if (avail > j->n_sent) {
-        rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL));
+        int64_t to = j->req.logprobs ? srv_logprobs_upto(j, avail) : 0;
+        if (j->done && to > srv_logprobs_kept(j))
+            to = srv_logprobs_kept(j);
+        rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL,
+                               to > j->n_lp_sent ? to : j->n_lp_sent));
         j->n_sent = avail;
     }
     if ((!j->done && !j->cut) || rc)
@@ -380,11 +415,12 @@ static int sse_fill(srv_job *j) {
     if (j->cut) {
         rc |= sse_add(j, cut_error(j->srv));
     } else if (j->status != ST_OK) {
-        json_t *e = error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
+        json_t *e = srv_error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
         rc |= sse_add(j, e);
     } else {
-        json_t *last =
-            chunk(j, j->req.chat ? json_object() : json_string(""), srv_finish_reason(j));
+        const int64_t kept = j->req.logprobs ? srv_logprobs_kept(j) : 0;
+        json_t *last = chunk(j, j->req.chat ? json_object() : json_string(""), srv_finish_reason(j),
+                             kept > j->n_lp_sent ? kept : j->n_lp_sent);
         if (last)
             json_object_set_new(last, "meta_info", srv_spec_info(j));
         rc |= sse_add(j, last);
@@ -466,11 +502,18 @@ static void stream_free(void *cls) {
 /* ---------------------------------------------------------------------------------------- */
 /* Endpoints                                                                                 */
 
-static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, int chat) {
+/* The generation routes: OpenAI's completions and chat, SGLang's /generate. */
+enum { GEN_COMPLETION, GEN_CHAT, GEN_SGLANG };
+
+static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, int kind) {
     char err[SRV_ERR_CAP], param[SRV_ERR_CAP];
     srv_request req;
-    if (srv_request_parse(cc->body ? cc->body : "", cc->n_body, chat, &req, err, param))
+    const char *body = cc->body ? cc->body : "";
+    if (kind == GEN_SGLANG
+            ? srv_generate_parse(body, cc->n_body, &req, err, param)
+            : srv_request_parse(body, cc->n_body, kind == GEN_CHAT, &req, err, param))
         return send_error(s, c, 400, err, param);
+    const int chat = kind == GEN_CHAT;
     /* fields a request leaves out: the server's --temp etc., else OpenAI's defaults */
     unsigned fill = s->o.c.sp_given & ~req.given;
     if (fill & SRV_GIVEN_TEMP)
@@ -483,7 +526,8 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         req.sp.min_p = s->o.c.sp.min_p;
     srv_job *j = NULL;
     err[0] = 0;
-    unsigned code = srv_job_create(s, &req, &j, err);
+    param[0] = 0;
+    unsigned code = srv_job_create(s, &req, &j, err, param);
     pthread_mutex_lock(&s->mu);
     if (!code && s->draining) {
         code = 503;
@@ -492,7 +536,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     if (code) {
         srv_job_release(s, j);
         pthread_mutex_unlock(&s->mu);
-        return send_error(s, c, code, err, NULL);
+        return send_error(s, c, code, err, code == 400 ? param : NULL);
     }
     if (chat)
         s->metrics.chats++;
@@ -527,6 +571,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        add_cors(s, c, r);
         touch(s, c);
         enum MHD_Result rc = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
@@ -553,17 +598,17 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         v = cut_error(s);
     } else if (j->status == ST_ERR_BUSY) {
         code = 503;
-        v = error_obj(code, j->error, NULL);
+        v = srv_error_obj(code, j->error, NULL);
     } else if (j->refused && j->status == ST_ERR_RANGE) {
         /* it fits the context (checked above) but not the KV budget (--max-total-tokens) */
         code = 503;
-        v = error_obj(code, j->error, NULL);
+        v = srv_error_obj(code, j->error, NULL);
     } else if (j->refused && j->status == ST_ERR_INVALID) {
         code = 400;
-        v = error_obj(code, j->error, NULL);
+        v = srv_error_obj(code, j->error, NULL);
     } else if (j->status != ST_OK || j->oom) {
         code = 500;
-        v = error_obj(code, j->oom ? "out of memory" : j->error, NULL);
+        v = srv_error_obj(code, j->oom ? "out of memory" : j->error, NULL);
     } else {
         v = srv_full_response(j);
     }
@@ -575,9 +620,92 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
 
 static enum MHD_Result models(srv *s, struct MHD_Connection *c) {
     return send_json(s, c, 200,
-                     json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data", "id",
-                               s->model_name, "object", "model", "created", (json_int_t)s->created,
-                               "owned_by", "spectree", "max_model_len", (int)s->n_ctx));
+                     json_pack("{s:s,s:[o]}", "object", "list", "data", srv_model_obj(s)));
+}
+
+/* The routes. Generation, tokenizing and the server's information take the --api-key bearer
+ * (open: the page, /health and /metrics); OpenAI's routes answer with and without /v1, as
+ * llama-server's do. */
+typedef enum route {
+    R_NONE,
+    R_COMPLETIONS,
+    R_CHAT,
+    R_GENERATE,
+    R_TOKENIZE,
+    R_DETOKENIZE,
+    R_MODELS,
+    R_MODEL, /* /v1/models/ID */
+    R_PROPS,
+    R_SERVER_INFO,
+    R_MODEL_INFO,
+    R_HEALTH,
+    R_METRICS,
+    R_PAGE,
+} route;
+
+static const struct {
+    const char *path;
+    route r;
+    int post; /* 1: POST with a body; 0: GET (and HEAD) */
+    int open; /* no bearer needed */
+} routes[] = {
+    {"/v1/completions", R_COMPLETIONS, 1, 0},
+    {"/completions", R_COMPLETIONS, 1, 0},
+    {"/v1/chat/completions", R_CHAT, 1, 0},
+    {"/chat/completions", R_CHAT, 1, 0},
+    {"/generate", R_GENERATE, 1, 0},
+    {"/tokenize", R_TOKENIZE, 1, 0},
+    {"/detokenize", R_DETOKENIZE, 1, 0},
+    {"/v1/models", R_MODELS, 0, 0},
+    {"/models", R_MODELS, 0, 0},
+    {"/props", R_PROPS, 0, 0},
+    {"/server_info", R_SERVER_INFO, 0, 0},
+    {"/get_server_info", R_SERVER_INFO, 0, 0},
+    {"/get_model_info", R_MODEL_INFO, 0, 0},
+    {"/health", R_HEALTH, 0, 1},
+    {"/metrics", R_METRICS, 0, 1},
+    {"/", R_PAGE, 0, 1},
+    {"/index.html", R_PAGE, 0, 1},
+};
+
+/* The route of url (R_NONE: none), whether it is a POST route and whether it is open; *id: the
+ * model id of /v1/models/ID. */
+static route find_route(const char *url, int *post, int *open, const char **id) {
+    *id = NULL;
+    *post = *open = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(url, routes[i].path)) {
+            *post = routes[i].post;
+            *open = routes[i].open;
+            return routes[i].r;
+        }
+    static const char *const pre[] = {"/v1/models/", "/models/"};
+    for (int i = 0; i < 2; i++)
+        if (!strncmp(url, pre[i], strlen(pre[i])) && url[strlen(pre[i])]) {
+            *id = url + strlen(pre[i]);
+            return R_MODEL;
+        }
+    return R_NONE;
+}
+
+/* A CORS preflight (OPTIONS with --cors): 204 with the route's method and the headers asked
+ * for; no bearer needed (browsers send none with it). */
+static enum MHD_Result preflight(srv *s, struct MHD_Connection *c, int post_route) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    add_cors(s, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            post_route ? "POST, OPTIONS" : "GET, HEAD, OPTIONS");
+    const char *h =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            h && strlen(h) < 512 ? h : "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    enum MHD_Result rc = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    count_code(s, 204);
+    return rc;
 }
 
 static int authorized(srv *s, struct MHD_Connection *c) {
@@ -639,8 +767,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     srv *s = cls;
     conn_ctx *cc = *con_cls;
     const int post = !strcmp(method, "POST");
-    const int is_compl = !strcmp(url, "/v1/completions");
-    const int is_chat = !strcmp(url, "/v1/chat/completions");
+    int post_route, open;
+    const char *model_id;
+    const route rt = find_route(url, &post_route, &open, &model_id);
     if (!cc) { /* first call: headers only */
         cc = calloc(1, sizeof *cc);
         if (!cc)
@@ -656,7 +785,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             cc->too_big = 2;
             return send_error(s, c, 400, bad, NULL);
         }
-        if (post && (is_compl || is_chat)) {
+        if (post && post_route) {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > (unsigned long long)s->o.max_body) {
@@ -711,36 +840,63 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                  s->o.max_conns);
         return send_error(s, c, 503, msg, NULL);
     }
-    if (!strncmp(url, "/v1/", 4) && !authorized(s, c))
+    if (s->o.cors && !strcmp(method, "OPTIONS") && rt != R_NONE)
+        return preflight(s, c, post_route);
+    if (rt == R_NONE) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
+        return send_error(s, c, 404, msg, NULL);
+    }
+    if (!open && !authorized(s, c))
         return send_error(s, c, 401, "invalid or missing API key (Authorization: Bearer KEY)",
                           NULL);
-    if (is_compl || is_chat) {
-        if (!post)
-            return send_error(s, c, 405, "use POST", NULL);
-        if (cc->too_big) {
-            char msg[96];
-            snprintf(msg, sizeof msg, "the request body exceeds %ld bytes", s->o.max_body);
-            return send_error(s, c, 413, msg, NULL);
-        }
-        return generate(s, c, cc, is_chat);
+    if (post_route ? !post : !get)
+        return send_error(s, c, 405, post_route ? "use POST" : "use GET", NULL);
+    if (cc->too_big) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request body exceeds %ld bytes", s->o.max_body);
+        return send_error(s, c, 413, msg, NULL);
     }
-    if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
-        return get ? send_buf(s, c, 200, "text/html; charset=utf-8", (const char *)srv_page_html,
-                              srv_page_html_len)
-                   : send_error(s, c, 405, "use GET", NULL);
-    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics")) {
-        if (!get)
-            return send_error(s, c, 405, "use GET", NULL);
-        if (!strcmp(url, "/v1/models"))
-            return models(s, c);
-        if (!strcmp(url, "/health")) {
-            pthread_mutex_lock(&s->mu);
-            int draining = s->draining;
-            pthread_mutex_unlock(&s->mu);
-            return draining
-                       ? send_buf(s, c, 503, "application/json", "{\"status\":\"draining\"}", 21)
-                       : send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
-        }
+    const char *body = cc->body ? cc->body : "";
+    unsigned code = 200;
+    switch (rt) {
+    case R_COMPLETIONS:
+        return generate(s, c, cc, GEN_COMPLETION);
+    case R_CHAT:
+        return generate(s, c, cc, GEN_CHAT);
+    case R_GENERATE:
+        return generate(s, c, cc, GEN_SGLANG);
+    case R_TOKENIZE: {
+        json_t *v = srv_tokenize(s, body, cc->n_body, &code);
+        return send_json(s, c, code, v);
+    }
+    case R_DETOKENIZE: {
+        json_t *v = srv_detokenize(s, body, cc->n_body, &code);
+        return send_json(s, c, code, v);
+    }
+    case R_MODELS:
+        return models(s, c);
+    case R_MODEL: {
+        json_t *v = srv_model_by_id(s, model_id, &code);
+        return send_json(s, c, code, v);
+    }
+    case R_PROPS:
+        return send_json(s, c, 200, srv_props(s));
+    case R_SERVER_INFO:
+        return send_json(s, c, 200, srv_server_info(s));
+    case R_MODEL_INFO:
+        return send_json(s, c, 200, srv_model_info(s));
+    case R_PAGE:
+        return send_buf(s, c, 200, "text/html; charset=utf-8", (const char *)srv_page_html,
+                        srv_page_html_len);
+    case R_HEALTH: {
+        pthread_mutex_lock(&s->mu);
+        int draining = s->draining;
+        pthread_mutex_unlock(&s->mu);
+        return draining ? send_buf(s, c, 503, "application/json", "{\"status\":\"draining\"}", 21)
+                        : send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    }
+    default: { /* R_METRICS */
         size_t n = 0;
         char *txt = srv_metrics_text(s, &n);
         if (!txt)
@@ -749,9 +905,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         free(txt);
         return rc;
     }
-    char msg[160];
-    snprintf(msg, sizeof msg, "no such endpoint: %s %.100s", method, url);
-    return send_error(s, c, 404, msg, NULL);
+    }
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -783,7 +937,7 @@ int srv_http_start(srv *s) {
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)s->o.port);
     if (inet_pton(AF_INET, s->o.host, &addr.sin_addr) != 1) {
-        fprintf(stderr, "spectree serve: --host %s is not an IPv4 address\n", s->o.host);
+        srv_log(s, SRV_LOG_ERROR, "--host %s is not an IPv4 address", s->o.host);
         return -1;
     }
     struct MHD_Daemon *d = MHD_start_daemon(
@@ -795,7 +949,7 @@ int srv_http_start(srv *s) {
         request_line, s, MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION,
         notify_connection, s, MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u, MHD_OPTION_END);
     if (!d) {
-        fprintf(stderr, "spectree serve: cannot listen on %s:%ld: %s\n", s->o.host, s->o.port,
+        srv_log(s, SRV_LOG_ERROR, "cannot listen on %s:%ld: %s", s->o.host, s->o.port,
                 strerror(errno));
         return -1;
     }

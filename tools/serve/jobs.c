@@ -24,6 +24,7 @@ void srv_job_release(srv *s, srv_job *j) {
         return;
     free(j->prompt);
     free(j->text);
+    free(j->lps);
     srv_stopper_free(&j->stopper);
     srv_request_free(&j->req);
     pthread_cond_destroy(&j->cv);
@@ -63,6 +64,27 @@ static int job_text(srv_job *j, const char *t, size_t n, int final) {
 
 _Static_assert(SRV_MAX_WAKE >= ST_GEN_MAX_BATCH, "a step's emitting jobs fit the wake list");
 
+/* Engine thread, just before on_emit of the same token: its log-probabilities (its text's place
+ * is filled in by on_emit). */
+static void on_logprobs(void *user, const st_token_logprobs *lp) {
+    srv_job *j = user;
+    srv *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    if (j->n_lps == j->cap_lps) {
+        int64_t cap = j->cap_lps ? j->cap_lps * 2 : 64;
+        srv_lp *b = realloc(j->lps, (size_t)cap * sizeof *b);
+        if (!b) {
+            j->oom = 1;
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        j->lps = b;
+        j->cap_lps = cap;
+    }
+    j->lps[j->n_lps++] = (srv_lp){*lp, j->last_tok, j->n_raw, 0};
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Engine thread, inside st_engine_step. */
 static int on_emit(void *user, int32_t token) {
     srv_job *j = user;
@@ -75,10 +97,16 @@ static int on_emit(void *user, int32_t token) {
             j->t_first = now;
         j->n_gen++;
         size_t nb = 0;
-        if (st_detok_push(&j->detok, token, j->tok_buf, j->tok_cap, &nb) != ST_OK)
+        if (st_detok_push(&j->detok, token, j->tok_buf, j->tok_cap, &nb) != ST_OK) {
+            nb = 3;
             stop = job_text(j, "\xEF\xBF\xBD", 3, 0);
-        else if (nb)
+        } else if (nb) {
             stop = job_text(j, j->tok_buf, nb, 0);
+        }
+        if (j->req.logprobs && j->n_lps == j->n_gen)
+            j->lps[j->n_lps - 1].len = nb;
+        j->n_raw += nb;
+        j->last_tok = token;
         if (!j->wake_pending && s->n_wake < SRV_MAX_WAKE) { /* woken after the step */
             s->wake[s->n_wake++] = j;
             j->wake_pending = 1;
@@ -90,16 +118,39 @@ static int on_emit(void *user, int32_t token) {
     return stop;
 }
 
-/* --log-level info: one line per finished request (debug: its queue time and accepted
- * drafts per step too). With s->mu held. */
+/* --log-level info: one line per finished request: its id, prompt and generated tokens, time to
+ * first token, decoding tokens/s, tau and finish reason (debug: its queue time and accepted
+ * drafts per step too); --log-format json: those fields by name. With s->mu held. */
 static void log_request(const srv *s, const srv_job *j) {
     const st_request_stats *st = &j->stats;
     const double decode_s = (st->total_ms - st->ttft_ms) / 1e3;
     const char *why = st->status != ST_OK ? "error"
                       : j->cancelled      ? "cancelled"
                                           : st_stop_reason_name(st->stop_reason);
+    const double ttft = st->ttft_ms < 0 ? 0.0 : st->ttft_ms;
+    const double tok_s =
+        st->gen_tokens > 1 && decode_s > 0 ? (double)(st->gen_tokens - 1) / decode_s : 0.0;
+    const int debug = s->o.log_level >= SRV_LOG_DEBUG;
+    if (s->o.log_json) {
+        json_t *v =
+            json_pack("{s:f,s:s,s:s,s:s,s:I,s:I,s:f,s:f,s:f,s:s}", "time", srv_unix_time(), "level",
+                      "info", "msg", "request", "id", j->id, "prompt_tokens",
+                      (json_int_t)st->prompt_tokens, "gen_tokens", (json_int_t)st->gen_tokens,
+                      "ttft_ms", ttft, "tok_s", tok_s, "tau", st->tau, "finish", why);
+        if (v && debug) {
+            json_t *h = json_array();
+            for (int a = 0; a <= ST_SPEC_MAX_S; a++)
+                json_array_append_new(h, json_integer(st->accept_hist[a]));
+            json_object_update_new(v, json_pack("{s:f,s:I,s:I,s:o}", "queue_ms", st->queue_ms,
+                                                "spec_steps", (json_int_t)st->spec_steps,
+                                                "plain_steps", (json_int_t)st->plain_steps,
+                                                "accept_hist", h));
+        }
+        srv_log_json(v);
+        return;
+    }
     char hist[256] = "";
-    if (s->o.log_level >= SRV_LOG_DEBUG) {
+    if (debug) {
         size_t n = (size_t)snprintf(hist, sizeof hist,
                                     ", queue %.1f ms, %" PRId64 " speculative + %" PRId64
                                     " plain steps, accepted",
@@ -109,12 +160,10 @@ static void log_request(const srv *s, const srv_job *j) {
                 n += (size_t)snprintf(hist + n, sizeof hist - n, " %d:%" PRId64, a,
                                       st->accept_hist[a]);
     }
-    fprintf(stderr,
-            "spectree serve: %s: prompt %" PRId64 " tokens, gen %" PRId64
-            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s\n",
-            j->id, st->prompt_tokens, st->gen_tokens, st->ttft_ms < 0 ? 0.0 : st->ttft_ms,
-            st->gen_tokens > 1 && decode_s > 0 ? (double)(st->gen_tokens - 1) / decode_s : 0.0,
-            st->tau, why, hist);
+    srv_log(s, SRV_LOG_INFO,
+            "%s: prompt %" PRId64 " tokens, gen %" PRId64
+            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s",
+            j->id, st->prompt_tokens, st->gen_tokens, ttft, tok_s, st->tau, why, hist);
 }
 
 static void on_finish(void *user, const st_request_stats *st) {
@@ -127,9 +176,12 @@ static void on_finish(void *user, const st_request_stats *st) {
     snprintf(j->error, sizeof j->error, "%s", msg);
     if (st->status == ST_OK && !j->stopper.stopped && !j->cancelled) {
         size_t nb = 0;
-        if (st_detok_flush(&j->detok, j->tok_buf, j->tok_cap, &nb) == ST_OK)
+        if (st_detok_flush(&j->detok, j->tok_buf, j->tok_cap, &nb) == ST_OK) {
             job_text(j, j->tok_buf, nb, 1);
-        else
+            if (j->n_lps > 0 && j->lps[j->n_lps - 1].off + j->lps[j->n_lps - 1].len == j->n_raw)
+                j->lps[j->n_lps - 1].len += nb; /* the held bytes of the last token */
+            j->n_raw += nb;
+        } else
             job_text(j, "", 0, 1);
     }
     j->t_done = st_time_seconds();
@@ -198,7 +250,10 @@ void *srv_engine_main(void *arg) {
         while (pend) {
             srv_job *j = pend;
             pend = j->next;
-            st_request_params rp = {.n_predict = j->n_predict, .sampler = j->req.sp};
+            st_request_params rp = {.n_predict = j->n_predict,
+                                    .sampler = j->req.sp,
+                                    .on_logprobs = j->req.logprobs ? on_logprobs : NULL,
+                                    .top_logprobs = j->req.top_logprobs};
             uint64_t id = 0;
             st_status rc = st_engine_submit(s->engine, j->prompt, j->n_prompt, &rp, on_emit,
                                             on_finish, j, &id);
@@ -220,7 +275,7 @@ void *srv_engine_main(void *arg) {
         if (st_engine_running(s->engine) + st_engine_queued(s->engine) > 0) {
             st_status rc = st_engine_step(s->engine);
             if (rc != ST_OK)
-                fprintf(stderr, "spectree serve: engine step: %s\n", st_last_error());
+                srv_log(s, SRV_LOG_ERROR, "engine step: %s", st_last_error());
         }
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->n_wake; i++) {

@@ -1,8 +1,8 @@
 /*
  * main.c: `spectree serve`, an OpenAI-compatible HTTP server over the continuous-batching engine
  * (st_engine_*): its flags, start-up and drain. The engine thread and the jobs are jobs.c's;
- * the HTTP endpoints http.c's, the metrics metrics.c's; request checking, chat templates and
- * stop strings api.c's (no sockets: unit-tested and fuzzed).
+ * the HTTP endpoints http.c's, the metrics metrics.c's; request checking and stop strings
+ * api.c's, chat templates tmpl.c's (no sockets: unit-tested and fuzzed).
  */
 #define _GNU_SOURCE
 #include "serve.h"
@@ -12,6 +12,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +29,10 @@ static const char *serve_help =
     "usage: spectree serve -m MODEL [options]\n"
     "\n"
     "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (with\n"
-    "\"stream\": true: server-sent events ending with [DONE]), GET /v1/models, GET /health,\n"
-    "GET /metrics (Prometheus text). Requests run together, joining and leaving between steps\n"
+    "\"stream\": true: server-sent events ending with [DONE]), GET /v1/models[/ID] (also without\n"
+    "/v1), GET /health, GET /metrics (Prometheus text); llama-server's POST /tokenize,\n"
+    "/detokenize and GET /props, SGLang's POST /generate, GET /server_info and /get_model_info.\n"
+    "Requests run together, joining and leaving between steps\n"
     "(continuous batching); a seeded request returns what `spectree generate` prints for the\n"
     "same prompt and parameters, whatever else runs. SIGTERM, SIGINT or SIGHUP stops\n"
     "accepting, finishes the running requests and exits; a second signal, or --drain-timeout,\n"
@@ -67,9 +70,16 @@ static const char *serve_help =
     "                       the rest of the context, as chat requests always get)\n"
     "      --log-level L    error, warn, info (default: the start-up lines and one line per\n"
     "                       request) or debug (each request's queue time and accepted drafts)\n"
+    "      --log-format F   text (default: 'spectree serve: ...' lines) or json (one object a\n"
+    "                       line: time, level, msg; a request's line its fields by name)\n"
+    "      --cors ORIGIN    answer browsers from ORIGIN (a comma-separated list, or *): CORS\n"
+    "                       headers on every answer and OPTIONS preflights answered 204\n"
     "      --temp T, --top-k K, --top-p P, --min-p P   sampling defaults of requests that give\n"
     "                       none (default OpenAI's: 1, off, 1, off)\n"
-    "  -h, --help           this help\n"
+    "  -h, --help           this help\n";
+
+/* printed after serve_help: one string literal would pass the 4095 bytes C99 promises */
+static const char *serve_help_env =
     "\n"
     "Every flag can come from the environment instead: SPECTREE_ARG_<FLAG>, the long name in\n"
     "upper case with '_' for '-' (SPECTREE_ARG_PORT=8081, SPECTREE_ARG_CTX_SIZE=2048; a flag\n"
@@ -176,7 +186,9 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_TIMEOUT,
         O_DRAIN,
         O_PARALLEL,
-        O_LOG_LEVEL
+        O_LOG_LEVEL,
+        O_LOG_FORMAT,
+        O_CORS
     };
     static const struct option own[] = {{"model", required_argument, 0, 'm'},
                                         {"model-path", required_argument, 0, 'm'},
@@ -188,6 +200,8 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
                                         {"max-running-requests", required_argument, 0, O_RUNNING},
                                         {"parallel", required_argument, 0, O_PARALLEL},
                                         {"log-level", required_argument, 0, O_LOG_LEVEL},
+                                        {"log-format", required_argument, 0, O_LOG_FORMAT},
+                                        {"cors", required_argument, 0, O_CORS},
                                         {"max-queued-requests", required_argument, 0, O_QUEUED},
                                         {"context-length", required_argument, 0, 'c'},
                                         {"ctx-size", required_argument, 0, 'c'},
@@ -257,6 +271,17 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             o->log_level = l;
             break;
         }
+        case O_LOG_FORMAT:
+            if (strcmp(optarg, "text") != 0 && strcmp(optarg, "json") != 0)
+                die("--log-format takes text or json");
+            o->log_json = !strcmp(optarg, "json");
+            break;
+        case O_CORS:
+            if (!optarg[0] || strlen(optarg) > 1024 || strpbrk(optarg, " \t\r\n"))
+                die("--cors takes an origin (https://example.com), a comma-separated list of "
+                    "them, or *");
+            o->cors = optarg;
+            break;
         case O_QUEUED:
             cli_parse_int(cmd, "--max-queued-requests", optarg, 1, 1 << 20, &v);
             o->ep.max_queued = (int32_t)v;
@@ -302,6 +327,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             break;
         case 'h':
             fputs(serve_help, stdout);
+            fputs(serve_help_env, stdout);
             fputs(cli_common_help, stdout);
             exit(0);
         case ':':
@@ -328,6 +354,37 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+
+double srv_unix_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void srv_log(const srv *s, int level, const char *fmt, ...) {
+    if (level > s->o.log_level)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    const char *name = level < 0 ? "info" : names[level];
+    if (!s->o.log_json) {
+        fprintf(stderr, "spectree serve: %s%s\n", level == SRV_LOG_WARN ? "warning: " : "", msg);
+        return;
+    }
+    srv_log_json(json_pack("{s:f,s:s,s:s}", "time", srv_unix_time(), "level", name, "msg", msg));
+}
+
+void srv_log_json(json_t *v) {
+    char *txt = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (txt)
+        fprintf(stderr, "%s\n", txt);
+    free(txt);
+}
 
 /* The last component of path, trailing slashes dropped (a directory given as "dir/"), into buf. */
 static const char *base_name(const char *path, char *buf, size_t cap) {
@@ -358,19 +415,18 @@ static int find_template(srv *s) {
     if (!have) {
         s->tmpl = SRV_TMPL_CHATML;
         snprintf(s->tmpl_source, sizeof s->tmpl_source, "the default");
-        if (s->o.log_level >= SRV_LOG_WARN)
-            fprintf(stderr,
-                    "spectree serve: warning: %s has no chat template (tokenizer.chat_template): "
-                    "chat requests use ChatML; choose another with --chat-template NAME\n",
-                    s->o.model);
+        srv_log(s, SRV_LOG_WARN,
+                "%s has no chat template (tokenizer.chat_template): "
+                "chat requests use ChatML; choose another with --chat-template NAME",
+                s->o.model);
         return 0;
     }
     s->tmpl = srv_tmpl_detect(str.ptr, (size_t)str.len);
     if (s->tmpl == SRV_TMPL_NONE) {
-        fprintf(stderr,
-                "spectree serve: %s: tokenizer.chat_template is none of the templates this "
+        srv_log(s, SRV_LOG_ERROR,
+                "%s: tokenizer.chat_template is none of the templates this "
                 "server renders (llama-2, llama-3, chatml, zephyr, mistral); choose one with "
-                "--chat-template NAME\n",
+                "--chat-template NAME",
                 s->o.model);
         return -1;
     }
@@ -389,18 +445,17 @@ static void log_startup(const srv *s) {
     const st_engine_stats *es = &s->engine_stats;
     const st_spec_algo algo = o->ep.gen.spec.algo;
     if (algo == ST_SPEC_NONE)
-        fprintf(stderr, "spectree serve: drafter NONE (plain decoding)\n");
+        srv_log(s, SRV_LOG_INFO, "drafter NONE (plain decoding)");
     else if (algo == ST_SPEC_NGRAM)
-        fprintf(stderr, "spectree serve: drafter NGRAM (suffixes of %d..%d tokens, %d matches)\n",
+        srv_log(s, SRV_LOG_INFO, "drafter NGRAM (suffixes of %d..%d tokens, %d matches)",
                 o->ep.gen.spec.ngram_min_match, o->ep.gen.spec.ngram_max_match,
                 o->ep.gen.spec.ngram_breadth);
     else
-        fprintf(stderr, "spectree serve: drafter %s, %s %s\n", st_spec_algo_name(algo),
+        srv_log(s, SRV_LOG_INFO, "drafter %s, %s %s", st_spec_algo_name(algo),
                 algo == ST_SPEC_STANDALONE ? "draft model" : "head", o->c.draft_path);
     if (algo != ST_SPEC_NONE) {
         const st_spec_params *sp = &o->ep.gen.spec;
-        fprintf(stderr,
-                "spectree serve: tree: top-k %d, depth %d, at most %d nodes with the root (%s)\n",
+        srv_log(s, SRV_LOG_INFO, "tree: top-k %d, depth %d, at most %d nodes with the root (%s)",
                 es->topk, es->num_steps, es->num_draft_tokens,
                 sp->topk && sp->num_steps && sp->num_draft_tokens
                     ? "fixed"
@@ -409,15 +464,15 @@ static void log_startup(const srv *s) {
     char threads[32] = "all cores";
     if (o->c.threads > 0)
         snprintf(threads, sizeof threads, "%ld", o->c.threads);
-    fprintf(stderr, "spectree serve: kernels %s, threads %s\n", st_kernels_name(), threads);
+    srv_log(s, SRV_LOG_INFO, "kernels %s, threads %s", st_kernels_name(), threads);
     const st_load_info *li = st_model_get_load_info(s->model);
     const st_model_hparams *hp = st_model_get_hparams(s->model);
     const double per_pos =
         (double)hp->n_layer * hp->n_head_kv * hp->head_dim *
         ((o->ep.gen.type_k == ST_DTYPE_F16 ? 2 : 4) + (o->ep.gen.type_v == ST_DTYPE_F16 ? 2 : 4));
-    fprintf(stderr,
-            "spectree serve: memory: weights %.1f MB (%s), KV cache at most %.1f MB (%" PRId64
-            " positions: %d slots of %d; committed as used)\n",
+    srv_log(s, SRV_LOG_INFO,
+            "memory: weights %.1f MB (%s), KV cache at most %.1f MB (%" PRId64
+            " positions: %d slots of %d; committed as used)",
             (double)li->file_bytes / 1e6, st_load_mode_name(li->mode),
             per_pos * (double)es->kv_budget / 1e6, es->kv_budget, es->max_running, es->n_ctx);
 }
@@ -448,7 +503,7 @@ int serve_cmd(int argc, char **argv) {
     s.tok = st_model_tokenizer(s.model);
     srv_specials_find(s.tok, &s.specials);
     if (st_engine_create(s.model, &o->ep, &s.engine) != ST_OK) {
-        fprintf(stderr, "spectree serve: %s\n", st_last_error());
+        srv_log(&s, SRV_LOG_ERROR, "%s", st_last_error());
         goto done;
     }
     st_engine_get_stats(s.engine, &s.engine_stats);
@@ -481,7 +536,7 @@ int serve_cmd(int argc, char **argv) {
 
     pthread_t engine_thread;
     if (pthread_create(&engine_thread, NULL, srv_engine_main, &s) != 0) {
-        fprintf(stderr, "spectree serve: cannot start the engine thread\n");
+        srv_log(&s, SRV_LOG_ERROR, "cannot start the engine thread");
         goto done;
     }
     if (srv_http_start(&s) != 0) {
@@ -492,16 +547,16 @@ int serve_cmd(int argc, char **argv) {
         pthread_join(engine_thread, NULL);
         goto done;
     }
-    fprintf(stderr,
-            "spectree serve: %s as '%s' on http://%s:%d (context %d, %d slots, chat template "
-            "%s from %s, speculative %s)\n",
+    srv_log(&s, SRV_LOG_ALWAYS,
+            "%s as '%s' on http://%s:%d (context %d, %d slots, chat template "
+            "%s from %s, speculative %s)",
             o->model, s.model_name, o->host, s.port, s.n_ctx, s.engine_stats.max_running,
             srv_tmpl_name(s.tmpl), s.tmpl_source, st_spec_algo_name(o->ep.gen.spec.algo));
     fflush(stderr);
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "spectree serve: %s: draining (no new requests; %d in flight)\n", sig_name(sig),
+    srv_log(&s, SRV_LOG_ALWAYS, "%s: draining (no new requests; %d in flight)", sig_name(sig),
             s.live_jobs);
     srv_http_quiesce(&s);
     pthread_mutex_lock(&s.mu);
@@ -520,7 +575,7 @@ int serve_cmd(int argc, char **argv) {
     if (left) {
         /* the connections answer what is left with 503 (a stream: an error event and [DONE])
          * within a wait or two; a client that does not read its answer is not waited for */
-        fprintf(stderr, "spectree serve: %s: %d requests cut\n",
+        srv_log(&s, SRV_LOG_ALWAYS, "%s: %d requests cut",
                 again ? "a second signal" : "drain timeout", left);
         s.cut = again ? SRV_CUT_SIGNAL : SRV_CUT_TIMEOUT;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -543,7 +598,7 @@ int serve_cmd(int argc, char **argv) {
         srv_job_refuse(&s, j, ST_ERR_BUSY, "the server is shutting down");
     }
     pthread_mutex_unlock(&s.mu);
-    fprintf(stderr, "spectree serve: stopped after %" PRId64 " requests (%" PRId64 " cut)\n",
+    srv_log(&s, SRV_LOG_ALWAYS, "stopped after %" PRId64 " requests (%" PRId64 " cut)",
             s.metrics.requests_total, s.metrics.cut);
     rc = 0;
 done:

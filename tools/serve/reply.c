@@ -54,15 +54,190 @@ json_t *srv_text_str(const char *t, size_t n) {
     return v ? v : json_string("\xEF\xBF\xBD");
 }
 
-json_t *srv_full_response(const srv_job *j) {
-    json_t *choice;
-    if (j->req.chat)
-        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
-                           "content", srv_text_str(j->text ? j->text : "", j->n_text), "logprobs",
-                           "finish_reason", srv_finish_reason(j));
+int64_t srv_logprobs_kept(const srv_job *j) {
+    int64_t n = j->n_lps;
+    while (j->stopper.stopped && n > 0 && j->lps[n - 1].off >= j->n_text)
+        n--;
+    return n;
+}
+
+int64_t srv_logprobs_upto(const srv_job *j, size_t upto) {
+    int64_t n = 0;
+    while (n < j->n_lps && j->lps[n].off < upto && j->lps[n].off + j->lps[n].len <= upto)
+        n++;
+    return n;
+}
+
+static json_t *bytes_json(const char *p, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+/* A string of n bytes that may not be whole UTF-8 (an alternative that only begins a
+ * character): its valid prefix, then U+FFFD for the rest (its bytes say exactly). */
+static json_t *lossy_str(const char *p, size_t n) {
+    const size_t ok = srv_utf8_valid_prefix(p, n);
+    if (ok == n)
+        return srv_text_str(p, n);
+    char buf[64];
+    const size_t k = ok < sizeof buf - 4 ? ok : sizeof buf - 4;
+    memcpy(buf, p, k);
+    memcpy(buf + k, "\xEF\xBF\xBD", 3);
+    return srv_text_str(buf, k + 3);
+}
+
+/* An alternative token's text in a token's place (after the token before it, prev): its bytes,
+ * with those of a character it only begins; buf holds st_detok_max_bytes + 4. */
+static size_t alt_text(const srv *s, int32_t prev, int32_t tok, char *buf, size_t cap) {
+    st_detok d;
+    size_t nb = 0;
+    st_detok_init(&d, s->tok);
+    st_detok_set_prev(&d, prev);
+    if (st_detok_push(&d, tok, buf, cap, &nb) != ST_OK)
+        nb = 0;
+    if (d.n_pend <= cap - nb) {
+        memcpy(buf + nb, d.pend, d.n_pend);
+        nb += d.n_pend;
+    }
+    return nb;
+}
+
+/* The text of record r in the answer: its bytes of j->text, cut where a stop string cut it. */
+static const char *record_text(const srv_job *j, const srv_lp *r, size_t *len) {
+    const size_t off = r->off < j->n_text ? r->off : j->n_text;
+    *len = r->off + r->len <= j->n_text ? r->len : j->n_text - off;
+    return j->text ? j->text + off : "";
+}
+
+/* SGLang's return_logprob: output_token_logprobs [[LOGPROB, ID, TEXT or null], ...] and
+ * output_top_logprobs (top_logprobs_num of them per token, null when 0), added to mi. */
+static void sglang_logprobs(const srv_job *j, json_t *mi) {
+    const srv *s = j->srv;
+    const int text = j->req.lp_text;
+    const size_t cap = st_detok_max_bytes(s->tok) + 4;
+    char *buf = malloc(cap);
+    json_t *out = json_array(), *tops = json_array();
+    const int64_t n = srv_logprobs_kept(j);
+    for (int64_t i = 0; buf && out && tops && i < n; i++) {
+        const srv_lp *r = &j->lps[i];
+        size_t len;
+        const char *t = record_text(j, r, &len);
+        json_array_append_new(out, json_pack("[f,i,o]", (double)r->lp.logprob, r->lp.token,
+                                             text ? srv_text_str(t, len) : json_null()));
+        if (!j->req.top_logprobs) {
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_t *top = json_array();
+        for (int k = 0; top && k < r->lp.n_top; k++) {
+            const size_t nb = text ? alt_text(s, r->prev, r->lp.top_token[k], buf, cap) : 0;
+            json_array_append_new(top, json_pack("[f,i,o]", (double)r->lp.top_logprob[k],
+                                                 r->lp.top_token[k],
+                                                 text ? lossy_str(buf, nb) : json_null()));
+        }
+        json_array_append_new(tops, top);
+    }
+    free(buf);
+    json_object_set_new(mi, "output_token_logprobs", out ? out : json_null());
+    json_object_set_new(mi, "output_top_logprobs", tops ? tops : json_null());
+}
+
+json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to) {
+    const int chat = j->req.chat;
+    const size_t cap = st_detok_max_bytes(s->tok) + 4;
+    char *buf = malloc(cap);
+    json_t *content = json_array(), *tokens = json_array(), *lps = json_array(),
+           *tops = json_array(), *offs = json_array();
+    if (!buf || !content || !tokens || !lps || !tops || !offs)
+        goto fail;
+    for (int64_t i = from; i < to; i++) {
+        const srv_lp *r = &j->lps[i];
+        size_t len;
+        const char *t = record_text(j, r, &len);
+        const size_t off = (size_t)(t - (j->text ? j->text : t));
+        json_t *top = chat ? json_array() : json_object();
+        for (int k = 0; top && k < r->lp.n_top; k++) {
+            const size_t nb = alt_text(s, r->prev, r->lp.top_token[k], buf, cap);
+            if (chat) {
+                json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", lossy_str(buf, nb),
+                                                     "logprob", (double)r->lp.top_logprob[k],
+                                                     "bytes", bytes_json(buf, nb)));
+            } else {
+                json_t *key = lossy_str(buf, nb);
+                if (key && !json_object_get(top, json_string_value(key)))
+                    json_object_set_new(top, json_string_value(key),
+                                        json_real((double)r->lp.top_logprob[k]));
+                json_decref(key);
+            }
+        }
+        if (chat) {
+            json_array_append_new(content,
+                                  json_pack("{s:o,s:f,s:o,s:o}", "token", srv_text_str(t, len),
+                                            "logprob", (double)r->lp.logprob, "bytes",
+                                            bytes_json(t, len), "top_logprobs", top));
+        } else {
+            json_array_append_new(tokens, srv_text_str(t, len));
+            json_array_append_new(lps, json_real((double)r->lp.logprob));
+            json_array_append_new(tops, top);
+            json_array_append_new(offs, json_integer((json_int_t)off));
+        }
+    }
+    free(buf);
+    if (chat) {
+        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offs);
+        return json_pack("{s:o,s:n}", "content", content, "refusal");
+    }
+    json_decref(content);
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                     tops, "text_offset", offs);
+fail:
+    free(buf);
+    json_decref(content), json_decref(tokens), json_decref(lps), json_decref(tops);
+    json_decref(offs);
+    return NULL;
+}
+
+/* SGLang's /generate answer: the text and meta_info (ids, token counts, finish_reason as an
+ * object: {"type": "length", "length": N} or {"type": "stop"} with "matched": the stop string,
+ * and the speculative fields). */
+static json_t *sglang_response(const srv_job *j) {
+    json_t *fin;
+    if (j->stopper.stopped)
+        fin = json_pack("{s:s,s:s}", "type", "stop", "matched", j->req.stops[j->stopper.matched]);
+    else if (!strcmp(srv_finish_reason(j), "length"))
+        fin = json_pack("{s:s,s:I}", "type", "length", "length", (json_int_t)j->stats.gen_tokens);
     else
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text",
-                           srv_text_str(j->text ? j->text : "", j->n_text), "logprobs",
+        fin = json_pack("{s:s}", "type", "stop");
+    json_t *mi = srv_spec_info(j);
+    if (mi)
+        json_object_update_new(mi,
+                               json_pack("{s:s,s:I,s:I,s:I,s:o}", "id", j->id, "prompt_tokens",
+                                         (json_int_t)j->n_prompt, "completion_tokens",
+                                         (json_int_t)j->stats.gen_tokens, "cached_tokens",
+                                         (json_int_t)j->stats.reused_tokens, "finish_reason", fin));
+    else
+        json_decref(fin);
+    if (mi && j->req.logprobs)
+        sglang_logprobs(j, mi);
+    return json_pack("{s:o,s:o}", "text", srv_text_str(j->text ? j->text : "", j->n_text),
+                     "meta_info", mi);
+}
+
+json_t *srv_full_response(const srv_job *j) {
+    if (j->req.sglang)
+        return sglang_response(j);
+    json_t *choice;
+    json_t *lp =
+        j->req.logprobs ? srv_logprobs_json(j->srv, j, 0, srv_logprobs_kept(j)) : json_null();
+    if (j->req.chat)
+        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", 0, "message", "role", "assistant",
+                           "content", srv_text_str(j->text ? j->text : "", j->n_text), "logprobs",
+                           lp, "finish_reason", srv_finish_reason(j));
+    else
+        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text",
+                           srv_text_str(j->text ? j->text : "", j->n_text), "logprobs", lp,
                            "finish_reason", srv_finish_reason(j));
     return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:o}", "id", j->id, "object",
                      j->req.chat ? "chat.completion" : "text_completion", "created",
@@ -85,24 +260,30 @@ static int push_ids(int32_t **ids, int64_t *n, int64_t *cap, const int32_t *add,
     return 0;
 }
 
-/* The prompt's token ids; 0, or an HTTP status with a message in err. */
-static unsigned build_prompt(srv *s, srv_job *j, char *err) {
+/* The prompt's token ids; 0, or an HTTP status with a message in err and the field in param. */
+static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
     const srv_request *r = &j->req;
+    const char *pf = r->chat     ? "messages"
+                     : r->sglang ? (r->prompt_ids ? "input_ids" : "text")
+                                 : "prompt";
+    const char *mf = r->sglang ? "sampling_params.max_new_tokens" : "max_tokens";
     const int add_bos = !s->o.c.no_bos && st_tokenizer_add_bos_default(s->tok);
     int64_t cap = 0;
     if (!r->chat && r->prompt_ids) {
         int32_t nv = st_tokenizer_n_vocab(s->tok);
         for (int64_t i = 0; i < r->n_prompt_ids; i++)
             if (r->prompt_ids[i] >= nv) {
-                snprintf(err, SRV_ERR_CAP, "prompt[%" PRId64 "] = %d is not a token id (< %d)", i,
+                snprintf(err, SRV_ERR_CAP, "%s[%" PRId64 "] = %d is not a token id (< %d)", pf, i,
                          r->prompt_ids[i], nv);
+                snprintf(param, SRV_ERR_CAP, "%s", pf);
                 return 400;
             }
         if (push_ids(&j->prompt, &j->n_prompt, &cap, r->prompt_ids, r->n_prompt_ids))
             return 500;
     } else if (!r->chat) {
         if (cli_tokenize_all(s->tok, r->prompt, r->prompt_len, add_bos, &j->prompt, &j->n_prompt)) {
-            snprintf(err, SRV_ERR_CAP, "prompt: %s", st_last_error());
+            snprintf(err, SRV_ERR_CAP, "%s: %s", pf, st_last_error());
+            snprintf(param, SRV_ERR_CAP, "%s", pf);
             return 400;
         }
         if (j->n_prompt == 0) { /* an empty prompt starts from BOS, as `generate` does */
@@ -116,8 +297,10 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
         }
     } else {
         srv_rendered rd;
-        if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err))
+        if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err)) {
+            snprintf(param, SRV_ERR_CAP, "messages");
             return 400;
+        }
         if (!rd.has_bos && add_bos && st_tokenizer_bos(s->tok) >= 0) {
             int32_t bos = st_tokenizer_bos(s->tok);
             push_ids(&j->prompt, &j->n_prompt, &cap, &bos, 1);
@@ -145,6 +328,7 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
         return 400;
     }
     if (j->n_prompt > s->o.max_prompt) {
+        snprintf(param, SRV_ERR_CAP, "%s", pf);
         snprintf(err, SRV_ERR_CAP,
                  "the prompt has %" PRId64 " tokens; this server takes at most %ld", j->n_prompt,
                  s->o.max_prompt);
@@ -153,20 +337,24 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
     int64_t room = s->n_ctx - j->n_prompt;
     if (r->max_tokens > 0) {
         if (r->max_tokens > s->o.max_tokens_limit) {
-            snprintf(err, SRV_ERR_CAP, "max_tokens is %" PRId64 "; this server allows at most %ld",
+            snprintf(err, SRV_ERR_CAP, "%s is %" PRId64 "; this server allows at most %ld", mf,
                      r->max_tokens, s->o.max_tokens_limit);
+            snprintf(param, SRV_ERR_CAP, "%s", mf);
             return 400;
         }
         if (r->max_tokens > room) {
+            snprintf(param, SRV_ERR_CAP, "%s", mf);
             snprintf(err, SRV_ERR_CAP,
                      "this model's maximum context length is %d tokens; the prompt has %" PRId64
-                     " and max_tokens asks for %" PRId64,
-                     s->n_ctx, j->n_prompt, r->max_tokens);
+                     " and %s asks for %" PRId64,
+                     s->n_ctx, j->n_prompt, mf, r->max_tokens);
             return 400;
         }
         j->n_predict = r->max_tokens;
     } else {
-        int64_t d = r->chat ? room : s->o.default_max_tokens;
+        int64_t d = r->chat     ? room
+                    : r->sglang ? SRV_SGLANG_MAX_NEW_TOKENS
+                                : s->o.default_max_tokens;
         if (d > room)
             d = room;
         if (d > s->o.max_tokens_limit)
@@ -177,7 +365,7 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
 }
 
 /* Creates a job from a checked request (moved into it); 0, or an HTTP status with err. */
-unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err) {
+unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param) {
     srv_job *j = calloc(1, sizeof *j);
     if (!j) {
         srv_request_free(req);
@@ -202,12 +390,13 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err) {
     snprintf(j->id, sizeof j->id, "%s-%" PRIx64 "-%" PRIu64, j->req.chat ? "chatcmpl" : "cmpl",
              (uint64_t)s->created, seq);
     /* sampling: the request's fields, else the server's flags, else OpenAI's defaults */
-    unsigned code = j->tok_buf ? build_prompt(s, j, err) : 500;
+    unsigned code = j->tok_buf ? build_prompt(s, j, err, param) : 500;
     if (code == 500 && !err[0])
         snprintf(err, SRV_ERR_CAP, "out of memory");
     if (!code) {
         st_detok_init(&j->detok, s->tok);
         st_detok_set_prev(&j->detok, j->prompt[j->n_prompt - 1]);
+        j->last_tok = j->prompt[j->n_prompt - 1];
         if (!j->req.seed_set) { /* a fresh seed per request */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);

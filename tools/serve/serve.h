@@ -16,21 +16,24 @@
 #include <stdint.h>
 
 enum {
+    SRV_SGLANG_MAX_NEW_TOKENS = 128, /* SGLang's max_new_tokens when /generate gives none */
     SRV_MAX_CANCELS = 1024,
     SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
 };
 
 enum { SRV_CUT_TIMEOUT = 1, SRV_CUT_SIGNAL }; /* why a drain was cut: --drain-timeout, signal */
 
-/* --log-level: what stderr gets (the line with the address is always printed). */
-enum { SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
+/* --log-level: what stderr gets (SRV_LOG_ALWAYS: the line with the address, the drain's). */
+enum { SRV_LOG_ALWAYS = -1, SRV_LOG_ERROR, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG };
 
 typedef struct srv_opts {
     const char *model, *host, *model_name, *api_key;
     long port, max_conns, max_conns_per_ip, max_body, max_prompt, max_tokens_limit, timeout_s;
     long drain_s;
     long default_max_tokens;
-    int log_level; /* SRV_LOG_* (default info) */
+    int log_level;    /* SRV_LOG_* (default info) */
+    int log_json;     /* --log-format json */
+    const char *cors; /* --cors: the allowed origins (a comma-separated list, or *); NULL: off */
     st_engine_params ep;
     cli_common c; /* the flags shared with `generate`; c.sp: request defaults from --temp etc.
                    * (those in c.sp_given) */
@@ -63,6 +66,15 @@ typedef struct srv_metrics {
 
 typedef struct srv srv;
 
+/* A completion token's log-probabilities, and where its text is in the answer. */
+typedef struct srv_lp {
+    st_token_logprobs lp;
+    int32_t prev;    /* the token before it: the context of the alternatives' text */
+    size_t off, len; /* its text: bytes [off, off + len) of the text before stop strings cut it
+                      * (0 bytes for a token that only begins a character; the one that
+                      * completes it has the whole character) */
+} srv_lp;
+
 typedef struct srv_job {
     srv *srv;
     struct srv_job *next; /* pending list */
@@ -82,6 +94,10 @@ typedef struct srv_job {
     char *text; /* released text (stop strings cut) */
     size_t n_text, cap_text;
     int64_t n_gen;
+    srv_lp *lps; /* (n_lps) req.logprobs: one per completion token */
+    int64_t n_lps, cap_lps;
+    size_t n_raw;     /* bytes the detokenizer has written (before stop strings) */
+    int32_t last_tok; /* the last token emitted (or of the prompt) */
     int done, cancelled, refused, oom;
     int cut;          /* cut at the drain timeout (answered 503 or with an SSE error event) */
     int wake_pending; /* text added in this engine step, its connection not yet woken */
@@ -92,6 +108,7 @@ typedef struct srv_job {
     pthread_cond_t cv;
     /* streaming state (connection thread only) */
     size_t n_sent;
+    int64_t n_lp_sent; /* log-probabilities streamed */
     int sent_role, sent_final;
     char *sse;
     size_t n_sse, sse_off;
@@ -144,6 +161,13 @@ struct srv {
     srv_metrics metrics;
 };
 
+/* main.c: the log. A line at level (SRV_LOG_*) when --log-level lets it through: text
+ * ("spectree serve: MSG", "warning: " before a warning's) or, with --log-format json, an object
+ * {"time": UNIX SECONDS, "level", "msg"}. srv_log_json writes (and frees) an object as a line. */
+void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void srv_log_json(json_t *v);
+double srv_unix_time(void);
+
 /* jobs.c */
 /* The engine thread (pthread entry, arg: the srv): owns the engine until s->stop_engine. */
 void *srv_engine_main(void *arg);
@@ -155,16 +179,36 @@ void srv_job_cancel(srv *s, srv_job *j);
 void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg);
 
 /* reply.c: a job from a checked request (moved into it; 0, or an HTTP status with a message
- * in err), and the JSON of its answer: the finish reason, SGLang's speculative meta_info,
- * usage, a text (valid UTF-8), the whole non-streamed response. */
-unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err);
+ * in err and the field in param, both SRV_ERR_CAP bytes), and the JSON of its answer: the finish
+ * reason, SGLang's speculative meta_info, usage, a text (valid UTF-8), the whole non-streamed
+ * response. */
+unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param);
 const char *srv_finish_reason(const srv_job *j);
 json_t *srv_spec_info(const srv_job *j);
 json_t *srv_usage_obj(const srv_job *j);
 json_t *srv_text_str(const char *t, size_t n);
 json_t *srv_full_response(const srv_job *j);
+/* With s->mu held: the log-probabilities the answer keeps (a stop string drops the tokens whose
+ * text starts at or after it), those whose text starts before byte `upto` and ends by it, and
+ * the "logprobs" object
+ * of records [from, to): chat's {"content": [...]} or completions' {"tokens", "token_logprobs",
+ * "top_logprobs", "text_offset"}. */
+int64_t srv_logprobs_kept(const srv_job *j);
+int64_t srv_logprobs_upto(const srv_job *j, size_t upto);
+json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to);
+
+/* compat.c: the answers of the routes of other servers (status in *code; 400 names the field) */
+json_t *srv_model_obj(const srv *s);
+json_t *srv_model_by_id(const srv *s, const char *id, unsigned *code);
+json_t *srv_tokenize(srv *s, const char *body, size_t n, unsigned *code);
+json_t *srv_detokenize(srv *s, const char *body, size_t n, unsigned *code);
+json_t *srv_props(srv *s);
+json_t *srv_server_info(srv *s);
+json_t *srv_model_info(const srv *s);
 
 /* http.c */
+/* OpenAI's error object: {"error": {"message", "type", "param" (NULL or "": null), "code"}}. */
+json_t *srv_error_obj(unsigned code, const char *msg, const char *param);
 int srv_http_start(srv *s);
 void srv_http_quiesce(srv *s);
 void srv_http_stop(srv *s);

@@ -1,0 +1,337 @@
+/*
+ * tmpl.c: the chat templates of `spectree serve` and `spectree chat` (api.h): each family's
+ * template recognized from the Jinja text by the markers only it writes, and rendered as its
+ * Hugging Face template renders a list of messages with add_generation_prompt, written out by
+ * hand (no Jinja engine): text pieces and special tokens as ids.
+ */
+#include "api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Chat template names and detection                                                         */
+
+static const struct {
+    const char *name;
+    srv_tmpl t;
+} tmpl_names[] = {
+    {"llama-2", SRV_TMPL_LLAMA2},  {"llama2", SRV_TMPL_LLAMA2}, {"llama-3", SRV_TMPL_LLAMA3},
+    {"llama3", SRV_TMPL_LLAMA3},   {"chatml", SRV_TMPL_CHATML}, {"zephyr", SRV_TMPL_ZEPHYR},
+    {"mistral", SRV_TMPL_MISTRAL},
+};
+
+int srv_tmpl_parse(const char *name, srv_tmpl *out) {
+    for (size_t i = 0; i < sizeof tmpl_names / sizeof tmpl_names[0]; i++)
+        if (!strcmp(name, tmpl_names[i].name)) {
+            *out = tmpl_names[i].t;
+            return 0;
+        }
+    return -1;
+}
+
+const char *srv_tmpl_name(srv_tmpl t) {
+    switch (t) {
+    case SRV_TMPL_LLAMA2:
+        return "llama-2";
+    case SRV_TMPL_LLAMA3:
+        return "llama-3";
+    case SRV_TMPL_CHATML:
+        return "chatml";
+    case SRV_TMPL_ZEPHYR:
+        return "zephyr";
+    case SRV_TMPL_MISTRAL:
+        return "mistral";
+    default:
+        return "none";
+    }
+}
+
+static int has(const char *s, size_t n, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = 0; i + k <= n; i++)
+        if (s[i] == needle[0] && memcmp(s + i, needle, k) == 0)
+            return 1;
+    return 0;
+}
+
+/* Each family's template names its own markers: Llama 3 its header tokens, ChatML (Qwen, Yi,
+ * OpenHermes) <|im_start|>, Zephyr its <|user|> turn marker, Llama 2 the [INST] turns with the
+ * <<SYS>> block, Mistral [INST] turns without one. */
+srv_tmpl srv_tmpl_detect(const char *s, size_t n) {
+    if (!s)
+        return SRV_TMPL_NONE;
+    if (has(s, n, "<|start_header_id|>") && has(s, n, "<|eot_id|>"))
+        return SRV_TMPL_LLAMA3;
+    if (has(s, n, "<|im_start|>"))
+        return SRV_TMPL_CHATML;
+    if (has(s, n, "<|user|>") && has(s, n, "<|assistant|>"))
+        return SRV_TMPL_ZEPHYR;
+    if (has(s, n, "[INST]") && has(s, n, "<<SYS>>"))
+        return SRV_TMPL_LLAMA2;
+    if (has(s, n, "[INST]"))
+        return SRV_TMPL_MISTRAL;
+    return SRV_TMPL_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Chat rendering                                                                            */
+
+static int32_t find_piece(const st_tokenizer *tok, const char *piece) {
+    int32_t n = st_tokenizer_n_vocab(tok);
+    size_t k = strlen(piece);
+    for (int32_t i = 0; i < n; i++) {
+        size_t len;
+        const char *p = st_tokenizer_piece(tok, i, &len);
+        if (p && len == k && !memcmp(p, piece, k))
+            return i;
+    }
+    return -1;
+}
+
+void srv_specials_find(const st_tokenizer *tok, srv_specials *out) {
+    out->bos = st_tokenizer_bos(tok);
+    out->eos = st_tokenizer_eos(tok);
+    out->im_start = find_piece(tok, "<|im_start|>");
+    out->im_end = find_piece(tok, "<|im_end|>");
+    out->start_header = find_piece(tok, "<|start_header_id|>");
+    out->end_header = find_piece(tok, "<|end_header_id|>");
+    out->eot = find_piece(tok, "<|eot_id|>");
+}
+
+static int put_text(srv_rendered *r, const char *s, size_t n) {
+    if (n == 0)
+        return 0;
+    if (r->n_text + n + 1 > r->cap_text) {
+        size_t cap = (r->n_text + n + 1) * 2;
+        char *t = realloc(r->text, cap);
+        if (!t)
+            return -1;
+        r->text = t;
+        r->cap_text = cap;
+    }
+    if (r->n_segs > 0 && r->segs[r->n_segs - 1].special < 0 &&
+        r->segs[r->n_segs - 1].off + r->segs[r->n_segs - 1].len == r->n_text) {
+        r->segs[r->n_segs - 1].len += n;
+    } else {
+        if (r->n_segs == r->cap_segs) {
+            int cap = r->cap_segs ? r->cap_segs * 2 : 16;
+            srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
+            if (!g)
+                return -1;
+            r->segs = g;
+            r->cap_segs = cap;
+        }
+        r->segs[r->n_segs++] = (srv_seg){-1, r->n_text, n};
+    }
+    memcpy(r->text + r->n_text, s, n);
+    r->n_text += n;
+    r->text[r->n_text] = 0;
+    return 0;
+}
+
+static int put(srv_rendered *r, const char *s) { return put_text(r, s, strlen(s)); }
+
+/* A special token: its id, or its text when the vocabulary lacks it (BOS: nothing). */
+static int put_special(srv_rendered *r, int32_t id, const char *text) {
+    if (id < 0)
+        return text ? put(r, text) : 0;
+    if (r->n_segs == r->cap_segs) {
+        int cap = r->cap_segs ? r->cap_segs * 2 : 16;
+        srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
+        if (!g)
+            return -1;
+        r->segs = g;
+        r->cap_segs = cap;
+    }
+    r->segs[r->n_segs++] = (srv_seg){id, r->n_text, 0};
+    return 0;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Jinja's str.strip() / |trim: without leading and trailing whitespace. */
+static int put_stripped(srv_rendered *r, const char *s, size_t n) {
+    while (n && is_space(*s))
+        s++, n--;
+    while (n && is_space(s[n - 1]))
+        n--;
+    return put_text(r, s, n);
+}
+
+static const char *role_name(srv_role r) {
+    return r == SRV_ROLE_SYSTEM ? "system" : r == SRV_ROLE_USER ? "user" : "assistant";
+}
+
+/* Llama 2 and Mistral: user/assistant turns alternating from a user turn (their templates raise
+ * an exception otherwise); an optional leading system message. */
+static int check_alternating(const srv_msg *m, int n, int first, char *err) {
+    if (first >= n) {
+        snprintf(err, SRV_ERR_CAP, "the conversation needs a user message");
+        return -1;
+    }
+    for (int i = first; i < n; i++) {
+        srv_role want = (i - first) % 2 == 0 ? SRV_ROLE_USER : SRV_ROLE_ASSISTANT;
+        if (m[i].role != want) {
+            snprintf(err, SRV_ERR_CAP,
+                     "this model's chat template needs user and assistant messages alternating "
+                     "from a user message (one optional system message first): messages[%d] is "
+                     "%s",
+                     i, role_name(m[i].role));
+            return -1;
+        }
+    }
+    if (m[n - 1].role != SRV_ROLE_USER) {
+        snprintf(err, SRV_ERR_CAP, "the last message must be a user message");
+        return -1;
+    }
+    return 0;
+}
+
+static int render_llama2(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r,
+                         char *err) {
+    int first = n > 0 && m[0].role == SRV_ROLE_SYSTEM;
+    if (check_alternating(m, n, first, err))
+        return -1;
+    int rc = 0;
+    for (int i = first; i < n && !rc; i++) {
+        if (m[i].role == SRV_ROLE_USER) {
+            rc |= put_special(r, sp->bos, NULL);
+            rc |= put(r, "[INST] ");
+            /* content.strip() of "<<SYS>>\nS\n<</SYS>>\n\nU" strips only its outer ends:
+             * the system text stays as it is, the user text loses trailing blanks */
+            if (i == first && first) {
+                rc |= put(r, "<<SYS>>\n");
+                rc |= put_text(r, m[0].content, m[0].len);
+                rc |= put(r, "\n<</SYS>>\n\n");
+                size_t n1 = m[i].len;
+                while (n1 && is_space(m[i].content[n1 - 1]))
+                    n1--;
+                rc |= put_text(r, m[i].content, n1);
+            } else {
+                rc |= put_stripped(r, m[i].content, m[i].len);
+            }
+            rc |= put(r, " [/INST]");
+        } else {
+            rc |= put(r, " ");
+            rc |= put_stripped(r, m[i].content, m[i].len);
+            rc |= put(r, " ");
+            rc |= put_special(r, sp->eos, "</s>");
+        }
+    }
+    r->has_bos = sp->bos >= 0;
+    return rc;
+}
+
+/* Mistral-7B-Instruct's template; a system message (which v0.1's template refuses) is put
+ * before the first user message's text, separated by a blank line, as v0.2+ templates do. */
+static int render_mistral(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r,
+                          char *err) {
+    int first = n > 0 && m[0].role == SRV_ROLE_SYSTEM;
+    if (check_alternating(m, n, first, err))
+        return -1;
+    int rc = put_special(r, sp->bos, NULL);
+    for (int i = first; i < n && !rc; i++) {
+        if (m[i].role == SRV_ROLE_USER) {
+            rc |= put(r, "[INST] ");
+            if (i == first && first) {
+                rc |= put_text(r, m[0].content, m[0].len);
+                rc |= put(r, "\n\n");
+            }
+            rc |= put_text(r, m[i].content, m[i].len);
+            rc |= put(r, " [/INST]");
+        } else {
+            rc |= put_text(r, m[i].content, m[i].len);
+            rc |= put_special(r, sp->eos, "</s>");
+        }
+    }
+    r->has_bos = sp->bos >= 0;
+    return rc;
+}
+
+static int render_llama3(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
+    int rc = put_special(r, sp->bos, NULL);
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= put_special(r, sp->start_header, "<|start_header_id|>");
+        rc |= put(r, role_name(m[i].role));
+        rc |= put_special(r, sp->end_header, "<|end_header_id|>");
+        rc |= put(r, "\n\n");
+        rc |= put_stripped(r, m[i].content, m[i].len);
+        rc |= put_special(r, sp->eot, "<|eot_id|>");
+    }
+    rc |= put_special(r, sp->start_header, "<|start_header_id|>");
+    rc |= put(r, "assistant");
+    rc |= put_special(r, sp->end_header, "<|end_header_id|>");
+    rc |= put(r, "\n\n");
+    r->has_bos = sp->bos >= 0;
+    return rc;
+}
+
+static int render_chatml(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= put_special(r, sp->im_start, "<|im_start|>");
+        rc |= put(r, role_name(m[i].role));
+        rc |= put(r, "\n");
+        rc |= put_text(r, m[i].content, m[i].len);
+        rc |= put_special(r, sp->im_end, "<|im_end|>");
+        rc |= put(r, "\n");
+    }
+    rc |= put_special(r, sp->im_start, "<|im_start|>");
+    rc |= put(r, "assistant\n");
+    return rc;
+}
+
+static int render_zephyr(const srv_msg *m, int n, const srv_specials *sp, srv_rendered *r) {
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc |= put(r, m[i].role == SRV_ROLE_SYSTEM ? "<|system|>\n"
+                     : m[i].role == SRV_ROLE_USER ? "<|user|>\n"
+                                                  : "<|assistant|>\n");
+        rc |= put_text(r, m[i].content, m[i].len);
+        rc |= put_special(r, sp->eos, "</s>");
+        rc |= put(r, "\n");
+    }
+    rc |= put(r, "<|assistant|>\n");
+    return rc;
+}
+
+int srv_chat_render(srv_tmpl t, const srv_msg *msgs, int n, const srv_specials *sp,
+                    srv_rendered *out, char *err) {
+    memset(out, 0, sizeof *out);
+    int rc;
+    switch (t) {
+    case SRV_TMPL_LLAMA2:
+        rc = render_llama2(msgs, n, sp, out, err);
+        break;
+    case SRV_TMPL_MISTRAL:
+        rc = render_mistral(msgs, n, sp, out, err);
+        break;
+    case SRV_TMPL_LLAMA3:
+        rc = render_llama3(msgs, n, sp, out);
+        break;
+    case SRV_TMPL_CHATML:
+        rc = render_chatml(msgs, n, sp, out);
+        break;
+    case SRV_TMPL_ZEPHYR:
+        rc = render_zephyr(msgs, n, sp, out);
+        break;
+    default:
+        snprintf(err, SRV_ERR_CAP, "no chat template");
+        rc = -1;
+    }
+    if (rc && !err[0])
+        snprintf(err, SRV_ERR_CAP, "out of memory");
+    if (rc)
+        srv_rendered_free(out);
+    return rc;
+}
+
+void srv_rendered_free(srv_rendered *r) {
+    if (!r)
+        return;
+    free(r->text);
+    free(r->segs);
+    memset(r, 0, sizeof *r);
+}
