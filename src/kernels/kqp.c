@@ -55,10 +55,19 @@ int st_pack_kq(uint32_t type, void *dst, const void *src, size_t row_bytes, int6
         memcpy(tmp, s + (size_t)g * G * row_bytes, G * row_bytes);
         uint8_t *out = d + (size_t)g * G * row_bytes;
         for (int64_t b = 0; b < nb; b++)
-            for (int r = 0; r < (int)G; r++)
-                for (size_t i = 0; i < bb; i++)
-                    out[(size_t)b * G * bb + kq_at(type, r, i)] =
-                        tmp[(size_t)r * row_bytes + (size_t)b * bb + i];
+            for (int r = 0; r < (int)G; r++) {
+                const uint8_t *in = tmp + (size_t)r * row_bytes + (size_t)b * bb;
+                uint8_t *o = out + (size_t)b * G * bb;
+                /* the quants move in runs of four bytes, the scales byte by byte */
+                for (size_t i = 0; i < bb;)
+                    if (type == ST_DTYPE_Q4_K ? i >= 16 : i < 192) {
+                        memcpy(o + kq_at(type, r, i), in + i, 4);
+                        i += 4;
+                    } else {
+                        o[kq_at(type, r, i)] = in[i];
+                        i++;
+                    }
+            }
     }
     if (d != s && rows > ng * (int64_t)G) /* rows past the last group: row-major */
         memcpy(d + (size_t)ng * G * row_bytes, s + (size_t)ng * G * row_bytes,

@@ -15,8 +15,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* Tokens per tile; group-blocks a tile prefetches ahead. */
-enum { KQP_TT = 3, KQP_PF = 4 };
+/* Tokens per tile. */
+enum { KQP_TT = 3 };
 
 ST_INLINE __m256i bcast32(const void *p) {
     int32_t v;
@@ -30,18 +30,13 @@ ST_INLINE __m256i pairs_u8(__m128i v, int hi) {
     return _mm256_cvtepu8_epi16(hi ? _mm_unpackhi_epi8(v, v) : _mm_unpacklo_epi8(v, v));
 }
 
-ST_INLINE void pf_block(const uint8_t *p, int bytes) {
-    for (int l = 0; l < bytes; l += 64)
-        _mm_prefetch((const char *)p + l, _MM_HINT_T0);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Q4_K: 1152-byte group-blocks                                                              */
 
 enum { Q4KP_BYTES = ST_KQP_ROWS * (int)sizeof(st_block_q4_k) };
 
 ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8k *x,
-                        int64_t ldx, const int T, const int pf) {
+                        int64_t ldx, const int T, st_pf pf) {
     ST_UNROLL
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
@@ -50,8 +45,7 @@ ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, co
     const __m256 neg = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = gp + (size_t)b * Q4KP_BYTES;
-        if (pf)
-            pf_block(p + KQP_PF * Q4KP_BYTES, Q4KP_BYTES);
+        pf_step(&pf);
         /* the 6-bit scales and mins of the 8 rows, one byte per row (kquant.h planes) */
         const __m128i A = _mm_loadu_si128((const __m128i *)(p + 32));
         const __m128i B = _mm_loadu_si128((const __m128i *)(p + 48));
@@ -133,15 +127,14 @@ ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, co
 enum { Q6KP_BYTES = ST_KQP_ROWS * (int)sizeof(st_block_q6_k) };
 
 ST_INLINE void q6k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8k *x,
-                        int64_t ldx, const int T, const int pf) {
+                        int64_t ldx, const int T, st_pf pf) {
     ST_UNROLL
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
     const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = gp + (size_t)b * Q6KP_BYTES;
-        if (pf)
-            pf_block(p + KQP_PF * Q6KP_BYTES, Q6KP_BYTES);
+        pf_step(&pf);
         __m256i Sv[KQP_TT];
         ST_UNROLL
         for (int t = 0; t < T; t++)
@@ -208,11 +201,11 @@ ST_INLINE void q6k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, co
 /* ---------------------------------------------------------------------------------------- */
 
 typedef void (*tile_fn)(float *, int64_t, const uint8_t *, int64_t, const st_block_q8k *, int64_t,
-                        int, int);
+                        int, st_pf);
 
 #define KQP_DRIVER(name, tile, type)                                                               \
     static void name##_tile_any(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,              \
-                                const st_block_q8k *x, int64_t ldx, int T, int pf) {               \
+                                const st_block_q8k *x, int64_t ldx, int T, st_pf pf) {             \
         if (T == 3)                                                                                \
             tile(y, ldy, gp, nb, x, ldx, 3, pf);                                                   \
         else if (T == 2)                                                                           \
@@ -242,13 +235,20 @@ static void kqp_matmul(tile_fn tile, uint32_t type, float *y, int64_t ldy, const
         const int64_t g = r / G, n0 = r - g * G, e = (g + 1) * G < re ? (g + 1) * G : re;
         const uint8_t *gp = w + (size_t)g * gstride;
         if (n0 == 0 && e == (g + 1) * G) {
-            for (int64_t m = 0; m < M; m += KQP_TT)
+            /* the tiles bring in the next group, each its share spread over its blocks (as
+             * q8p_avx2.c) */
+            const int64_t nx = re - e < G ? re - e : G, bytes = nx > 0 ? nx * (int64_t)rb : 0;
+            const int64_t nt = (M + KQP_TT - 1) / KQP_TT, share = (bytes + nt - 1) / nt;
+            for (int64_t m = 0, i = 0; m < M; m += KQP_TT, i++) {
+                const int64_t left = bytes - i * share, sb = left < share ? left : share;
                 tile(y + m * ldy + r, ldy, gp, nb, xq + m * ldx, ldx,
-                     (int)(M - m < KQP_TT ? M - m : KQP_TT), m == 0);
+                     (int)(M - m < KQP_TT ? M - m : KQP_TT),
+                     pf_region((const char *)(gp + gstride) + i * share, sb, nb));
+            }
         } else {
             for (int64_t m = 0; m < M; m++) {
                 float tmp[ST_KQP_ROWS];
-                tile(tmp, 0, gp, nb, xq + m * ldx, ldx, 1, m == 0);
+                tile(tmp, 0, gp, nb, xq + m * ldx, ldx, 1, pf_region(NULL, 0, 1));
                 memcpy(y + m * ldy + r, tmp + n0, (size_t)(e - r) * sizeof(float));
             }
         }

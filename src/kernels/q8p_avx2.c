@@ -15,15 +15,14 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* Tokens per tile (registers: two integer sums per token, the four weight vectors, constants);
- * the group-blocks a tile prefetches ahead. */
-enum { Q8P_TT = 3, Q8P_PF = 6 };
+/* Tokens per tile (registers: two integer sums per token, the four weight vectors, constants). */
+enum { Q8P_TT = 3 };
 
 /* One group (16 rows) x T tokens, all blocks; y[t*ldy + n] for n < 16. The integer sums live in
  * registers, the float chains in y itself (one load and one store per block and eight rows:
  * registers enough for four tokens' sums). */
 ST_INLINE void group_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,
-                          const st_block_q8x *x, int64_t ldx, const int T, const int pf) {
+                          const st_block_q8x *x, int64_t ldx, const int T, st_pf pf) {
     const __m256i ones = _mm256_set1_epi16(1);
     ST_UNROLL
     for (int t = 0; t < T; t++) {
@@ -32,9 +31,7 @@ ST_INLINE void group_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = gp + (size_t)b * ST_Q8P_GROUP_BYTES;
-        if (pf) /* the first tile of a group brings its blocks in (the others find them in L2) */
-            for (int l = 0; l < ST_Q8P_GROUP_BYTES; l += 64)
-                _mm_prefetch((const char *)p + Q8P_PF * ST_Q8P_GROUP_BYTES + l, _MM_HINT_T0);
+        pf_step(&pf);
         __m256i s[2 * Q8P_TT];
         ST_UNROLL
         for (int i = 0; i < 2 * T; i++)
@@ -72,24 +69,26 @@ ST_INLINE void group_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,
     }
 }
 
-/* One group x M tokens, in token tiles. */
+/* One group x M tokens, in token tiles; the tiles bring in the next group (next, bytes; each
+ * tile its share, spread over its blocks): the memory stream runs while every tile computes,
+ * and a tile finds its own group in L2. */
 static void group_all(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8x *x,
-                      int64_t ldx, int64_t M) {
-    int64_t m = 0;
-    for (; m + Q8P_TT <= M; m += Q8P_TT)
-        group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, Q8P_TT, m == 0);
-    switch (M - m) {
-    case 1:
-        group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, 1, m == 0);
-        break;
-    case 2:
-        group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, 2, m == 0);
-        break;
-    case 3:
-        group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, Q8P_TT > 3 ? 3 : 1, m == 0);
-        break;
-    default:
-        break;
+                      int64_t ldx, int64_t M, const uint8_t *next, int64_t bytes) {
+    const int64_t nt = (M + Q8P_TT - 1) / Q8P_TT, share = (bytes + nt - 1) / nt;
+    for (int64_t m = 0, i = 0; m < M; m += Q8P_TT, i++) {
+        const int64_t left = bytes - i * share, sb = left < share ? left : share;
+        const st_pf pf = pf_region((const char *)next + i * share, sb, nb);
+        switch (M - m >= Q8P_TT ? Q8P_TT : M - m) {
+        case 1:
+            group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, 1, pf);
+            break;
+        case 2:
+            group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, 2, pf);
+            break;
+        default:
+            group_tile(y + m * ldy, ldy, gp, nb, x + m * ldx, ldx, Q8P_TT, pf);
+            break;
+        }
     }
 }
 
@@ -107,11 +106,13 @@ void st_matmul_q8_0_packed_avx2(float *y, int64_t ldy, const void *wp, size_t rb
         const int64_t g = r / G, n0 = r - g * G, e = (g + 1) * G < re ? (g + 1) * G : re;
         const uint8_t *gp = w + (size_t)g * gstride;
         if (n0 == 0 && e == (g + 1) * G) {
-            group_all(y + r, ldy, gp, nb, xq, ldx, M);
+            /* the next group, up to the end of the range */
+            const int64_t nx = re - e < G ? re - e : G;
+            group_all(y + r, ldy, gp, nb, xq, ldx, M, gp + gstride, nx > 0 ? nx * (int64_t)rb : 0);
         } else { /* part of a group: through a scratch tile, one token at a time */
             for (int64_t m = 0; m < M; m++) {
                 float tmp[ST_PACK_ROWS];
-                group_tile(tmp, 0, gp, nb, xq + m * ldx, ldx, 1, m == 0);
+                group_tile(tmp, 0, gp, nb, xq + m * ldx, ldx, 1, pf_region(NULL, 0, 1));
                 memcpy(y + m * ldy + r, tmp + n0, (size_t)(e - r) * sizeof(float));
             }
         }
