@@ -140,12 +140,14 @@ static void test_matmul_kquant(void **state) {
                            ms[im]);
 }
 
-/* Packed Q4_K / Q6_K (st_pack_kq): the packed matmul of every table that has one against the
+/* Packed Q4_K / Q5_K / Q6_K (st_pack_kq): the packed matmul of every table that has one against the
  * row-major reference, bitwise, on whole ranges and ranges cut at and inside groups, with guard
  * values around the outputs, for row counts around the 8-row groups and 1..64 tokens; packing in
  * place gives the bytes of packing into a copy, and every row reads back as it was. */
 static st_matmul_q8p_fn packed_of(const st_kernels *k, uint32_t type) {
-    return type == ST_DTYPE_Q4_K ? k->matmul_q4_k_packed : k->matmul_q6_k_packed;
+    return type == ST_DTYPE_Q4_K   ? k->matmul_q4_k_packed
+           : type == ST_DTYPE_Q5_K ? k->matmul_q5_k_packed
+                                   : k->matmul_q6_k_packed;
 }
 
 static void check_packed(uint32_t type, int64_t K, int64_t rows, int64_t M) {
@@ -208,11 +210,11 @@ static void check_packed(uint32_t type, int64_t K, int64_t rows, int64_t M) {
 
 static void test_matmul_kquant_packed(void **state) {
     (void)state;
-    const uint32_t pt[] = {ST_DTYPE_Q4_K, ST_DTYPE_Q6_K};
+    const uint32_t pt[] = {ST_DTYPE_Q4_K, ST_DTYPE_Q5_K, ST_DTYPE_Q6_K};
     const int64_t ks[] = {256, 768, 2048};
     const int64_t rowss[] = {1, 7, 8, 9, 16, 23, 40};
     const int64_t mss[] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 64};
-    for (size_t t = 0; t < 2; t++) {
+    for (size_t t = 0; t < 3; t++) {
         assert_true(st_kq_packable(pt[t]));
         for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
             for (size_t b = 0; b < sizeof rowss / sizeof rowss[0]; b++)
@@ -220,8 +222,8 @@ static void test_matmul_kquant_packed(void **state) {
                     if (ks[a] * rowss[b] * mss[c] <= 768 * 40 * 64)
                         check_packed(pt[t], ks[a], rowss[b], mss[c]);
     }
-    assert_false(st_kq_packable(ST_DTYPE_Q5_K));
-    assert_int_equal(st_pack_kq(ST_DTYPE_Q5_K, NULL, NULL, 176, 8, 256), -1);
+    assert_false(st_kq_packable(ST_DTYPE_Q3_K));
+    assert_int_equal(st_pack_kq(ST_DTYPE_Q3_K, NULL, NULL, 110, 8, 256), -1);
 }
 
 /* st_kq_unpack: sc * (q - zero) - min rebuilds each dequantized value (up to rounding). */

@@ -294,6 +294,7 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_f32_packed = matmul_f32_packed_ref,
     .matmul_q8_0_packed = matmul_q8_0_packed_ref,
     .matmul_q4_k_packed = st_matmul_q4_k_packed_ref,
+    .matmul_q5_k_packed = st_matmul_q5_k_packed_ref,
     .matmul_q6_k_packed = st_matmul_q6_k_packed_ref,
     .dot = dot_ref,
     .attn_scores = attn_scores_ref,

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-int st_kq_packable(uint32_t type) { return type == ST_DTYPE_Q4_K || type == ST_DTYPE_Q6_K; }
+int st_kq_packable(uint32_t type) {
+    return type == ST_DTYPE_Q4_K || type == ST_DTYPE_Q5_K || type == ST_DTYPE_Q6_K;
+}
 
 /* Where byte `i` of row r's block lands in its group-block (Q4_K: 144 bytes, Q6_K: 210). */
 static size_t q4k_at(int r, size_t i) {
@@ -20,6 +22,18 @@ static size_t q4k_at(int r, size_t i) {
         return 32 + 8 * (i - 4) + (size_t)r;
     const size_t q = i - 16, c = q / 32, k = q % 32 / 4; /* qs[32c + 4k + e] */
     return 128 + 32 * (8 * c + k) + 4 * (size_t)r + q % 4;
+}
+
+/* Q5_K (176 bytes): d, dmin, scales as Q4_K; qh[32] then qs[128]. */
+static size_t q5k_at(int r, size_t i) {
+    if (i < 16)
+        return q4k_at(r, i);
+    if (i < 48) { /* qh[4k + e] */
+        const size_t q = i - 16;
+        return 128 + 32 * (q / 4) + 4 * (size_t)r + q % 4;
+    }
+    const size_t q = i - 48, c = q / 32, k = q % 32 / 4; /* qs[32c + 4k + e] */
+    return 384 + 32 * (8 * c + k) + 4 * (size_t)r + q % 4;
 }
 
 static size_t q6k_at(int r, size_t i) {
@@ -37,7 +51,9 @@ static size_t q6k_at(int r, size_t i) {
 }
 
 static size_t kq_at(uint32_t type, int r, size_t i) {
-    return type == ST_DTYPE_Q4_K ? q4k_at(r, i) : q6k_at(r, i);
+    return type == ST_DTYPE_Q4_K   ? q4k_at(r, i)
+           : type == ST_DTYPE_Q5_K ? q5k_at(r, i)
+                                   : q6k_at(r, i);
 }
 
 int st_pack_kq(uint32_t type, void *dst, const void *src, size_t row_bytes, int64_t rows,
@@ -60,7 +76,7 @@ int st_pack_kq(uint32_t type, void *dst, const void *src, size_t row_bytes, int6
                 uint8_t *o = out + (size_t)b * G * bb;
                 /* the quants move in runs of four bytes, the scales byte by byte */
                 for (size_t i = 0; i < bb;)
-                    if (type == ST_DTYPE_Q4_K ? i >= 16 : i < 192) {
+                    if (type == ST_DTYPE_Q6_K ? i < 192 : i >= 16) {
                         memcpy(o + kq_at(type, r, i), in + i, 4);
                         i += 4;
                     } else {
@@ -102,7 +118,9 @@ void st_matmul_kq_packed_rows(uint32_t type, int ggml, float *y, int64_t ldy, co
                 y[m * ldy + r] = __builtin_nanf("");
         return;
     }
-    const st_matmul_fn f = type == ST_DTYPE_Q4_K ? st_matmul_q4_k_ref : st_matmul_q6_k_ref;
+    const st_matmul_fn f = type == ST_DTYPE_Q4_K   ? st_matmul_q4_k_ref
+                           : type == ST_DTYPE_Q5_K ? st_matmul_q5_k_ref
+                                                   : st_matmul_q6_k_ref;
     for (int64_t r = r0; r < r1; r++) {
         st_kq_packed_row(type, wp, row_bytes, rows, K, r, row);
         if (ggml)
@@ -124,4 +142,10 @@ void st_matmul_q6_k_packed_ref(float *y, int64_t ldy, const void *wp, size_t rb,
                                const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                int64_t r1) {
     st_matmul_kq_packed_rows(ST_DTYPE_Q6_K, 0, y, ldy, wp, rb, rows, x, ldx, K, M, r0, r1);
+}
+
+void st_matmul_q5_k_packed_ref(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                               const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                               int64_t r1) {
+    st_matmul_kq_packed_rows(ST_DTYPE_Q5_K, 0, y, ldy, wp, rb, rows, x, ldx, K, M, r0, r1);
 }

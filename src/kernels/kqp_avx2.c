@@ -1,11 +1,13 @@
 /*
- * kqp_avx2.c: the AVX2 table's Q4_K and Q6_K matmuls on packed weights (st_pack_kq, kquant.h),
+ * kqp_avx2.c: the AVX2 table's Q4_K, Q5_K and Q6_K matmuls on packed weights (st_pack_kq,
+ * kquant.h),
  * bitwise the canonical K-quant dot product. A 32-byte load of a group-block holds four quant
  * bytes of each of eight rows, so vpmaddubsw against a broadcast dword of a token's block
  * leaves each row's partial sums in its own lane: the eight rows' exact S_b and M_b end in the
  * lanes of two vectors with no horizontal reduction, and the float step is one vector chain
  * per token and eight rows. The quants' products are small enough to add in 16 bits before
- * the scale multiply (Q4_K: eight steps of at most 2 * 15 * 127; Q6_K: two of 2 * 63 * 127), so
+ * the scale multiply (Q4_K: eight steps of at most 2 * 15 * 127; Q5_K: four of 2 * 31 * 127;
+ * Q6_K: two of 2 * 63 * 127), so
  * a sub-block costs one vpmaddwd per token and eight rows. Tokens go in tiles of KQP_TT: each
  * weight byte is loaded from memory once per pass and unpacked once per tile.
  */
@@ -35,8 +37,20 @@ ST_INLINE __m256i pairs_u8(__m128i v, int hi) {
 
 enum { Q4KP_BYTES = ST_KQP_ROWS * (int)sizeof(st_block_q4_k) };
 
-ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8k *x,
-                        int64_t ldx, const int T, st_pf pf) {
+/* The fifth bit of a Q5_K quant: bit `bit` of each byte moved to bit 4 (16-bit shifts; the mask
+ * keeps each byte's own bit). */
+ST_INLINE __m256i q5_bit(__m256i h, int bit) {
+    const __m256i m = _mm256_set1_epi8(0x10);
+    return _mm256_and_si256(
+        bit <= 4 ? _mm256_slli_epi16(h, 4 - bit) : _mm256_srli_epi16(h, bit - 4), m);
+}
+
+/* Q4_K, and with q5 Q5_K (its fifth bits in 8 vectors after the scales, the quants after them;
+ * products up to 2 * 31 * 127, so 16-bit sums of four steps). */
+ST_INLINE void k4_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8k *x,
+                       int64_t ldx, const int T, st_pf pf, const int q5) {
+    const int GB = q5 ? ST_KQP_ROWS * (int)sizeof(st_block_q5_k) : Q4KP_BYTES;
+    const int QO = q5 ? 384 : 128;
     ST_UNROLL
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
@@ -44,7 +58,7 @@ ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, co
     const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
     const __m256 neg = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = gp + (size_t)b * Q4KP_BYTES;
+        const uint8_t *p = gp + (size_t)b * GB;
         pf_step(&pf);
         /* the 6-bit scales and mins of the 8 rows, one byte per row (kquant.h planes) */
         const __m128i A = _mm_loadu_si128((const __m128i *)(p + 32));
@@ -71,26 +85,35 @@ ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, co
         ST_UNROLL
         for (int c = 0; c < 4; c++) {
             __m256i lo[KQP_TT], hi[KQP_TT];
-            ST_UNROLL
-            for (int t = 0; t < T; t++)
-                lo[t] = hi[t] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 2") for (int k = 0; k < 8; k++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * (8 * c + k)));
-                const __m256i ql = _mm256_and_si256(v, m4);
-                const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                ST_UNROLL
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = x[t * ldx + b].q + 64 * c + 4 * k;
-                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ql, bcast32(xq)));
-                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(qh, bcast32(xq + 32)));
-                }
-            }
             /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
             const __m256i sl = pairs_u8(sc[c], 0), sh = pairs_u8(sc[c], 1);
-            ST_UNROLL
-            for (int t = 0; t < T; t++)
-                Sv[t] = _mm256_add_epi32(Sv[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sl),
-                                                                 _mm256_madd_epi16(hi[t], sh)));
+            for (int half = 0; half < (q5 ? 2 : 1); half++) {
+                ST_UNROLL
+                for (int t = 0; t < T; t++)
+                    lo[t] = hi[t] = _mm256_setzero_si256();
+                const int k0 = q5 ? 4 * half : 0, k1 = q5 ? k0 + 4 : 8;
+                _Pragma("GCC unroll 2") for (int k = k0; k < k1; k++) {
+                    const __m256i v =
+                        _mm256_loadu_si256((const __m256i *)(p + QO + 32 * (8 * c + k)));
+                    __m256i ql = _mm256_and_si256(v, m4);
+                    __m256i qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (q5) {
+                        const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * k));
+                        ql = _mm256_or_si256(ql, q5_bit(h, 2 * c));
+                        qh = _mm256_or_si256(qh, q5_bit(h, 2 * c + 1));
+                    }
+                    ST_UNROLL
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *xq = x[t * ldx + b].q + 64 * c + 4 * k;
+                        lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ql, bcast32(xq)));
+                        hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(qh, bcast32(xq + 32)));
+                    }
+                }
+                ST_UNROLL
+                for (int t = 0; t < T; t++)
+                    Sv[t] = _mm256_add_epi32(Sv[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sl),
+                                                                     _mm256_madd_epi16(hi[t], sh)));
+            }
         }
         const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
@@ -119,6 +142,16 @@ ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, co
             _mm256_storeu_ps(yt, acc);
         }
     }
+}
+
+ST_INLINE void q4k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8k *x,
+                        int64_t ldx, const int T, st_pf pf) {
+    k4_tile(y, ldy, gp, nb, x, ldx, T, pf, 0);
+}
+
+ST_INLINE void q5k_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, const st_block_q8k *x,
+                        int64_t ldx, const int T, st_pf pf) {
+    k4_tile(y, ldy, gp, nb, x, ldx, T, pf, 1);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -258,10 +291,13 @@ static void kqp_matmul(tile_fn tile, uint32_t type, float *y, int64_t ldy, const
     if (r1 > rt) {
         if (type == ST_DTYPE_Q4_K)
             st_matmul_q4_k_avx2(y, ldy, wp, rb, x, ldx, K, M, rt, r1);
+        else if (type == ST_DTYPE_Q5_K)
+            st_matmul_q5_k_avx2(y, ldy, wp, rb, x, ldx, K, M, rt, r1);
         else
             st_matmul_q6_k_avx2(y, ldy, wp, rb, x, ldx, K, M, rt, r1);
     }
 }
 
 KQP_DRIVER(q4_k, q4k_tile, ST_DTYPE_Q4_K)
+KQP_DRIVER(q5_k, q5k_tile, ST_DTYPE_Q5_K)
 KQP_DRIVER(q6_k, q6k_tile, ST_DTYPE_Q6_K)

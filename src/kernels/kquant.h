@@ -131,14 +131,15 @@ size_t st_kquant_block_bytes(uint32_t type);
 /* Unpacks one block of a K-quant type (scalar; the SIMD files have their own). */
 void st_kq_unpack(uint32_t type, const void *blk, st_kq_unpacked *u);
 
-/* K-quant weights packed for batches (kqp.c, Q4_K and Q6_K): each full group of ST_KQP_ROWS = 8
- * rows becomes, super-block by super-block, one group-block of the 8 rows' blocks (8 x 144 or
- * 8 x 210 bytes, so a packed matrix is as big as a row-major one and packs in place), laid out
- * so that one 32-byte load holds four bytes of quants of each row, byte 4r + e of a vector from
- * row r:
+/* K-quant weights packed for batches (kqp.c, Q4_K, Q5_K and Q6_K): each full group of ST_KQP_ROWS =
+ * 8 rows becomes, super-block by super-block, one group-block of the 8 rows' blocks (8 x 144 or 8 x
+ * 210 bytes, so a packed matrix is as big as a row-major one and packs in place), laid out so that
+ * one 32-byte load holds four bytes of quants of each row, byte 4r + e of a vector from row r:
  * - Q4_K: d[8], dmin[8] (fp16, row r at 2r), the 12 scale bytes as planes (byte i of row r's
  *   scales at 32 + 8i + r), then 32 vectors of quants at 128 + 32(8c + k): row r's
  *   qs[32c + 4k + e].
+ * - Q5_K: as Q4_K up to the quants, then qh as 8 vectors at 128 + 32k: row r's qh[4k + e], then
+ *   qs as Q4_K's at 384 + 32(8c + k).
  * - Q6_K: d[8] (fp16), the scales at 16 + 8j + r, ql as 32 vectors at 144 + 32(16h + 8s + k):
  *   row r's ql[64h + 32s + 4k + e], then qh as 16 vectors at 1168 + 32(8h + k): row r's
  *   qh[32h + 4k + e].
@@ -160,6 +161,8 @@ void st_matmul_kq_packed_rows(uint32_t type, int ggml, float *y, int64_t ldy, co
                               int64_t M, int64_t r0, int64_t r1);
 #define ST_KQP_DECLARE(isa)                                                                        \
     void st_matmul_q4_k_packed_##isa(float *, int64_t, const void *, size_t, int64_t,              \
+                                     const void *, int64_t, int64_t, int64_t, int64_t, int64_t);   \
+    void st_matmul_q5_k_packed_##isa(float *, int64_t, const void *, size_t, int64_t,              \
                                      const void *, int64_t, int64_t, int64_t, int64_t, int64_t);   \
     void st_matmul_q6_k_packed_##isa(float *, int64_t, const void *, size_t, int64_t,              \
                                      const void *, int64_t, int64_t, int64_t, int64_t, int64_t);

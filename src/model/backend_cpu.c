@@ -247,9 +247,11 @@ static void mm_task(void *ctx, int ith, int nth) {
                 st_matmul_kq_packed_rows(w->type, 1, j->y[i], w->n_out, w->kqp, w->row_bytes,
                                          w->n_out, j->x[i], j->ldx[i], w->n_in, j->M, r0, r1);
             else
-                (w->type == ST_DTYPE_Q4_K ? j->k->matmul_q4_k_packed : j->k->matmul_q6_k_packed)(
-                    j->y[i], w->n_out, w->kqp, w->row_bytes, w->n_out, j->x[i], j->ldx[i], w->n_in,
-                    j->M, r0, r1);
+                (w->type == ST_DTYPE_Q4_K ? j->k->matmul_q4_k_packed
+                 : w->type == ST_DTYPE_Q5_K
+                     ? j->k->matmul_q5_k_packed
+                     : j->k->matmul_q6_k_packed)(j->y[i], w->n_out, w->kqp, w->row_bytes, w->n_out,
+                                                 j->x[i], j->ldx[i], w->n_in, j->M, r0, r1);
             continue;
         }
         if (j->ggml && st_kquant_block_bytes(w->type))

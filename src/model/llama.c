@@ -271,6 +271,7 @@ static st_matmul_q8p_fn packed_fn(uint32_t type) {
     const st_kernels *k = st_kernels_get();
     return type == ST_DTYPE_Q8_0   ? k->matmul_q8_0_packed
            : type == ST_DTYPE_Q4_K ? k->matmul_q4_k_packed
+           : type == ST_DTYPE_Q5_K ? k->matmul_q5_k_packed
            : type == ST_DTYPE_Q6_K ? k->matmul_q6_k_packed
                                    : NULL;
 }

@@ -27,7 +27,7 @@ typedef struct st_wt {
      * the matmuls reads it) or q8p_own, a copy the model frees (borrowers clear q8p_own). */
     const void *q8p;
     void *q8p_own;
-    /* Q4_K / Q6_K only: the weights packed by st_pack_kq (kquant.h), read by the table's
+    /* Q4_K / Q5_K / Q6_K only: the weights packed by st_pack_kq (kquant.h), read by the table's
      * matmul_q4_k_packed / matmul_q6_k_packed, owned as q8p is (kqp_own). */
     const void *kqp;
     void *kqp_own;

@@ -148,6 +148,8 @@ static const struct kmap {
      "tile_float: f16 by vcvtph2ps, bf16 by a shift, then vfmadd231ps ymm"},
     {"avx2", "q8_0", WHEN_PACKED, PEAK_AVX2_I8DOT,
      "q8p_avx2.c: vpmaddubsw then vpmaddwd, a row per lane"},
+    {"avx2", "q4_k q5_k q6_k", WHEN_PACKED, PEAK_AVX2_I8DOT,
+     "kqp_avx2.c: vpmaddubsw, 16-bit sums, vpmaddwd by the scales, a row per lane"},
     {"avx2", "q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k", WHEN_ANY, PEAK_AVX2_I8DOT,
      "q8_lanes, tile_q4, kq_idot: vpmaddubsw then vpmaddwd"},
     {"avx512", "f32 f16 bf16 attn", WHEN_ANY, PEAK_AVX512_FMA,
