@@ -903,6 +903,10 @@ typedef struct st_engine_stats {
     int32_t n_ctx, max_running;                /* as resolved at creation */
     int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and largest tree N (0: plain) */
     int64_t kv_budget;                         /* as resolved */
+    /* context-sized memory, committed as positions are used: at most kv_bytes for the target's
+     * KV cache and attention scores, draft_bytes for every slot's drafter together (a draft
+     * model's KV cache, an EAGLE head's and its target states, an n-gram index) */
+    size_t kv_bytes, draft_bytes;
 } st_engine_stats;
 
 void st_engine_get_stats(const st_engine *e, st_engine_stats *out);

@@ -458,6 +458,8 @@ void st_engine_get_stats(const st_engine *e, st_engine_stats *out) {
     out->topk = e->gs.topk;
     out->num_draft_tokens = e->gs.num_draft_tokens;
     out->kv_budget = e->kv_budget;
+    out->kv_bytes = e->g.target_bytes;
+    out->draft_bytes = e->g.draft_bytes;
 }
 
 void st_engine_gen_stats(const st_engine *e, st_gen_stats *out) {
