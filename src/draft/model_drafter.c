@@ -29,6 +29,8 @@ typedef struct mdraft {
     int64_t max_k, max_s;
     int32_t valid; /* rows [0, valid) of the draft KV hold committed tokens */
     int32_t n_vocab;
+    int32_t n_cand; /* ids it drafts: [0, n_cand), the target's tokenizer's (the rows of a padded
+                     * output layer past it have no token); EAGLE-3: its draft vocabulary */
     int32_t nb;     /* tokens of one forward pass: the session's n_batch */
     int32_t n_ctx;  /* positions */
     int64_t n_embd; /* EAGLE: width of a state */
@@ -190,7 +192,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         scores[i] = -INFINITY;
         tokens[i] = 0;
     }
-    topk_probs(g->logits, V, K, g->probs, tokens, scores);
+    topk_probs(g->logits, g->n_cand, K, g->probs, tokens, scores);
     map_ids(g, tokens, K);
     level_parents[0] = -1;
     for (int64_t c = 0; c < K; c++) {
@@ -237,7 +239,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
                    (size_t)g->n_embd * sizeof(float));
         const int64_t base = st_tree_level_base(K, i);
         for (int64_t p = 0; p < K; p++) {
-            topk_probs(g->logits + p * V, V, K, g->probs, tokens + base + p * K,
+            topk_probs(g->logits + p * V, g->n_cand, K, g->probs, tokens + base + p * K,
                        scores + base + p * K);
             map_ids(g, tokens + base + p * K, K);
             for (int64_t c = 0; c < K; c++)
@@ -365,6 +367,9 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
     g->max_k = max_k;
     g->max_s = max_s;
     g->n_vocab = (int32_t)draft->output.n_out;
+    const int32_t n_tok =
+        st_tokenizer_n_vocab(st_model_tokenizer(draft->target ? draft->target : draft));
+    g->n_cand = draft->eagle3 || n_tok > g->n_vocab ? g->n_vocab : n_tok;
     g->n_embd = draft->hp.n_embd;
     g->feat_w = state_width(draft);
     st_session_params sp = st_session_default_params();
