@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +131,13 @@ void *st_lazy_alloc(size_t size, bool populate) {
 void st_lazy_free(void *p, size_t size) {
     if (p)
         munmap(p, size ? size : 1);
+}
+
+int64_t st_first_non_finite(const float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return -1;
 }
 
 size_t st_phys_mem(void) {

@@ -45,6 +45,9 @@ char *st_strndup(const char *s, size_t n);
 #define ST_LAZY_POPULATE_MAX ((size_t)64 << 20)
 void *st_lazy_alloc(size_t size, bool populate);
 void st_lazy_free(void *p, size_t size);
+/* The first of the n values (floats from a tensor) that is not finite, or -1: the weight check
+ * of the model loaders. */
+int64_t st_first_non_finite(const float *v, int64_t n);
 /* Bytes of physical memory of the machine (0 if unknown). */
 size_t st_phys_mem(void);
 /* MemAvailable of /proc/meminfo in bytes: what can be allocated without swapping, page cache

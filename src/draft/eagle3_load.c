@@ -50,6 +50,7 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
     st_status st = st_hf_config_open(path, &c);
     if (st)
         return st;
+    static const char *const acts[] = {"silu"}; /* the SwiGLU of forward.c */
     const int32_t big = 1 << 24, TL = target->hp.n_layer;
     int32_t n_layer = 0, n_vocab = 0;
     if ((st = st_head_cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
@@ -63,7 +64,8 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
                               &hp->n_head_kv)) ||
         (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536,
                               &hp->head_dim)) ||
-        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
+        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)) ||
+        (st = st_hf_config_str_in(c, path, "hidden_act", acts, 1)))
         goto done;
     if (ec->target_e != target->hp.n_embd) {
         st = st_fail(ST_ERR_FORMAT, "%s: target_hidden_size %d does not match the target's %d",
@@ -276,6 +278,9 @@ st_status st_eagle3_head_load(const char *dir, const st_model *target, st_model 
     for (int k = 0; k < E3_D2T; k++)
         if (ht[k].t)
             st_head_copy_tensor(&ht[k]);
+    for (int k = 0; k < E3_D2T; k++)
+        if (ht[k].t && (st = st_head_check_finite(&ht[k])))
+            goto fail;
     st_layer *L = &m->layers[0];
     st_head_set_wt(&m->fc, &ht[E3_FC]);
     st_head_set_wt(&L->wq, &ht[E3_Q]);

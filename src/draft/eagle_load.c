@@ -41,6 +41,7 @@ static st_status read_config(const char *dir, const st_model *target, st_model_h
     st_status st = st_hf_config_open(path, &c);
     if (st)
         return st;
+    static const char *const acts[] = {"silu"}; /* the SwiGLU of forward.c */
     const int32_t big = 1 << 24;
     int32_t n_layer = 0, n_vocab = 0;
     if ((st = st_head_cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
@@ -51,7 +52,8 @@ static st_status read_config(const char *dir, const st_model *target, st_model_h
                               &hp->n_head_kv)) ||
         (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536,
                               &hp->head_dim)) ||
-        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
+        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)) ||
+        (st = st_hf_config_str_in(c, path, "hidden_act", acts, 1)))
         goto done;
     if (hp->n_embd != target->hp.n_embd) {
         st = st_fail(ST_ERR_FORMAT, "%s: hidden_size %d does not match the target's %d", path,
@@ -163,6 +165,9 @@ st_status st_eagle1_head_load(const char *dir, const st_model *target, st_model 
     for (int k = 0; k < HT_N; k++)
         if (ht[k].t)
             st_head_copy_tensor(&ht[k]);
+    for (int k = 0; k < HT_N; k++)
+        if (ht[k].t && (st = st_head_check_finite(&ht[k])))
+            goto fail;
     st_layer *L = &m->layers[0];
     st_head_set_wt(&m->fc, &ht[HT_FC]);
     st_head_set_wt(&L->wq, &ht[HT_Q]);

@@ -182,6 +182,24 @@ st_status st_hf_config_get_str(const st_hf_config *c, const char *key, const cha
     return ST_OK;
 }
 
+st_status st_hf_config_str_in(const st_hf_config *c, const char *path, const char *key,
+                              const char *const *ok, int n_ok) {
+    if (!st_hf_config_has(c, key))
+        return ST_OK;
+    const char *v;
+    st_status s = st_hf_config_get_str(c, key, &v);
+    if (s)
+        return s;
+    for (int i = 0; i < n_ok; i++)
+        if (strcmp(v, ok[i]) == 0)
+            return ST_OK;
+    char list[128] = "";
+    for (int i = 0, k = 0; i < n_ok && k < (int)sizeof list; i++)
+        k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i ? ", " : "", ok[i]);
+    return st_fail(ST_ERR_UNSUPPORTED, "%s: field \"%s\" = \"%.64s\" is not supported (%s)", path,
+                   key, v, list);
+}
+
 st_status st_hf_config_get_ints(const st_hf_config *c, const char *key, int64_t *out, int64_t cap,
                                 int64_t *n) {
     const json_t *v;

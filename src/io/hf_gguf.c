@@ -42,25 +42,6 @@ static st_status cfg_int(const st_hf_config *c, const char *path, const char *ke
     return ST_OK;
 }
 
-/* A string field that must equal one of the accepted values when present. */
-static st_status cfg_str_in(const st_hf_config *c, const char *path, const char *key,
-                            const char *const *ok, int n_ok) {
-    if (!st_hf_config_has(c, key))
-        return ST_OK;
-    const char *v;
-    st_status s = st_hf_config_get_str(c, key, &v);
-    if (s)
-        return s;
-    for (int i = 0; i < n_ok; i++)
-        if (strcmp(v, ok[i]) == 0)
-            return ST_OK;
-    char list[128] = "";
-    for (int i = 0, k = 0; i < n_ok && k < (int)sizeof list; i++)
-        k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i ? ", " : "", ok[i]);
-    return st_fail(ST_ERR_UNSUPPORTED, "%s: field \"%s\" = \"%.64s\" is not supported (%s)", path,
-                   key, v, list);
-}
-
 /* "rope_scaling": "default" is none; "llama3" gives each frequency's divisor, as
  * transformers' _compute_llama3_parameters and llama.cpp's rope_freqs.weight have it:
  * wavelengths under original_max_position_embeddings / high_freq_factor keep their frequency,
@@ -118,9 +99,9 @@ static st_status read_config(const char *dir, hf_hp *hp) {
     static const char *const types[] = {"llama", "mistral", "qwen2"};
     static const char *const acts[] = {"silu"};
     if ((s = st_hf_config_has(c, "model_type")
-                 ? cfg_str_in(c, path, "model_type", types, 3)
+                 ? st_hf_config_str_in(c, path, "model_type", types, 3)
                  : st_fail(ST_ERR_FORMAT, "%s: missing field \"model_type\"", path)) ||
-        (s = cfg_str_in(c, path, "hidden_act", acts, 1)) ||
+        (s = st_hf_config_str_in(c, path, "hidden_act", acts, 1)) ||
         (s = cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
         (s = cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &hp->n_layer)) ||
         (s = cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)) ||

@@ -133,4 +133,8 @@ st_status st_hf_config_get_bool(const st_hf_config *c, const char *key, bool *ou
 st_status st_hf_config_get_str(const st_hf_config *c, const char *key, const char **out);
 st_status st_hf_config_get_ints(const st_hf_config *c, const char *key, int64_t *out, int64_t cap,
                                 int64_t *n);
+/* A string field that, when present, must be one of the n_ok values in ok: else ST_ERR_UNSUPPORTED
+ * naming the file `path`, the field, its value and the values supported. */
+st_status st_hf_config_str_in(const st_hf_config *c, const char *path, const char *key,
+                              const char *const *ok, int n_ok);
 #endif
