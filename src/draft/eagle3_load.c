@@ -62,7 +62,7 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
         (st = st_head_cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
         (st = st_head_cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
                               &hp->n_head_kv)) ||
-        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536,
+        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 0, 65536,
                               &hp->head_dim)) ||
         (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)) ||
         (st = st_hf_config_str_in(c, path, "hidden_act", acts, 1)))
@@ -83,13 +83,9 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
                      n_layer);
         goto done;
     }
-    if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim % 2 != 0) {
-        st = st_fail(ST_ERR_FORMAT,
-                     "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d, or "
-                     "head_dim %d is odd",
-                     path, hp->n_head, hp->n_head_kv, hp->head_dim);
+    if ((st = st_hf_config_check_heads(c, path, hp->n_embd, hp->n_head, hp->n_head_kv,
+                                       hp->head_dim)))
         goto done;
-    }
     if (st_hf_config_has(c, "rope_scaling")) {
         st = st_fail(ST_ERR_UNSUPPORTED, "%s: rope_scaling is not supported yet", path);
         goto done;

@@ -108,17 +108,13 @@ static st_status read_config(const char *dir, hf_hp *hp) {
         (s = cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
         (s = cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
                      &hp->n_head_kv)) ||
-        (s = cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536, &hp->head_dim)) ||
+        (s = cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 0, 65536, &hp->head_dim)) ||
         (s = cfg_int(c, path, "vocab_size", 0, 0, 1, big, &hp->n_vocab)) ||
         (s = cfg_int(c, path, "max_position_embeddings", 0, 0, 1, big, &hp->n_ctx)))
         goto done;
-    if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim % 2 != 0) {
-        s = st_fail(ST_ERR_FORMAT,
-                    "%s: field \"num_attention_heads\" (%d) is not a multiple of "
-                    "\"num_key_value_heads\" (%d), or \"head_dim\" (%d) is odd",
-                    path, hp->n_head, hp->n_head_kv, hp->head_dim);
+    if ((s = st_hf_config_check_heads(c, path, hp->n_embd, hp->n_head, hp->n_head_kv,
+                                      hp->head_dim)))
         goto done;
-    }
     /* Mistral's sliding window: attention over the whole context equals it only up to the
      * window, so the context is capped there. */
     const char *mt = "";
