@@ -265,6 +265,9 @@ def test_errors():
         (b'{"prompt": "x", "frobnicate": true}', 400, "unknown field"),
         (b'{"prompt": [1, 99999]}', 400, "not a token id"),
         (b'{"prompt": "' + b"word " * 3000 + b'"}', 400, "at most"),
+        # too long to be worth tokenizing: refused by its length
+        (b'{"prompt": "' + b"word " * 12000 + b'"}', 400,
+         "the prompt has more than 1024 tokens; this server takes at most 1024"),
         (b'{"prompt": "' + b"x" * 70000 + b'"}', 413, "exceeds"),
         (b'{"prompt": "x", "max_tokens": 99999999999999999999}', 400, "too big integer"),
         (b'{"prompt": "x", "seed": 1e300}', 400, "must be an integer"),
@@ -279,6 +282,8 @@ def test_errors():
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "must be system"),
         (b'{"messages": [{"role": "user", "content": 5}]}', 400, "content"),
         (b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, "malformed JSON"),
+        (b'{"messages": [{"role": "user", "content": "' + b"word " * 12000 + b'"}]}', 400,
+         "the prompt has more than 1024 tokens; this server takes at most 1024"),
     ]
     for raw, want_code, want, path in [(r, c, w, "completions") for r, c, w in cases] + \
             [(r, c, w, "chat/completions") for r, c, w in chat]:

@@ -287,7 +287,20 @@ int cli_cmd_generate(int argc, char **argv) {
     const st_tokenizer *tok = st_model_tokenizer(m);
     int64_t n_prompt = 0;
     int add_bos = !o.c.no_bos && st_tokenizer_add_bos_default(tok);
-    if (cli_tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
+    /* the engine takes prompts shorter than the context: a longer one is refused here, without
+     * tokenizing the whole of a huge one, with st_generate's message */
+    const int32_t n_ctx = o.ctx > 0 ? (int32_t)o.ctx : st_model_default_ctx(m);
+    const int tr = cli_tokenize_max(tok, prompt, plen, add_bos, n_ctx - 1, &toks, &n_prompt);
+    if (tr == 1) {
+        /* n_ctx: a lower bound when the text was too long to tokenize */
+        fprintf(stderr,
+                "spectree: generate: the prompt (%s%" PRId64 " tokens) does not fit the "
+                "context of %d\n",
+                n_prompt == n_ctx ? "more than " : "", n_prompt == n_ctx ? n_prompt - 1 : n_prompt,
+                n_ctx);
+        goto done;
+    }
+    if (tr != 0) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
     }

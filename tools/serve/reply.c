@@ -85,6 +85,20 @@ static int push_ids(int32_t **ids, int64_t *n, int64_t *cap, const int32_t *add,
     return 0;
 }
 
+/* A prompt over --max-prompt-tokens: n tokens, or more than the limit when n is the limit + 1
+ * (a text too long to be tokenized whole, st_tokenize_max). */
+static unsigned too_long(const srv *s, int64_t n, char *err) {
+    if (n == s->o.max_prompt + 1)
+        snprintf(err, SRV_ERR_CAP,
+                 "the prompt has more than %ld tokens; this server takes at most %ld",
+                 s->o.max_prompt, s->o.max_prompt);
+    else
+        snprintf(err, SRV_ERR_CAP,
+                 "the prompt has %" PRId64 " tokens; this server takes at most %ld", n,
+                 s->o.max_prompt);
+    return 400;
+}
+
 /* The prompt's token ids; 0, or an HTTP status with a message in err. */
 static unsigned build_prompt(srv *s, srv_job *j, char *err) {
     const srv_request *r = &j->req;
@@ -101,7 +115,11 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
         if (push_ids(&j->prompt, &j->n_prompt, &cap, r->prompt_ids, r->n_prompt_ids))
             return 500;
     } else if (!r->chat) {
-        if (cli_tokenize_all(s->tok, r->prompt, r->prompt_len, add_bos, &j->prompt, &j->n_prompt)) {
+        const int tr = cli_tokenize_max(s->tok, r->prompt, r->prompt_len, add_bos, s->o.max_prompt,
+                                        &j->prompt, &j->n_prompt);
+        if (tr == 1)
+            return too_long(s, j->n_prompt, err);
+        if (tr) {
             snprintf(err, SRV_ERR_CAP, "prompt: %s", st_last_error());
             return 400;
         }
@@ -129,8 +147,19 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
             if (g->special >= 0) {
                 if (push_ids(&j->prompt, &j->n_prompt, &cap, &g->special, 1))
                     break;
-            } else if (cli_tokenize_all(s->tok, rd.text + g->off, g->len, 0, &part, &np) ||
-                       push_ids(&j->prompt, &j->n_prompt, &cap, part, np)) {
+                continue;
+            }
+            /* what is left of the limit: a segment past it is not tokenized whole */
+            const int64_t left = s->o.max_prompt - j->n_prompt;
+            const int tr =
+                left < 0 ? 1
+                         : cli_tokenize_max(s->tok, rd.text + g->off, g->len, 0, left, &part, &np);
+            if (tr == 1) {
+                free(part);
+                srv_rendered_free(&rd);
+                return too_long(s, s->o.max_prompt + 1, err); /* the rest is not counted */
+            }
+            if (tr || push_ids(&j->prompt, &j->n_prompt, &cap, part, np)) {
                 snprintf(err, SRV_ERR_CAP, "chat prompt: %s", st_last_error());
                 free(part);
                 srv_rendered_free(&rd);
@@ -144,12 +173,8 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err) {
         snprintf(err, SRV_ERR_CAP, "the prompt is empty");
         return 400;
     }
-    if (j->n_prompt > s->o.max_prompt) {
-        snprintf(err, SRV_ERR_CAP,
-                 "the prompt has %" PRId64 " tokens; this server takes at most %ld", j->n_prompt,
-                 s->o.max_prompt);
-        return 400;
-    }
+    if (j->n_prompt > s->o.max_prompt)
+        return too_long(s, j->n_prompt, err);
     int64_t room = s->n_ctx - j->n_prompt;
     if (r->max_tokens > 0) {
         if (r->max_tokens > s->o.max_tokens_limit) {
