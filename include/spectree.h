@@ -413,6 +413,15 @@ int st_tokenizer_is_eog(const st_tokenizer *t, int32_t id);
 st_status st_tokenize(const st_tokenizer *t, const char *text, size_t len, int add_bos,
                       int32_t *out, int64_t cap, int64_t *n_out);
 
+/* st_tokenize for a text that may give at most max_tokens ids (>= 0; BOS counted): ST_ERR_RANGE
+ * when it gives more, decided without tokenizing when the text alone is too long for them (over
+ * max_tokens times twice the longest token's decoded bytes, or 4: a token never stands for more
+ * input than it decodes to, an unknown character for at most 4 bytes), so that a huge prompt is
+ * refused at once; *n_out is then max_tokens + 1, a lower bound. Otherwise as st_tokenize
+ * (ST_ERR_RANGE also when cap < *n_out <= max_tokens). */
+st_status st_tokenize_max(const st_tokenizer *t, const char *text, size_t len, int add_bos,
+                          int64_t max_tokens, int32_t *out, int64_t cap, int64_t *n_out);
+
 /* The raw vocabulary text of token id ("▁the", "Ġthe", "<0x0A>", "<s>"), NUL-terminated and
  * owned by the tokenizer; *len (if len is not NULL) gets its length in bytes. NULL for ids out
  * of range. */
@@ -945,6 +954,10 @@ typedef struct st_engine_stats {
     int32_t num_steps, topk, num_draft_tokens; /* the (K, S) pool and largest tree N (0: plain) */
     int64_t kv_budget;                         /* as resolved */
     st_spec_outlook outlook;                   /* auto's view of drafting now */
+    /* context-sized memory, committed as positions are used: at most kv_bytes for the target's
+     * KV cache and attention scores, draft_bytes for every slot's drafter together (a draft
+     * model's KV cache, an EAGLE head's and its target states, an n-gram index) */
+    size_t kv_bytes, draft_bytes;
 } st_engine_stats;
 
 void st_engine_get_stats(const st_engine *e, st_engine_stats *out);

@@ -68,9 +68,9 @@ static int reads_override = -1;
 
 static const st_backend *cpu(void) { return st_backend_cpu(); }
 
-static void *rec_buf_alloc(size_t bytes) {
+static void *rec_buf_alloc(size_t bytes, bool populate) {
     calls[OP_BUF_ALLOC]++;
-    return cpu()->buf_alloc(bytes);
+    return cpu()->buf_alloc(bytes, populate);
 }
 static void rec_buf_free(void *buf, size_t bytes) {
     calls[OP_BUF_FREE]++;
@@ -356,7 +356,7 @@ static void test_recording(void **state) {
     /* a session on the recording session's pool runs on its backend too */
     st_session *sh = NULL;
     reset_calls();
-    assert_int_equal(st_session_create_shared(model, &p, sr, &sh), ST_OK);
+    assert_int_equal(st_session_create_shared(model, &p, sr, false, &sh), ST_OK);
     assert_int_equal(calls[OP_BUF_ALLOC], 1);
     assert_int_equal(st_session_eval(sh, 0, prompt, L, lr, 1), ST_OK);
     assert_forwards(1);

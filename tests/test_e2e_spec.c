@@ -7,7 +7,8 @@
  * {1, 2, 4} (and 10 for EAGLE), S in {1, 3, 6}, N in {2, 4, 8, 16, 32} and auto, both attention
  * backends and 1 or 2 threads, f32 and f16 KV caches, greedy and seeded sampling, single
  * sequences and batches: the generated tokens equal plain decoding with the same seed and cache.
- * With the model as its own draft and K = 1, greedy decoding accepts every draft.
+ * With the model as its own draft and K = 1, greedy decoding accepts every draft. An output layer
+ * padded past the tokenizer never yields an id without a token, plain or speculative.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "io/gguf_write.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "spectree.h"
@@ -608,6 +610,116 @@ static void test_non_finite(void **state) {
     free(buf);
 }
 
+/* stories260K with its embedding and output layer padded from 512 to 1024 rows, as published
+ * checkpoints pad vocab_size past their tokenizer: output row 512 + j is twice row j, so at any
+ * position whose best logit is positive an unchosen padded id would win. *buf holds the file
+ * (the model reads it in place). */
+static st_model *padded_model(void **buf) {
+    size_t size = 0;
+    char *src = tu_read_file(tu_data("models/stories260K.gguf"), &size);
+    assert_non_null(src);
+    st_gguf *g;
+    assert_int_equal(st_gguf_open_memory(src, size, "stories260K.gguf", &g), ST_OK);
+    st_gguf_writer *w;
+    assert_int_equal(st_gguf_writer_create(&w), ST_OK);
+    for (int64_t i = 0; i < st_gguf_n_kv(g); i++)
+        assert_int_equal(st_gguf_writer_copy_kv(w, g, st_gguf_key(g, i)), ST_OK);
+    enum { E = 64, V = 512 };
+    static float rows[2][2 * V * E];
+    for (int64_t i = 0; i < st_gguf_n_tensors(g); i++) {
+        const st_gguf_tensor *t = st_gguf_tensor_at(g, i);
+        const int out = !strcmp(t->name, "output.weight");
+        if (!out && strcmp(t->name, "token_embd.weight")) {
+            assert_int_equal(st_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne,
+                                                       t->data, t->size, ST_GGUF_COPY),
+                             ST_OK);
+            continue;
+        }
+        assert_int_equal(t->type, ST_DTYPE_F32);
+        assert_int_equal(t->ne[0] * t->ne[1], E * V);
+        float *r = rows[out];
+        memcpy(r, t->data, sizeof(float) * E * V);
+        for (int64_t j = 0; j < (int64_t)E * V; j++)
+            r[E * V + j] = out ? 2.0f * r[j] : r[j];
+        const int64_t ne[2] = {E, 2 * V};
+        assert_int_equal(st_gguf_writer_add_tensor(w, t->name, ST_DTYPE_F32, 2, ne, r,
+                                                   sizeof(float) * 2 * E * V, ST_GGUF_COPY),
+                         ST_OK);
+    }
+    size_t n = 0;
+    assert_int_equal(st_gguf_writer_write_memory(w, buf, &n), ST_OK);
+    st_gguf_writer_free(w);
+    st_gguf_free(g);
+    free(src);
+    st_model *m = NULL;
+    assert_int_equal(st_model_load_memory(*buf, n, "padded.gguf", &m), ST_OK);
+    assert_int_equal(st_model_get_hparams(m)->n_vocab, 2 * V);
+    assert_int_equal(st_tokenizer_n_vocab(st_model_tokenizer(m)), V);
+    return m;
+}
+
+static void test_padded_vocab(void **state) {
+    (void)state;
+    void *buf = NULL;
+    st_model *pm = padded_model(&buf);
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    st_sampler_params greedy = st_sampler_default_params(), warm = greedy;
+    greedy.temp = 0.0f;
+    warm.temp = 0.8f, warm.seed = 7;
+    const st_sampler_params *samplers[2] = {&greedy, &warm};
+    for (int k = 0; k < 2; k++) {
+        st_spec_params plain = st_spec_default_params();
+        rec want, got;
+        st_gen_stats gs;
+        memset(&want, 0, sizeof want);
+        assert_int_equal(st_generate(model, prompt, 5,
+                                     GEN_PARAMS(N_GEN, samplers[k], &plain, 1, CTX), record, &want,
+                                     &gs),
+                         ST_OK);
+        /* the construction: every position's best logit is positive (twice it is larger) */
+        if (k == 0) {
+            st_session *s = NULL;
+            assert_int_equal(st_session_create(model, NULL, &s), ST_OK);
+            float lg[512];
+            for (int i = 0; i < want.n; i++) {
+                const int32_t t = i == 0 ? 0 : want.toks[i - 1];
+                if (i == 0)
+                    assert_int_equal(st_session_eval(s, 0, prompt, 5, lg, 1), ST_OK);
+                else
+                    assert_int_equal(st_session_eval(s, 0, &t, 1, lg, 1), ST_OK);
+                float mx = lg[0];
+                for (int j = 1; j < 512; j++)
+                    mx = lg[j] > mx ? lg[j] : mx;
+                assert_true(mx > 0.0f);
+            }
+            st_session_free(s);
+        }
+        st_spec_params specs[3] = {plain, plain, plain};
+        specs[1].algo = ST_SPEC_NGRAM;
+        specs[2].algo = ST_SPEC_STANDALONE;
+        specs[2].draft_model = pm;
+        specs[2].topk = 1, specs[2].num_steps = 3;
+        for (int a = 0; a < 3; a++) {
+            memset(&got, 0, sizeof got);
+            if (st_generate(pm, prompt, 5, GEN_PARAMS(N_GEN, samplers[k], &specs[a], 1, CTX),
+                            record, &got, &gs) != ST_OK)
+                fail_msg("generate: %s", st_last_error());
+            /* the same tokens as the unpadded model: the padded rows are never candidates */
+            assert_int_equal(got.n, want.n);
+            assert_memory_equal(got.toks, want.toks, (size_t)want.n * sizeof *want.toks);
+            for (int i = 0; i < got.n; i++)
+                assert_true(got.toks[i] < 512);
+            /* the model as its own draft never drafts a padded id: greedy accepts every draft */
+            if (a == 2 && k == 0) {
+                assert_true(gs.spec_steps > 0);
+                assert_int_equal(gs.accept_hist[3], gs.spec_steps);
+            }
+        }
+    }
+    st_model_free(pm);
+    free(buf);
+}
+
 /* Why generation stopped: length, the callback, the context. */
 static int stop_after_3(void *user, int32_t t) {
     rec *r = user;
@@ -657,6 +769,7 @@ int main(void) {
         cmocka_unit_test(test_no_alloc_in_loop),
         cmocka_unit_test(test_non_finite),
         cmocka_unit_test(test_stop_reasons),
+        cmocka_unit_test(test_padded_vocab),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

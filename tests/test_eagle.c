@@ -256,6 +256,20 @@ static void test_errors(void **state) {
     assert_int_equal(tu_write_eagle_head(dir = head_dir("embed"), &h), 0);
     expect_error(dir, ST_ERR_FORMAT, "embed/model.safetensors", "'embed_tokens.weight'");
 
+    /* weights that are not finite, in a matrix and in a norm: named with the place */
+    h = base_head();
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("nan"), &h), 0);
+    assert_int_equal(tu_poke_head_f32(dir, "layers.0.mlp.down_proj.weight", 96 + 6, NAN), 0);
+    expect_error(dir, ST_ERR_FORMAT, "nan/model.safetensors",
+                 "tensor 'layers.0.mlp.down_proj.weight' holds a non-finite value (nan at [1, 6])");
+    h = base_head();
+    assert_int_equal(tu_write_eagle_head(dir = head_dir("inf"), &h), 0);
+    assert_int_equal(tu_poke_head_f32(dir, "layers.0.post_attention_layernorm.weight", 5, INFINITY),
+                     0);
+    expect_error(dir, ST_ERR_FORMAT, "inf/model.safetensors",
+                 "tensor 'layers.0.post_attention_layernorm.weight' holds a non-finite value (inf "
+                 "at [5])");
+
     /* truncated data: the reader's error names the file */
     h = base_head();
     assert_int_equal(tu_write_eagle_head(dir = head_dir("trunc"), &h), 0);
@@ -282,6 +296,10 @@ static void test_errors(void **state) {
     write_text(path, "{\"hidden_size\": 64, \"num_attention_heads\": 8, "
                      "\"num_hidden_layers\": 1, \"vocab_size\": 512}");
     expect_error(dir, ST_ERR_FORMAT, "cfg/config.json", "intermediate_size");
+    write_text(path, "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_attention_heads\": 8, "
+                     "\"num_hidden_layers\": 1, \"vocab_size\": 512, \"hidden_act\": \"gelu\"}");
+    expect_error(dir, ST_ERR_UNSUPPORTED, "cfg/config.json",
+                 "field \"hidden_act\" = \"gelu\" is not supported (silu)");
     remove(path);
     expect_error(dir, ST_ERR_IO, "cfg/config.json", NULL);
     /* no safetensors */

@@ -380,6 +380,19 @@ static void test_errors(void **state) {
                      "\"num_hidden_layers\": 1, \"vocab_size\": 512, \"draft_vocab_size\": 200, "
                      "\"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": [0, 1]}}");
     expect_error(dir, ST_ERR_FORMAT, "cfg/config.json", "has 2 layers, expected 3");
+    write_text(path, "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_attention_heads\": 8, "
+                     "\"num_hidden_layers\": 1, \"vocab_size\": 512, \"draft_vocab_size\": 200, "
+                     "\"hidden_act\": \"relu\"}");
+    expect_error(dir, ST_ERR_UNSUPPORTED, "cfg/config.json",
+                 "field \"hidden_act\" = \"relu\" is not supported (silu)");
+    /* a weight that is not finite */
+    h = base_head();
+    assert_int_equal(tu_write_eagle3_head(dir = head_dir("nan"), &h), 0);
+    assert_int_equal(
+        tu_poke_head_f32(dir, "midlayer.self_attn.o_proj.weight", 64 * 3 + 2, -INFINITY), 0);
+    expect_error(
+        dir, ST_ERR_FORMAT, "nan/model.safetensors",
+        "tensor 'midlayer.self_attn.o_proj.weight' holds a non-finite value (-inf at [3, 2])");
     /* truncated data */
     h = base_head();
     assert_int_equal(tu_write_eagle3_head(dir = head_dir("trunc"), &h), 0);

@@ -454,6 +454,25 @@ static void test_errors(void **state) {
     expect_error(PY "'import json;c=json.load(open(\"config.json\"));del c[\"hidden_size\"];"
                     "json.dump(c,open(\"config.json\",\"w\"))'",
                  "config.json", "hidden_size");
+    /* attention heads that do not fit the width: the message names the fields the file has */
+    expect_error(PY "'import json;c=json.load(open(\"config.json\"));c[\"num_attention_heads\"]=6;"
+                    "json.dump(c,open(\"config.json\",\"w\"))'",
+                 "config.json",
+                 "field \"hidden_size\" (64) is not a multiple of field \"num_attention_heads\" "
+                 "(6), and there is no \"head_dim\"");
+    expect_error(PY "'import json;c=json.load(open(\"config.json\"));c[\"num_attention_heads\"]=64;"
+                    "json.dump(c,open(\"config.json\",\"w\"))'",
+                 "config.json",
+                 "the head width, field \"hidden_size\" (64) / field \"num_attention_heads\" (64) "
+                 "= 1, is not even and at least 2");
+    expect_error(PY "'import json;c=json.load(open(\"config.json\"));c[\"head_dim\"]=7;"
+                    "json.dump(c,open(\"config.json\",\"w\"))'",
+                 "config.json", "field \"head_dim\" (7) is not even and at least 2");
+    expect_error(PY "'import json;c=json.load(open(\"config.json\"));c[\"num_key_value_heads\"]=3;"
+                    "json.dump(c,open(\"config.json\",\"w\"))'",
+                 "config.json",
+                 "field \"num_attention_heads\" (4) is not a multiple of field "
+                 "\"num_key_value_heads\" (3)");
     expect_error(PY "'import json;c=json.load(open(\"config.json\"));c[\"model_type\"]=\"gpt2\";"
                     "json.dump(c,open(\"config.json\",\"w\"))'",
                  "config.json", "model_type");

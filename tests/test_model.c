@@ -182,7 +182,7 @@ static void logits_on(st_model *m, int threads, st_session *host, const int32_t 
     p.n_ctx = 256;
     st_session *s = NULL;
     if (host) {
-        assert_int_equal(st_session_create_shared(m, &p, host, &s), ST_OK);
+        assert_int_equal(st_session_create_shared(m, &p, host, false, &s), ST_OK);
         assert_int_equal(st_session_get_params(s)->n_threads,
                          st_session_get_params(host)->n_threads);
     } else

@@ -435,6 +435,55 @@ static void test_api_edges(void **state) {
     st_tokenizer_free(t);
 }
 
+/* ---- st_tokenize_max: a limit, and texts refused without being tokenized ---- */
+
+static void test_tokenize_max(void **state) {
+    (void)state;
+    const char *vocabs[] = {"tests/data/tokenizer/ggml-vocab-llama-spm.gguf",
+                            "tests/data/tokenizer/ggml-vocab-gpt-2.gguf"};
+    enum { BIG = 50 << 20 };
+    char *big = malloc(BIG);
+    assert_non_null(big);
+    for (int v = 0; v < 2; v++) {
+        st_tokenizer *t = load_tok(vocabs[v]);
+        int32_t ids[64];
+        int64_t n = -1;
+        /* within the limit: st_tokenize's ids; one over: ST_ERR_RANGE with the count */
+        assert_int_equal(st_tokenize_max(t, "Hello world", 11, 0, 2, ids, 64, &n), ST_OK);
+        assert_int_equal(n, 2);
+        assert_int_equal(st_tokenize_max(t, "Hello world", 11, 0, 1, ids, 64, &n), ST_ERR_RANGE);
+        assert_int_equal(n, 2);
+        assert_int_equal(st_tokenize_max(t, "x", 1, 0, -1, ids, 64, &n), ST_ERR_INVALID);
+        /* the refusal without tokenizing rests on every token standing for at most
+         * 2 * max(longest decoded token, 4) bytes of input: texts of every kind give at least
+         * their length over that many tokens (runs of spaces, random bytes, stories) */
+        uint64_t seed = 5;
+        for (int k = 0; k < 3; k++) {
+            const size_t len = 1 << 16;
+            for (size_t i = 0; i < len; i++) {
+                seed = seed * 6364136223846793005u + 1442695040888963407u;
+                big[i] = k == 0 ? ' ' : k == 1 ? (char)(seed >> 56) : "Once upon "[i % 10];
+            }
+            int32_t *r = tokenize(t, big, len, 0, &n);
+            free(r);
+            /* with the limit at the exact count it is tokenized (the count comes back, not the
+             * limit + 1 of a text refused unread) */
+            int64_t m = -1;
+            assert_int_equal(st_tokenize_max(t, big, len, 0, n, NULL, 0, &m), ST_ERR_RANGE);
+            assert_int_equal(m, n);
+        }
+        /* 50 MB: refused at once */
+        memset(big, 'a', BIG);
+        const double t0 = st_time_now();
+        assert_int_equal(st_tokenize_max(t, big, BIG, 1, 4096, ids, 64, &n), ST_ERR_RANGE);
+        assert_int_equal(n, 4097);
+        assert_true(st_time_now() - t0 < 0.5);
+        assert_non_null(strstr(st_last_error(), "gives more than 4096 tokens"));
+        st_tokenizer_free(t);
+    }
+    free(big);
+}
+
 /* ---- invalid UTF-8 input ---- */
 
 static void test_invalid_utf8(void **state) {
@@ -924,17 +973,12 @@ static void test_bad_vocab(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vectors_llama_spm),
-        cmocka_unit_test(test_vectors_gpt2),
-        cmocka_unit_test(test_roundtrip_spm),
-        cmocka_unit_test(test_roundtrip_gpt2),
-        cmocka_unit_test(test_detok_stream),
-        cmocka_unit_test(test_stories260k),
-        cmocka_unit_test(test_api_edges),
-        cmocka_unit_test(test_invalid_utf8),
-        cmocka_unit_test(test_speed),
-        cmocka_unit_test(test_pre_splits),
-        cmocka_unit_test(test_bad_vocab),
+        cmocka_unit_test(test_vectors_llama_spm), cmocka_unit_test(test_vectors_gpt2),
+        cmocka_unit_test(test_roundtrip_spm),     cmocka_unit_test(test_roundtrip_gpt2),
+        cmocka_unit_test(test_detok_stream),      cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_api_edges),         cmocka_unit_test(test_tokenize_max),
+        cmocka_unit_test(test_invalid_utf8),      cmocka_unit_test(test_speed),
+        cmocka_unit_test(test_pre_splits),        cmocka_unit_test(test_bad_vocab),
         cmocka_unit_test(test_unicode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

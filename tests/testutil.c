@@ -350,3 +350,29 @@ done:
     st_model_free(wide);
     return rc;
 }
+
+int tu_poke_head_f32(const char *dir, const char *name, int64_t i, float v) {
+    char path[1024], key[256];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(key, sizeof key, "\"%s\"", name);
+    FILE *f = fopen(path, "r+b");
+    if (!f)
+        return -1;
+    uint64_t hl = 0;
+    char *hdr = NULL;
+    int rc = -1;
+    if (fread(&hl, 8, 1, f) != 1 || hl > (1u << 24) || !(hdr = calloc(1, hl + 1)) ||
+        fread(hdr, 1, hl, f) != hl)
+        goto done;
+    const char *at = strstr(hdr, key), *off = at ? strstr(at, "\"data_offsets\"") : NULL;
+    const char *br = off ? strchr(off, '[') : NULL;
+    if (!br)
+        goto done;
+    const long long begin = strtoll(br + 1, NULL, 10);
+    if (fseek(f, (long)(8 + hl + (uint64_t)begin + (uint64_t)i * 4), SEEK_SET) == 0 &&
+        fwrite(&v, 4, 1, f) == 1)
+        rc = 0;
+done:
+    free(hdr);
+    return fclose(f) == 0 ? rc : -1;
+}

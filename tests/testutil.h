@@ -35,6 +35,10 @@ typedef struct tu_head {
  * on success. */
 int tu_write_eagle_head(const char *dir, const tu_head *h);
 
+/* Overwrites element i (C order) of F32 tensor `name` in dir/model.safetensors with v (the data
+ * offsets read from the file's header); 0 on success. */
+int tu_poke_head_f32(const char *dir, const char *name, int64_t i, float v);
+
 /* A synthetic EAGLE-3 head in the published layout (FORMATS.md §d.2), random weights. */
 typedef struct tu_head3 {
     int32_t n_embd, n_vocab, n_draft, n_head, n_head_kv, n_ff;

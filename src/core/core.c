@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,12 +116,12 @@ void st_free_aligned(void *p) { free(p); }
 
 enum { ST_PLAN_ALIGN = 64 };
 
-void *st_lazy_alloc(size_t size) {
-    /* a small region is committed at once (its page faults would otherwise land in the first
-     * tokens' time: 1.6% of stories260K's generation); a large one as it is used */
-    const int populate = size <= ST_LAZY_POPULATE_MAX ? MAP_POPULATE : 0;
+void *st_lazy_alloc(size_t size, bool populate) {
+    /* populated: a small region's page faults would otherwise land in the first tokens' time
+     * (1.6% of stories260K's generation) */
+    const int flags = populate ? MAP_POPULATE : 0;
     void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | populate, -1, 0);
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | flags, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
     atomic_fetch_add(&st_n_allocs, 1);
@@ -130,6 +131,13 @@ void *st_lazy_alloc(size_t size) {
 void st_lazy_free(void *p, size_t size) {
     if (p)
         munmap(p, size ? size : 1);
+}
+
+int64_t st_first_non_finite(const float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return i;
+    return -1;
 }
 
 size_t st_phys_mem(void) {

@@ -37,12 +37,17 @@ void st_free(void *p);
 char *st_strdup(const char *s);
 char *st_strndup(const char *s, size_t n);
 /* Memory committed as it is used: an anonymous mapping whose pages the OS provides (zeroed) on
- * first touch, so a buffer sized for a whole context costs only what the tokens use; regions up
- * to ST_LAZY_POPULATE_MAX bytes are committed at once instead. Page aligned; NULL on failure;
- * free with st_lazy_free and the same size. */
+ * first touch, so a buffer sized for a whole context costs only what the tokens use. populate:
+ * commit every page now instead, for a region small enough (ST_LAZY_POPULATE_MAX, counted over
+ * every region that a process's slots hold, not one by one) that its page faults would cost more
+ * in the first tokens' time than its memory. Page aligned; NULL on failure; free with
+ * st_lazy_free and the same size. */
 #define ST_LAZY_POPULATE_MAX ((size_t)64 << 20)
-void *st_lazy_alloc(size_t size);
+void *st_lazy_alloc(size_t size, bool populate);
 void st_lazy_free(void *p, size_t size);
+/* The first of the n values (floats from a tensor) that is not finite, or -1: the weight check
+ * of the model loaders. */
+int64_t st_first_non_finite(const float *v, int64_t n);
 /* Bytes of physical memory of the machine (0 if unknown). */
 size_t st_phys_mem(void);
 /* MemAvailable of /proc/meminfo in bytes: what can be allocated without swapping, page cache

@@ -10,25 +10,39 @@
 #include <strings.h>
 
 static st_status make_ngram(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
-                            st_session *with, int64_t K, int64_t S, st_drafter **out) {
+                            st_session *with, bool populate, int64_t K, int64_t S,
+                            st_drafter **out) {
     (void)target, (void)with;
     return st_drafter_ngram_create(sp->ngram_min_match, sp->ngram_max_match, sp->ngram_breadth, K,
-                                   S, (int64_t)n_ctx + 1, out);
+                                   S, (int64_t)n_ctx + 1, populate, out);
 }
 
 static st_status make_standalone(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
-                                 st_session *with, int64_t K, int64_t S, st_drafter **out) {
-    return st_drafter_model_create(sp->draft_model, target, n_ctx, with, K, S, out);
+                                 st_session *with, bool populate, int64_t K, int64_t S,
+                                 st_drafter **out) {
+    return st_drafter_model_create(sp->draft_model, target, n_ctx, with, populate, K, S, out);
 }
 
 static st_status make_eagle(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
-                            st_session *with, int64_t K, int64_t S, st_drafter **out) {
-    return st_drafter_eagle_create(sp->draft_model, target, n_ctx, with, K, S, out);
+                            st_session *with, bool populate, int64_t K, int64_t S,
+                            st_drafter **out) {
+    return st_drafter_eagle_create(sp->draft_model, target, n_ctx, with, populate, K, S, out);
 }
 
 static st_status make_eagle3(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
-                             st_session *with, int64_t K, int64_t S, st_drafter **out) {
-    return st_drafter_eagle3_create(sp->draft_model, target, n_ctx, with, K, S, out);
+                             st_session *with, bool populate, int64_t K, int64_t S,
+                             st_drafter **out) {
+    return st_drafter_eagle3_create(sp->draft_model, target, n_ctx, with, populate, K, S, out);
+}
+
+/* The n-gram index of a history of n_ctx + 1 tokens (ngram.c). */
+static size_t bytes_ngram(const st_spec_params *sp, int32_t n_ctx, const st_session *with) {
+    (void)sp, (void)with;
+    return ((size_t)n_ctx + 1) * sizeof(int32_t);
+}
+
+static size_t bytes_model(const st_spec_params *sp, int32_t n_ctx, const st_session *with) {
+    return st_drafter_model_context_bytes(sp->draft_model, n_ctx, with);
 }
 
 /* EAGLE-3 reads three of the target's layers: the session captures them for observe. */
@@ -37,11 +51,11 @@ static st_status attach_eagle3(const st_spec_params *sp, st_session *target) {
 }
 
 static const st_draft_algo algos[] = {
-    {ST_SPEC_NONE, "NONE", 0, NULL, NULL},
-    {ST_SPEC_STANDALONE, "STANDALONE", 1, make_standalone, NULL},
-    {ST_SPEC_NGRAM, "NGRAM", 0, make_ngram, NULL},
-    {ST_SPEC_EAGLE, "EAGLE", 1, make_eagle, NULL},
-    {ST_SPEC_EAGLE3, "EAGLE3", 1, make_eagle3, attach_eagle3},
+    {ST_SPEC_NONE, "NONE", 0, NULL, NULL, NULL},
+    {ST_SPEC_STANDALONE, "STANDALONE", 1, make_standalone, bytes_model, NULL},
+    {ST_SPEC_NGRAM, "NGRAM", 0, make_ngram, bytes_ngram, NULL},
+    {ST_SPEC_EAGLE, "EAGLE", 1, make_eagle, bytes_model, NULL},
+    {ST_SPEC_EAGLE3, "EAGLE3", 1, make_eagle3, bytes_model, attach_eagle3},
 };
 enum { N_ALGOS = sizeof algos / sizeof algos[0] };
 

@@ -49,9 +49,11 @@ void st_draft_expand_level(const float *scores, int64_t K, int64_t level, int64_
 /* n-gram (prompt lookup) drafter: continuations of the longest matching suffix, merged into a
  * trie, scored by the fraction of matches through each node. No model. An index of the
  * min_match-grams of the history (which must only grow between calls; a shorter one resets the
- * index) makes a step cost independent of the context length; max_hist bounds the history. */
+ * index) makes a step cost independent of the context length; max_hist bounds the history, whose
+ * index is committed as it grows (at once with populate). */
 st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t breadth,
-                                  int64_t max_k, int64_t max_s, int64_t max_hist, st_drafter **out);
+                                  int64_t max_k, int64_t max_s, int64_t max_hist, bool populate,
+                                  st_drafter **out);
 
 /* Draft-model drafter (SGLang STANDALONE): a small model with the target's vocabulary, its own
  * KV cache, top-K expansion per level with cumulative probabilities, and draft-tree attention
@@ -59,20 +61,29 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
  * session (st_session_create_shared: a drafter never runs while its target does; NULL: one
  * thread of its own). */
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
-                                  st_session *with, int64_t max_k, int64_t max_s, st_drafter **out);
+                                  st_session *with, bool populate, int64_t max_k, int64_t max_s,
+                                  st_drafter **out);
+
+/* Bytes a model drafter over `draft` (STANDALONE, EAGLE or EAGLE-3) with n_ctx positions beside
+ * the target's session `with` commits at most as its positions are used: its session's region
+ * (st_session_context_bytes) and an EAGLE head's target states. SIZE_MAX on overflow. The
+ * drafters below put both in regions committed as used, or at once with populate (the engine's
+ * choice, by the total of its slots). */
+size_t st_drafter_model_context_bytes(const st_model *draft, int32_t n_ctx, const st_session *with);
 
 /* EAGLE-1/2 drafter (SGLang EAGLE with EAGLE-2's dynamic tree): the head from
  * st_eagle_head_load for this target, with its own KV cache and the same expansion and
  * real-ancestor attention as the draft-model drafter; it reads the target's states through
  * observe. Keeps one state per position (n_ctx + 1 rows of n_embd floats). */
 st_status st_drafter_eagle_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                  st_session *with, int64_t max_k, int64_t max_s, st_drafter **out);
+                                  st_session *with, bool populate, int64_t max_k, int64_t max_s,
+                                  st_drafter **out);
 
 /* EAGLE-3 drafter: the same over an EAGLE-3 head (st_eagle3_head_load). It reads the target's
  * captured layers through observe: the caller sets the target session's capture to the head's
  * n_cap / cap_layer (st_session_set_capture). Keeps n_ctx + 1 rows of n_cap * n_embd floats. */
 st_status st_drafter_eagle3_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                   st_session *with, int64_t max_k, int64_t max_s,
+                                   st_session *with, bool populate, int64_t max_k, int64_t max_s,
                                    st_drafter **out);
 
 /* One drafting algorithm (algos.c: the table of them). */
@@ -81,9 +92,13 @@ typedef struct st_draft_algo {
     const char *name; /* SGLang's --speculative-algorithm name */
     int needs_model;  /* spec.draft_model: a draft model or an EAGLE head */
     /* Makes one slot's drafter for proposals of at most (K, S), with n_ctx positions, on the
-     * pool of `with` (the target's session); NULL for plain decoding. */
+     * pool of `with` (the target's session), its context-sized memory committed at once when
+     * populate; NULL for plain decoding. */
     st_status (*create)(const st_spec_params *sp, const st_model *target, int32_t n_ctx,
-                        st_session *with, int64_t K, int64_t S, st_drafter **out);
+                        st_session *with, bool populate, int64_t K, int64_t S, st_drafter **out);
+    /* Bytes of context-sized memory one slot's drafter commits at most (SIZE_MAX: overflow); NULL
+     * for plain decoding. */
+    size_t (*context_bytes)(const st_spec_params *sp, int32_t n_ctx, const st_session *with);
     /* Prepares the target's session once for the slots' drafters (NULL: nothing to do). */
     st_status (*attach)(const st_spec_params *sp, st_session *target);
 } st_draft_algo;

@@ -50,6 +50,7 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
     st_status st = st_hf_config_open(path, &c);
     if (st)
         return st;
+    static const char *const acts[] = {"silu"}; /* the SwiGLU of forward.c */
     const int32_t big = 1 << 24, TL = target->hp.n_layer;
     int32_t n_layer = 0, n_vocab = 0;
     if ((st = st_head_cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
@@ -61,9 +62,10 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
         (st = st_head_cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
         (st = st_head_cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
                               &hp->n_head_kv)) ||
-        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536,
+        (st = st_head_cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 0, 65536,
                               &hp->head_dim)) ||
-        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)))
+        (st = st_head_cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)) ||
+        (st = st_hf_config_str_in(c, path, "hidden_act", acts, 1)))
         goto done;
     if (ec->target_e != target->hp.n_embd) {
         st = st_fail(ST_ERR_FORMAT, "%s: target_hidden_size %d does not match the target's %d",
@@ -81,13 +83,9 @@ static st_status e3_read_config(const char *dir, const st_model *target, st_mode
                      n_layer);
         goto done;
     }
-    if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim % 2 != 0) {
-        st = st_fail(ST_ERR_FORMAT,
-                     "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d, or "
-                     "head_dim %d is odd",
-                     path, hp->n_head, hp->n_head_kv, hp->head_dim);
+    if ((st = st_hf_config_check_heads(c, path, hp->n_embd, hp->n_head, hp->n_head_kv,
+                                       hp->head_dim)))
         goto done;
-    }
     if (st_hf_config_has(c, "rope_scaling")) {
         st = st_fail(ST_ERR_UNSUPPORTED, "%s: rope_scaling is not supported yet", path);
         goto done;
@@ -276,6 +274,9 @@ st_status st_eagle3_head_load(const char *dir, const st_model *target, st_model 
     for (int k = 0; k < E3_D2T; k++)
         if (ht[k].t)
             st_head_copy_tensor(&ht[k]);
+    for (int k = 0; k < E3_D2T; k++)
+        if (ht[k].t && (st = st_head_check_finite(&ht[k])))
+            goto fail;
     st_layer *L = &m->layers[0];
     st_head_set_wt(&m->fc, &ht[E3_FC]);
     st_head_set_wt(&L->wq, &ht[E3_Q]);

@@ -121,3 +121,28 @@ float *st_head_vector_of(const head_tensor *h, float *into) {
         st_dequant_row(dt, h->copy, v, h->rows);
     return v;
 }
+
+st_status st_head_check_finite(const head_tensor *h) {
+    st_dtype dt;
+    if (st_sf_tensor_dtype(h->t, &dt) ||
+        (dt != ST_DTYPE_F32 && dt != ST_DTYPE_F16 && dt != ST_DTYPE_BF16))
+        return ST_OK; /* d2t / t2d: integers, checked by their loader */
+    const int64_t n = h->rows * (h->cols ? h->cols : 1), es = dt == ST_DTYPE_F32 ? 4 : 2;
+    float buf[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        const int64_t k = n - i < 256 ? n - i : 256;
+        st_dequant_row(dt, (const char *)h->copy + i * es, buf, k);
+        const int64_t bad = st_first_non_finite(buf, k);
+        if (bad < 0)
+            continue;
+        const int64_t at = i + bad;
+        if (h->cols)
+            return st_fail(ST_ERR_FORMAT,
+                           "%s: tensor '%s' holds a non-finite value (%g at [%lld, %lld])",
+                           h->t->file, h->name, (double)buf[bad], (long long)(at / h->cols),
+                           (long long)(at % h->cols));
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value (%g at [%lld])",
+                       h->t->file, h->name, (double)buf[bad], (long long)at);
+    }
+    return ST_OK;
+}

@@ -30,6 +30,10 @@ st_status st_head_find_tensors(const st_safetensors *sf, st_head_tensor *ht, int
                                const char *what, const char *const *raw_ok);
 /* Copies a tensor's bytes into h->copy, q/k rows from HF's half-split order to adjacent pairs. */
 void st_head_copy_tensor(const st_head_tensor *h);
+/* ST_ERR_FORMAT naming the tensor and the place of its first value that is not finite (every
+ * value of h's copy, through the target loader's check, st_first_non_finite; a head is copied
+ * whole anyway); integer tensors pass. */
+st_status st_head_check_finite(const st_head_tensor *h);
 /* A weight matrix over h's copy. */
 void st_head_set_wt(st_wt *w, const st_head_tensor *h);
 /* A float copy of a vector tensor into `into`, or a new st_malloc'd one (NULL: out of memory). */

@@ -29,12 +29,16 @@ typedef struct mdraft {
     int64_t max_k, max_s;
     int32_t valid; /* rows [0, valid) of the draft KV hold committed tokens */
     int32_t n_vocab;
+    int32_t n_cand; /* ids it drafts: [0, n_cand), the target's tokenizer's (the rows of a padded
+                     * output layer past it have no token); EAGLE-3: its draft vocabulary */
     int32_t nb;     /* tokens of one forward pass: the session's n_batch */
     int32_t n_ctx;  /* positions */
     int64_t n_embd; /* EAGLE: width of a state */
     int32_t n_feat; /* EAGLE: the target's states of positions [0, n_feat) are in feat */
     float *feat;    /* EAGLE: (n_ctx + 1, feat_w) the target's state at each position (one row
-                     * per position for now; only [valid, L) is read by a step) */
+                     * per position for now; only [valid, L) is read by a step), a region of
+                     * its own committed as positions are used (st_lazy_alloc) */
+    size_t feat_bytes;
     float *fin;     /* EAGLE: (max_k, n_embd) a level's input features: the parents' outputs */
     float *hout;    /* EAGLE: (max_k, n_embd) a level's outputs */
     float *logits;  /* (max_k, n_vocab) */
@@ -188,7 +192,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         scores[i] = -INFINITY;
         tokens[i] = 0;
     }
-    topk_probs(g->logits, V, K, g->probs, tokens, scores);
+    topk_probs(g->logits, g->n_cand, K, g->probs, tokens, scores);
     map_ids(g, tokens, K);
     level_parents[0] = -1;
     for (int64_t c = 0; c < K; c++) {
@@ -235,7 +239,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
                    (size_t)g->n_embd * sizeof(float));
         const int64_t base = st_tree_level_base(K, i);
         for (int64_t p = 0; p < K; p++) {
-            topk_probs(g->logits + p * V, V, K, g->probs, tokens + base + p * K,
+            topk_probs(g->logits + p * V, g->n_cand, K, g->probs, tokens + base + p * K,
                        scores + base + p * K);
             map_ids(g, tokens + base + p * K, K);
             for (int64_t c = 0; c < K; c++)
@@ -296,6 +300,7 @@ static void mdraft_free(st_drafter *d) {
     if (!g)
         return;
     st_session_free(g->s);
+    st_lazy_free(g->feat, g->feat_bytes);
     st_free_aligned(g->mem);
     st_free(g);
 }
@@ -304,11 +309,9 @@ static void mdraft_free(st_drafter *d) {
 static void mdraft_layout(mdraft *g, st_plan *p) {
     const size_t K = (size_t)g->max_k, S = (size_t)g->max_s, V = (size_t)g->n_vocab,
                  B = (size_t)g->nb > K ? (size_t)g->nb : K, E = (size_t)g->n_embd,
-                 P = g->eagle ? (size_t)g->n_ctx + 1 : 0, H = g->eagle ? K * E : 0,
-                 W = (size_t)g->feat_w;
+                 H = g->eagle ? K * E : 0;
     g->logits = st_plan_take(p, K * V, sizeof *g->logits);
     g->probs = st_plan_take(p, V, sizeof *g->probs);
-    g->feat = st_plan_take(p, P * W, sizeof *g->feat);
     g->fin = st_plan_take(p, H, sizeof *g->fin);
     g->hout = st_plan_take(p, H, sizeof *g->hout);
     g->anc = st_plan_take(p, K * S, sizeof *g->anc);
@@ -327,9 +330,30 @@ static void mdraft_layout(mdraft *g, st_plan *p) {
     g->pick = st_plan_take(p, K, sizeof *g->pick);
 }
 
+/* Width of the target state an EAGLE head reads per position (0: a draft model reads none). */
+static int64_t state_width(const st_model *draft) {
+    return draft->eagle3    ? (int64_t)draft->n_cap * draft->target->hp.n_embd
+           : draft->fc.data ? draft->hp.n_embd
+                            : 0;
+}
+
+/* Bytes of the states of n_ctx + 1 positions of width w; false on overflow. */
+static bool feat_size(int32_t n_ctx, int64_t w, size_t *out) {
+    return st_mul_size((size_t)n_ctx + 1, (size_t)w, out) && st_mul_size(*out, sizeof(float), out);
+}
+
+size_t st_drafter_model_context_bytes(const st_model *draft, int32_t n_ctx,
+                                      const st_session *with) {
+    size_t sess = st_session_context_bytes(draft, n_ctx, 1, with), feat = 0, sum;
+    if (sess == SIZE_MAX || !feat_size(n_ctx, state_width(draft), &feat) ||
+        !st_add_size(sess, feat, &sum))
+        return SIZE_MAX;
+    return sum;
+}
+
 /* The drafter over a draft model or an EAGLE head (eagle), its checks done by the caller. */
 static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_session *with,
-                            int64_t max_k, int64_t max_s, st_drafter **out) {
+                            bool populate, int64_t max_k, int64_t max_s, st_drafter **out) {
     mdraft *g = st_calloc(1, sizeof *g);
     if (!g)
         return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
@@ -343,8 +367,11 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
     g->max_k = max_k;
     g->max_s = max_s;
     g->n_vocab = (int32_t)draft->output.n_out;
+    const int32_t n_tok =
+        st_tokenizer_n_vocab(st_model_tokenizer(draft->target ? draft->target : draft));
+    g->n_cand = draft->eagle3 || n_tok > g->n_vocab ? g->n_vocab : n_tok;
     g->n_embd = draft->hp.n_embd;
-    g->feat_w = draft->eagle3 ? (int64_t)draft->n_cap * draft->target->hp.n_embd : g->n_embd;
+    g->feat_w = state_width(draft);
     st_session_params sp = st_session_default_params();
     sp.n_ctx = n_ctx;
     /* The drafter runs on the target's thread pool (the two never run at once). A pool of
@@ -355,7 +382,7 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
      * small to split still run on one thread (ST_MIN_PARALLEL_MACS). */
     sp.n_threads = 1; /* without a target session (with == NULL): one thread */
     /* n_batch: the session's default (64) covers a level of K <= ST_SPEC_MAX_K nodes */
-    st_status st = with ? st_session_create_shared(draft, &sp, with, &g->s)
+    st_status st = with ? st_session_create_shared(draft, &sp, with, populate, &g->s)
                         : st_session_create(draft, &sp, &g->s);
     if (st) {
         st_free(g);
@@ -377,6 +404,14 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
         return st_fail(ST_ERR_NOMEM, "draft model: out of memory");
     }
     mdraft_layout(g, &pl);
+    if (eagle && (!feat_size(g->n_ctx, g->feat_w, &g->feat_bytes) ||
+                  !(g->feat = st_lazy_alloc(g->feat_bytes, populate)))) {
+        const size_t mb = g->feat_bytes >> 20;
+        g->feat_bytes = 0;
+        mdraft_free(&g->base);
+        return st_fail(ST_ERR_NOMEM, "EAGLE: out of memory for %zu MB of target states (n_ctx %d)",
+                       mb, n_ctx);
+    }
     *out = &g->base;
     return ST_OK;
 }
@@ -389,7 +424,7 @@ static st_status check_limits(const char *what, int64_t max_k, int64_t max_s) {
 }
 
 st_status st_drafter_model_create(const st_model *draft, const st_model *target, int32_t n_ctx,
-                                  st_session *with, int64_t max_k, int64_t max_s,
+                                  st_session *with, bool populate, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
     *out = NULL;
     st_status st = check_limits("draft model", max_k, max_s);
@@ -411,11 +446,11 @@ st_status st_drafter_model_create(const st_model *draft, const st_model *target,
                            "draft model: vocabulary mismatch at token %d ('%.*s' vs '%.*s')", i,
                            (int)(la > 32 ? 32 : la), a, (int)(lb > 32 ? 32 : lb), b);
     }
-    return mdraft_new(draft, 0, n_ctx, with, max_k, max_s, out);
+    return mdraft_new(draft, 0, n_ctx, with, populate, max_k, max_s, out);
 }
 
 st_status st_drafter_eagle_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                  st_session *with, int64_t max_k, int64_t max_s,
+                                  st_session *with, bool populate, int64_t max_k, int64_t max_s,
                                   st_drafter **out) {
     *out = NULL;
     st_status st = check_limits("EAGLE", max_k, max_s);
@@ -430,11 +465,11 @@ st_status st_drafter_eagle_create(const st_model *head, const st_model *target, 
         return st_fail(ST_ERR_INVALID,
                        "EAGLE: the head was loaded for another target model (its embedding and "
                        "output layer are that model's)");
-    return mdraft_new(head, 1, n_ctx, with, max_k, max_s, out);
+    return mdraft_new(head, 1, n_ctx, with, populate, max_k, max_s, out);
 }
 
 st_status st_drafter_eagle3_create(const st_model *head, const st_model *target, int32_t n_ctx,
-                                   st_session *with, int64_t max_k, int64_t max_s,
+                                   st_session *with, bool populate, int64_t max_k, int64_t max_s,
                                    st_drafter **out) {
     *out = NULL;
     st_status st = check_limits("EAGLE3", max_k, max_s);
@@ -449,5 +484,5 @@ st_status st_drafter_eagle3_create(const st_model *head, const st_model *target,
     if (head->output.n_out < max_k)
         return st_fail(ST_ERR_INVALID, "EAGLE3: a draft vocabulary of %lld tokens is below K %lld",
                        (long long)head->output.n_out, (long long)max_k);
-    return mdraft_new(head, 1, n_ctx, with, max_k, max_s, out);
+    return mdraft_new(head, 1, n_ctx, with, populate, max_k, max_s, out);
 }

@@ -25,7 +25,7 @@ typedef struct ngram {
     /* index of min_match-grams: head[h] is the latest end e (hist[e-min_match, e) hashes to h,
      * hist[e] follows it), prev[e] the one before with the same hash; -1 ends a chain */
     int32_t *head;            /* (1 << NG_HASH_BITS) */
-    int32_t *prev;            /* (cap) */
+    int32_t *prev;            /* (cap), a region committed as the history grows (st_lazy_alloc) */
     int64_t cap;              /* longest history indexed */
     int64_t indexed;          /* ends e < indexed are in the index */
     int32_t *walk_e, *walk_m; /* (NG_WALK) occurrences visited and their match lengths */
@@ -193,6 +193,7 @@ static void ngram_free(st_drafter *d) {
     ngram *g = (ngram *)d;
     if (!g)
         return;
+    st_lazy_free(g->prev, (size_t)g->cap * sizeof *g->prev);
     st_free_aligned(g->mem);
     st_free(g);
 }
@@ -206,13 +207,12 @@ static void ngram_layout(ngram *g, st_plan *p) {
     g->cand = st_plan_take(p, K * K, sizeof *g->cand);
     g->pick = st_plan_take(p, K, sizeof *g->pick);
     g->head = st_plan_take(p, (size_t)1 << NG_HASH_BITS, sizeof *g->head);
-    g->prev = st_plan_take(p, (size_t)g->cap, sizeof *g->prev);
     g->walk_e = st_plan_take(p, NG_WALK, sizeof *g->walk_e);
     g->walk_m = st_plan_take(p, NG_WALK, sizeof *g->walk_m);
 }
 
 st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t breadth,
-                                  int64_t max_k, int64_t max_s, int64_t max_hist,
+                                  int64_t max_k, int64_t max_s, int64_t max_hist, bool populate,
                                   st_drafter **out) {
     *out = NULL;
     if (min_match < 1 || max_match < min_match || max_match > ST_NGRAM_MAX_MATCH || breadth < 1 ||
@@ -243,6 +243,11 @@ st_status st_drafter_ngram_create(int32_t min_match, int32_t max_match, int32_t 
         return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory");
     }
     ngram_layout(g, &pl);
+    if (!(g->prev = st_lazy_alloc((size_t)g->cap * sizeof *g->prev, populate))) {
+        ngram_free(&g->base);
+        return st_fail(ST_ERR_NOMEM, "ngram drafter: out of memory for a history of %lld",
+                       (long long)g->cap);
+    }
     *out = &g->base;
     return ST_OK;
 }

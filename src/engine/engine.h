@@ -40,8 +40,12 @@ typedef struct st_gen {
     st_ctl *ctl;                      /* NULL for plain decoding */
     st_drafter *dr[ST_GEN_MAX_BATCH]; /* one drafter per sequence (each keeps its state) */
     int32_t V, bs, K, S, N;           /* vocabulary, slots, the tree pool and largest tree */
-    int64_t M, LPW, PW;               /* candidates, level_parents and parent_list widths */
-    int32_t Kt, St;                   /* this speculative step's pool (<= K, S: auto plans it) */
+    int32_t n_tok;      /* the tokenizer's tokens (<= V): the target's tokens are chosen among ids
+                         * [0, n_tok), so the rows of a padded output layer past them never are */
+    int64_t M, LPW, PW; /* candidates, level_parents and parent_list widths */
+    int32_t Kt, St;     /* this speculative step's pool (<= K, S: auto plans it) */
+    size_t target_bytes, draft_bytes; /* context-sized memory committed at most: the target's
+                                       * KV cache and scores, every slot's drafter together */
     st_gen_stats *stats;  /* totals over every sequence (spec_steps counts each sequence's) */
     double verify_s;      /* seconds in verify forwards and the logits they deferred */
     int64_t spec_emitted; /* tokens emitted by speculative steps (for tau) */

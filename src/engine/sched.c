@@ -115,6 +115,7 @@ st_status st_engine_create(const st_model *m, const st_engine_params *pp, st_eng
     e->g.p = p.gen;
     e->g.bs = p.max_running;
     e->g.V = m->hp.n_vocab;
+    e->g.n_tok = st_tokenizer_n_vocab(m->tok) < e->g.V ? st_tokenizer_n_vocab(m->tok) : e->g.V;
     e->g.stats = &e->gs;
     if ((rc = st_gen_setup(&e->g, K, S, N))) {
         st_engine_free(e);
@@ -462,6 +463,8 @@ void st_engine_get_stats(const st_engine *e, st_engine_stats *out) {
     out->num_draft_tokens = e->gs.num_draft_tokens;
     out->kv_budget = e->kv_budget;
     st_ctl_outlook(e->g.ctl, &out->outlook);
+    out->kv_bytes = e->g.target_bytes;
+    out->draft_bytes = e->g.draft_bytes;
 }
 
 void st_engine_gen_stats(const st_engine *e, st_gen_stats *out) {

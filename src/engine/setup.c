@@ -6,6 +6,7 @@
  */
 #include "engine/engine.h"
 
+#include <math.h>
 #include <string.h>
 
 st_spec_params st_spec_default_params(void) {
@@ -149,10 +150,30 @@ st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N) {
     if ((rc = gen_alloc(g, ps.n_ctx)))
         return rc;
     const st_draft_algo *algo = st_draft_algo_of(sp->algo);
+    g->target_bytes = g->s->lazy_bytes;
     if (!algo->create)
         return ST_OK;
+    /* The drafters' context-sized memory is committed as their positions are used, as the
+     * target's is, and refused with it when the two together exceed the machine's memory; it is
+     * committed at once only when all the slots' drafters together are small, as a lone
+     * session's region is (st_lazy_alloc). */
+    const size_t one = algo->context_bytes(sp, ps.n_ctx, g->s), phys = st_phys_mem();
+    size_t total = 0;
+    if (one == SIZE_MAX || !st_mul_size(one, (size_t)g->bs, &g->draft_bytes) ||
+        !st_add_size(g->target_bytes, g->draft_bytes, &total) || (phys && total > phys))
+        return st_fail(ST_ERR_NOMEM,
+                       "a context of %d positions x %d slots with %s drafters needs %.1f GB: "
+                       "%.1f GB of the target's KV cache and scores and %.1f GB of the drafters' "
+                       "(%.1f MB a slot); this machine has %.1f GB (use a smaller -c or fewer "
+                       "slots)",
+                       ps.n_ctx, g->bs, st_spec_algo_name(sp->algo),
+                       one == SIZE_MAX ? INFINITY : ((double)one * g->bs + g->target_bytes) / 1e9,
+                       (double)g->target_bytes / 1e9,
+                       one == SIZE_MAX ? INFINITY : (double)one * g->bs / 1e9,
+                       one == SIZE_MAX ? INFINITY : (double)one / 1e6, (double)phys / 1e9);
+    const bool populate = g->draft_bytes <= ST_LAZY_POPULATE_MAX;
     for (int32_t b = 0; b < g->bs; b++)
-        if ((rc = algo->create(sp, g->m, ps.n_ctx, g->s, K, S, &g->dr[b])))
+        if ((rc = algo->create(sp, g->m, ps.n_ctx, g->s, populate, K, S, &g->dr[b])))
             return rc;
     if (algo->attach && (rc = algo->attach(sp, g->s)))
         return rc;

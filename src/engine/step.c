@@ -41,30 +41,33 @@ static void logprobs(const float *lg, int32_t V, int32_t tok, int32_t n, st_toke
 
 st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out,
                               st_token_logprobs *lp) {
-    /* NaN or infinity: broken weights, never a token. x * 0 is 0 for finite x and NaN
-     * otherwise; eight independent sums (a loop compilers vectorize, as in st_argmax) stay 0
-     * unless one is not finite, and only then is the row searched for the culprit. */
+    /* Only ids with a token are candidates: an output layer padded past the tokenizer (published
+     * checkpoints round vocab_size up) has rows that would otherwise be sampled; plain and
+     * speculative decoding both choose here, so they stay equal. NaN or infinity: broken
+     * weights, never a token. x * 0 is 0 for finite x and NaN otherwise; eight independent sums
+     * (a loop compilers vectorize, as in st_argmax) stay 0 unless one is not finite, and only
+     * then is the row searched for the culprit. */
     float z[8] = {0};
     int32_t i = 0;
-    for (; i + 8 <= g->V; i += 8)
+    for (; i + 8 <= g->n_tok; i += 8)
         for (int l = 0; l < 8; l++)
             z[l] += lg[i + l] * 0.0f;
-    for (; i < g->V; i++)
+    for (; i < g->n_tok; i++)
         z[0] += lg[i] * 0.0f;
     int bad = 0;
     for (int l = 0; l < 8; l++)
         bad |= z[l] != 0.0f;
     if (bad)
-        for (i = 0; i < g->V; i++)
+        for (i = 0; i < g->n_tok; i++)
             if (!isfinite(lg[i]))
                 return st_fail(ST_ERR_FORMAT,
                                "generate: the logits at position %lld are not finite (token %d "
                                "is %s): the model's weights or activations are broken",
                                (long long)pos, i, isnan(lg[i]) ? "NaN" : "infinite");
     const st_request_params *rp = &g->req[b]->rp;
-    st_status rc = st_sample(lg, g->V, &rp->sampler, pos, g->scratch, out);
+    st_status rc = st_sample(lg, g->n_tok, &rp->sampler, pos, g->scratch, out);
     if (rc == ST_OK && rp->on_logprobs && lp)
-        logprobs(lg, g->V, *out, rp->top_logprobs, lp);
+        logprobs(lg, g->n_tok, *out, rp->top_logprobs, lp);
     return rc;
 }
 

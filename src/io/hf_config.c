@@ -182,6 +182,49 @@ st_status st_hf_config_get_str(const st_hf_config *c, const char *key, const cha
     return ST_OK;
 }
 
+st_status st_hf_config_str_in(const st_hf_config *c, const char *path, const char *key,
+                              const char *const *ok, int n_ok) {
+    if (!st_hf_config_has(c, key))
+        return ST_OK;
+    const char *v;
+    st_status s = st_hf_config_get_str(c, key, &v);
+    if (s)
+        return s;
+    for (int i = 0; i < n_ok; i++)
+        if (strcmp(v, ok[i]) == 0)
+            return ST_OK;
+    char list[128] = "";
+    for (int i = 0, k = 0; i < n_ok && k < (int)sizeof list; i++)
+        k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i ? ", " : "", ok[i]);
+    return st_fail(ST_ERR_UNSUPPORTED, "%s: field \"%s\" = \"%.64s\" is not supported (%s)", path,
+                   key, v, list);
+}
+
+st_status st_hf_config_check_heads(const st_hf_config *c, const char *path, int32_t n_embd,
+                                   int32_t n_head, int32_t n_head_kv, int32_t head_dim) {
+    const bool given = st_hf_config_has(c, "head_dim");
+    if (!given && n_embd % n_head != 0)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: field \"hidden_size\" (%d) is not a multiple of field "
+                       "\"num_attention_heads\" (%d), and there is no \"head_dim\"",
+                       path, n_embd, n_head);
+    if (n_head % n_head_kv != 0)
+        return st_fail(ST_ERR_FORMAT,
+                       "%s: field \"num_attention_heads\" (%d) is not a multiple of field "
+                       "\"num_key_value_heads\" (%d)",
+                       path, n_head, n_head_kv);
+    /* RoPE rotates pairs of a head's elements */
+    if (head_dim < 2 || head_dim % 2 != 0)
+        return given ? st_fail(ST_ERR_FORMAT,
+                               "%s: field \"head_dim\" (%d) is not even and at least 2", path,
+                               head_dim)
+                     : st_fail(ST_ERR_FORMAT,
+                               "%s: the head width, field \"hidden_size\" (%d) / field "
+                               "\"num_attention_heads\" (%d) = %d, is not even and at least 2",
+                               path, n_embd, n_head, head_dim);
+    return ST_OK;
+}
+
 st_status st_hf_config_get_ints(const st_hf_config *c, const char *key, int64_t *out, int64_t cap,
                                 int64_t *n) {
     const json_t *v;

@@ -42,25 +42,6 @@ static st_status cfg_int(const st_hf_config *c, const char *path, const char *ke
     return ST_OK;
 }
 
-/* A string field that must equal one of the accepted values when present. */
-static st_status cfg_str_in(const st_hf_config *c, const char *path, const char *key,
-                            const char *const *ok, int n_ok) {
-    if (!st_hf_config_has(c, key))
-        return ST_OK;
-    const char *v;
-    st_status s = st_hf_config_get_str(c, key, &v);
-    if (s)
-        return s;
-    for (int i = 0; i < n_ok; i++)
-        if (strcmp(v, ok[i]) == 0)
-            return ST_OK;
-    char list[128] = "";
-    for (int i = 0, k = 0; i < n_ok && k < (int)sizeof list; i++)
-        k += snprintf(list + k, sizeof list - (size_t)k, "%s%s", i ? ", " : "", ok[i]);
-    return st_fail(ST_ERR_UNSUPPORTED, "%s: field \"%s\" = \"%.64s\" is not supported (%s)", path,
-                   key, v, list);
-}
-
 /* "rope_scaling": "default" is none; "llama3" gives each frequency's divisor, as
  * transformers' _compute_llama3_parameters and llama.cpp's rope_freqs.weight have it:
  * wavelengths under original_max_position_embeddings / high_freq_factor keep their frequency,
@@ -118,26 +99,22 @@ static st_status read_config(const char *dir, hf_hp *hp) {
     static const char *const types[] = {"llama", "mistral", "qwen2"};
     static const char *const acts[] = {"silu"};
     if ((s = st_hf_config_has(c, "model_type")
-                 ? cfg_str_in(c, path, "model_type", types, 3)
+                 ? st_hf_config_str_in(c, path, "model_type", types, 3)
                  : st_fail(ST_ERR_FORMAT, "%s: missing field \"model_type\"", path)) ||
-        (s = cfg_str_in(c, path, "hidden_act", acts, 1)) ||
+        (s = st_hf_config_str_in(c, path, "hidden_act", acts, 1)) ||
         (s = cfg_int(c, path, "hidden_size", 0, 0, 1, big, &hp->n_embd)) ||
         (s = cfg_int(c, path, "num_hidden_layers", 0, 0, 1, 4096, &hp->n_layer)) ||
         (s = cfg_int(c, path, "intermediate_size", 0, 0, 1, big, &hp->n_ff)) ||
         (s = cfg_int(c, path, "num_attention_heads", 0, 0, 1, 4096, &hp->n_head)) ||
         (s = cfg_int(c, path, "num_key_value_heads", 1, hp->n_head, 1, hp->n_head,
                      &hp->n_head_kv)) ||
-        (s = cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 2, 65536, &hp->head_dim)) ||
+        (s = cfg_int(c, path, "head_dim", 1, hp->n_embd / hp->n_head, 0, 65536, &hp->head_dim)) ||
         (s = cfg_int(c, path, "vocab_size", 0, 0, 1, big, &hp->n_vocab)) ||
         (s = cfg_int(c, path, "max_position_embeddings", 0, 0, 1, big, &hp->n_ctx)))
         goto done;
-    if (hp->n_head % hp->n_head_kv != 0 || hp->head_dim % 2 != 0) {
-        s = st_fail(ST_ERR_FORMAT,
-                    "%s: field \"num_attention_heads\" (%d) is not a multiple of "
-                    "\"num_key_value_heads\" (%d), or \"head_dim\" (%d) is odd",
-                    path, hp->n_head, hp->n_head_kv, hp->head_dim);
+    if ((s = st_hf_config_check_heads(c, path, hp->n_embd, hp->n_head, hp->n_head_kv,
+                                      hp->head_dim)))
         goto done;
-    }
     /* Mistral's sliding window: attention over the whole context equals it only up to the
      * window, so the context is capped there. */
     const char *mt = "";

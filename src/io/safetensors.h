@@ -133,4 +133,15 @@ st_status st_hf_config_get_bool(const st_hf_config *c, const char *key, bool *ou
 st_status st_hf_config_get_str(const st_hf_config *c, const char *key, const char **out);
 st_status st_hf_config_get_ints(const st_hf_config *c, const char *key, int64_t *out, int64_t cap,
                                 int64_t *n);
+/* The attention heads of a config (the fields read into n_embd, n_head, n_head_kv and head_dim,
+ * whose default is n_embd / n_head): ST_ERR_FORMAT naming the fields the file has, and their
+ * values, when num_attention_heads does not divide hidden_size without a head_dim, does not
+ * divide into num_key_value_heads groups, or the head width is odd or below 2 (RoPE rotates
+ * pairs). */
+st_status st_hf_config_check_heads(const st_hf_config *c, const char *path, int32_t n_embd,
+                                   int32_t n_head, int32_t n_head_kv, int32_t head_dim);
+/* A string field that, when present, must be one of the n_ok values in ok: else ST_ERR_UNSUPPORTED
+ * naming the file `path`, the field, its value and the values supported. */
+st_status st_hf_config_str_in(const st_hf_config *c, const char *path, const char *key,
+                              const char *const *ok, int n_ok);
 #endif

@@ -18,8 +18,9 @@ struct st_backend {
 
     /* buffers */
     /* The session's context-sized region (KV cache and attention scratch, sized by session.c),
-     * zeroed, or NULL when it cannot be had; freed with buf_free and the same size. */
-    void *(*buf_alloc)(size_t bytes);
+     * zeroed, or NULL when it cannot be had; freed with buf_free and the same size. populate: a
+     * hint that the region is small and wanted whole soon (st_lazy_alloc's). */
+    void *(*buf_alloc)(size_t bytes, bool populate);
     void (*buf_free)(void *buf, size_t bytes);
 
     /* copy rows */

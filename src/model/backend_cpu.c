@@ -10,7 +10,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static void *cpu_buf_alloc(size_t bytes) { return st_lazy_alloc(bytes); }
+static void *cpu_buf_alloc(size_t bytes, bool populate) { return st_lazy_alloc(bytes, populate); }
 
 static void cpu_buf_free(void *buf, size_t bytes) { st_lazy_free(buf, bytes); }
 

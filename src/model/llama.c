@@ -45,14 +45,6 @@ static bool is_matrix_type(uint32_t t) {
            t == ST_DTYPE_Q4_0 || st_kquant_block_bytes(t) != 0;
 }
 
-/* The first of the n values (floats from a tensor) that is not finite, or -1. */
-static int64_t first_non_finite(const float *v, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(v[i]))
-            return i;
-    return -1;
-}
-
 /* Finds a 2-D weight of shape ne = [n_in, n_out]. */
 static st_status get_matrix(const st_gguf *g, const char *name, int64_t n_in, int64_t n_out,
                             int optional, st_wt *out) {
@@ -82,7 +74,7 @@ static st_status get_matrix(const st_gguf *g, const char *name, int64_t n_in, in
     float head[256];
     const int64_t nh = n_in < 256 ? n_in : 256;
     st_dequant_row(t->type, t->data, head, nh);
-    const int64_t bad = first_non_finite(head, nh);
+    const int64_t bad = st_first_non_finite(head, nh);
     if (bad >= 0)
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value (%g at [0, %lld])",
                        st_gguf_name(g), name, (double)head[bad], (long long)bad);
@@ -111,7 +103,7 @@ static st_status get_vector(const st_gguf *g, const char *name, int64_t n, float
     if (!*out)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory", st_gguf_name(g));
     st_dequant_row(t->type, t->data, *out, n);
-    const int64_t bad = first_non_finite(*out, n);
+    const int64_t bad = st_first_non_finite(*out, n);
     if (bad >= 0)
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value (%g at [%lld])",
                        st_gguf_name(g), name, (double)(*out)[bad], (long long)bad);

@@ -133,10 +133,18 @@ enum { ST_MIN_PARALLEL_MACS = 1 << 16 };
 
 /* A session over m that runs on `with`'s backend and thread pool (its n_threads, whatever p
  * says) instead of its own: a drafter's session beside its target's, so that the two never hold
- * more threads than the target was given. The two must never run at the same time (the pool runs
- * one job at a time), and `with` must outlive it. */
+ * more threads than the target was given. It also uses `with`'s attention scores when they are
+ * as large (scratch of one call). The two must never run at the same time (the pool runs one job
+ * at a time), and `with` must outlive it. populate: commit its context-sized region at once
+ * (st_lazy_alloc), the caller's choice, since it knows how many such sessions there are. */
 st_status st_session_create_shared(const st_model *m, const st_session_params *p, st_session *with,
-                                   st_session **out);
+                                   bool populate, st_session **out);
+/* Bytes of the context-sized region (KV cache and scores) of a session over m with n_ctx
+ * positions and n_seq sequences beside `with` (its threads and KV cache types), as
+ * st_session_create_shared would make it: what the session can commit at most. SIZE_MAX when
+ * the size overflows. */
+size_t st_session_context_bytes(const st_model *m, int32_t n_ctx, int32_t n_seq,
+                                const st_session *with);
 
 /* Tokens per attention work item: their shared prefix is streamed once for all of them. */
 enum { ST_ATTN_TOKENS = 16 };
@@ -160,7 +168,7 @@ struct st_session {
     float *kv_conv;        /* (n_threads, max(ST_KV_CONV_FLOATS, head_dim)) f16 rows converted */
     float *rope_cos;       /* (n_batch, n_rot/2) of the tokens of the current forward pass */
     float *rope_sin;       /* (n_batch, n_rot/2) */
-    void *lazy;            /* the region of k_cache, v_cache and scores (st_lazy_alloc) */
+    void *lazy; /* the region of k_cache, v_cache and scores unless borrowed (st_lazy_alloc) */
     size_t lazy_bytes;
     /* scratch for n_batch tokens */
     float *x;           /* (n_batch, n_embd) residual stream */
@@ -177,7 +185,8 @@ struct st_session {
     float *tmp;         /* (n_batch, n_embd) matmul output before the residual add */
     st_block_q8x *xq;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/32) */
     st_block_q8k *xk;   /* (n_batch, max(n_embd, n_ff, n_head*head_dim)/256) */
-    float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores */
+    float *scores; /* (n_threads, ST_ATTN_TOKENS, n_head/n_head_kv, n_ctx + 1) attention scores,
+                    * or st_session_create_shared's lender's */
     /* per-token attention descriptions for st_session_eval */
     int32_t *b_pos, *b_seq, *b_row, *b_prefix; /* (n_batch) each */
     int32_t *b_extra_off;                      /* (n_batch + 1) */

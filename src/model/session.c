@@ -38,16 +38,52 @@ void st_session_free(st_session *s) {
 
 static size_t kv_elem(uint32_t type) { return type == ST_DTYPE_F16 ? 2 : sizeof(float); }
 
+static size_t scores_floats(const st_model_hparams *hp, const st_session_params *p) {
+    return (size_t)p->n_threads * ST_ATTN_TOKENS * (size_t)(hp->n_head / hp->n_head_kv) *
+           ((size_t)p->n_ctx + 1);
+}
+
+/* The session whose attention scores a session beside `with` uses: `with`, when its buffer is
+ * as large (scores are the scratch of one attention call, and the two never run at once), so
+ * that the drafters of many slots do not each hold a context-sized copy; else NULL, its own. */
+static const st_session *scores_lender(const st_model_hparams *hp, const st_session_params *p,
+                                       const st_session *with) {
+    return with && scores_floats(hp, p) <= scores_floats(&with->m->hp, &with->p) ? with : NULL;
+}
+
 /* The context-sized buffers, in one lazily committed region (the first pass sizes, the second
- * carves; core.h): kv is n_seq * n_layer * n_ctx * KV elements of each cache's type. */
+ * carves; core.h): kv is n_seq * n_layer * n_ctx * KV elements of each cache's type; the scores
+ * are the lender's or the region's. */
 static void session_lazy_layout(st_plan *pl, st_session *s, const st_model_hparams *hp,
-                                const st_session_params *p, size_t kv) {
+                                const st_session_params *p, size_t kv, const st_session *lender) {
     s->k_cache = st_plan_take(pl, kv, kv_elem(p->type_k));
     s->v_cache = st_plan_take(pl, kv, kv_elem(p->type_v));
-    s->scores = st_plan_take(pl,
-                             (size_t)p->n_threads * ST_ATTN_TOKENS *
-                                 (size_t)(hp->n_head / hp->n_head_kv) * ((size_t)p->n_ctx + 1),
-                             sizeof(float));
+    s->scores = lender ? lender->scores : st_plan_take(pl, scores_floats(hp, p), sizeof(float));
+}
+
+/* Sizes the region of a session over hp with p (n_ctx, n_seq and n_threads resolved) beside
+ * `with` (or NULL): lz->off its bytes, lz->overflow set when they overflow; *kv_total the
+ * elements of each cache. */
+static void session_lazy_size(st_plan *lz, const st_model_hparams *hp, const st_session_params *p,
+                              const st_session *with, size_t *kv_total) {
+    const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    *kv_total = 0;
+    if (!st_mul_size((size_t)p->n_seq * (size_t)hp->n_layer, (size_t)p->n_ctx, kv_total) ||
+        !st_mul_size(*kv_total, KV, kv_total))
+        lz->overflow = true;
+    st_session sizing;
+    session_lazy_layout(lz, &sizing, hp, p, *kv_total, scores_lender(hp, p, with));
+}
+
+size_t st_session_context_bytes(const st_model *m, int32_t n_ctx, int32_t n_seq,
+                                const st_session *with) {
+    st_session_params p = st_session_default_params();
+    p.n_ctx = n_ctx, p.n_seq = n_seq, p.n_threads = with->p.n_threads;
+    p.type_k = with->p.type_k, p.type_v = with->p.type_v;
+    st_plan lz = {0};
+    size_t kv_total;
+    session_lazy_size(&lz, &m->hp, &p, with, &kv_total);
+    return lz.overflow ? SIZE_MAX : lz.off;
 }
 
 /* The session's one block: the struct, then every buffer of the batch (the first pass sizes,
@@ -92,10 +128,11 @@ static void session_layout(st_plan *pl, st_session *s, const st_model *m,
                      : NULL;
 }
 
-/* shared: NULL, or the session whose pool this one borrows (its n_threads then); be: the backend
- * its buffers come from and it computes through */
+/* shared: NULL, or the session whose pool this one borrows (its n_threads then; and its scores,
+ * scores_lender); be: the backend its buffers come from and it computes through; populate: 1 or
+ * 0 to commit the context-sized region at once or not, -1 to decide by its size */
 static st_status session_create(const st_model *m, const st_session_params *pp, st_session *shared,
-                                const st_backend *be, st_session **out) {
+                                const st_backend *be, int populate, st_session **out) {
     if (!out || !m)
         return st_fail(ST_ERR_INVALID, "st_session_create: NULL argument");
     *out = NULL;
@@ -129,11 +166,8 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
     /* the context-sized region: refused at once when it exceeds the machine's memory (it is
      * committed only as tokens use it, but a context that cannot fit is a mistake) */
     st_plan lz = {0};
-    if (!st_mul_size((size_t)p.n_seq * (size_t)hp->n_layer, (size_t)p.n_ctx, &kv_total) ||
-        !st_mul_size(kv_total, KV, &kv_total))
-        lz.overflow = true;
+    session_lazy_size(&lz, hp, &p, shared, &kv_total);
     st_session sizing;
-    session_lazy_layout(&lz, &sizing, hp, &p, kv_total);
     const size_t phys = st_phys_mem();
     if (lz.overflow || (phys && lz.off > phys)) {
         if (!shared)
@@ -147,7 +181,9 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
     st_plan pl = {0};
     session_layout(&pl, &sizing, m, &p);
     st_session *s = st_plan_alloc(&pl);
-    void *lazy = s ? be->buf_alloc(lz.off) : NULL;
+    if (populate < 0) /* a session of its own: a small region is committed at once */
+        populate = lz.off <= ST_LAZY_POPULATE_MAX;
+    void *lazy = s ? be->buf_alloc(lz.off, populate != 0) : NULL;
     if (!s || !lazy) {
         st_free_aligned(s);
         if (!shared)
@@ -159,7 +195,7 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
     }
     session_layout(&pl, s, m, &p);
     lz.base = lazy, lz.off = 0; /* carve the region (st_plan_alloc would touch every page) */
-    session_lazy_layout(&lz, s, hp, &p, kv_total);
+    session_lazy_layout(&lz, s, hp, &p, kv_total, scores_lender(hp, &p, shared));
     s->lazy = lazy;
     s->lazy_bytes = lz.off;
     s->m = m;
@@ -177,21 +213,21 @@ static st_status session_create(const st_model *m, const st_session_params *pp, 
 }
 
 st_status st_session_create(const st_model *m, const st_session_params *p, st_session **out) {
-    return session_create(m, p, NULL, st_backend_cpu(), out);
+    return session_create(m, p, NULL, st_backend_cpu(), -1, out);
 }
 
 st_status st_session_create_backend(const st_model *m, const st_session_params *p,
                                     const st_backend *be, st_session **out) {
     if (!be)
         return st_fail(ST_ERR_INVALID, "st_session_create_backend: NULL backend");
-    return session_create(m, p, NULL, be, out);
+    return session_create(m, p, NULL, be, -1, out);
 }
 
 st_status st_session_create_shared(const st_model *m, const st_session_params *p, st_session *with,
-                                   st_session **out) {
+                                   bool populate, st_session **out) {
     if (!with)
         return st_fail(ST_ERR_INVALID, "st_session_create_shared: NULL session");
-    return session_create(m, p, with, with->be, out);
+    return session_create(m, p, with, with->be, populate, out);
 }
 
 st_status st_session_set_capture(st_session *s, int32_t n, const int32_t *layers) {

@@ -595,3 +595,26 @@ st_status st_tokenize(const st_tokenizer *t, const char *text, size_t len, int a
                        cap);
     return ST_OK;
 }
+
+st_status st_tokenize_max(const st_tokenizer *t, const char *text, size_t len, int add_bos,
+                          int64_t max_tokens, int32_t *out, int64_t cap, int64_t *n_out) {
+    if (!t || !n_out || max_tokens < 0)
+        return st_fail(ST_ERR_INVALID, "st_tokenize_max: bad argument");
+    *n_out = 0;
+    const size_t per = 2 * (t->max_dec > 4 ? t->max_dec : 4);
+    if ((uint64_t)max_tokens < (uint64_t)(len / per)) { /* len > max_tokens * per */
+        *n_out = max_tokens + 1;
+        return st_fail(ST_ERR_RANGE,
+                       "st_tokenize: a text of %zu bytes gives more than %" PRId64 " tokens", len,
+                       max_tokens);
+    }
+    st_status s = st_tokenize(t, text, len, add_bos, out, cap, n_out);
+    if (s && s != ST_ERR_RANGE)
+        return s;
+    if (*n_out > max_tokens)
+        return st_fail(ST_ERR_RANGE,
+                       "st_tokenize: a text of %zu bytes gives %" PRId64
+                       " tokens, more than %" PRId64,
+                       len, *n_out, max_tokens);
+    return s;
+}

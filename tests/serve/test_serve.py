@@ -32,6 +32,8 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   fields by name); --cors (the origin on answers and streams, preflights answered 204, other
   origins not); llama.cpp's flags (-np,
   -n -1, GPU-only flags) and SPECTREE_ARG_<FLAG> variables on a running server;
+- memory: a server with a drafter idles near the plain one's memory, and one whose drafters do
+  not fit beside the target is refused at start;
 - limits: a full queue or a request over the KV budget answers 503, connections past
   --max-connections are closed; one address cannot fill them (--max-connections-per-ip),
   silent sockets are closed after 2 s, a spare connection answers /health on a full server.
@@ -275,6 +277,9 @@ def test_errors():
         (b'{"prompt": "x", "frobnicate": true}', 400, "unknown field"),
         (b'{"prompt": [1, 99999]}', 400, "not a token id"),
         (b'{"prompt": "' + b"word " * 3000 + b'"}', 400, "at most"),
+        # too long to be worth tokenizing: refused by its length
+        (b'{"prompt": "' + b"word " * 12000 + b'"}', 400,
+         "the prompt has more than 1024 tokens; this server takes at most 1024"),
         (b'{"prompt": "' + b"x" * 70000 + b'"}', 413, "exceeds"),
         (b'{"prompt": "x", "max_tokens": 99999999999999999999}', 400, "too big integer"),
         (b'{"prompt": "x", "seed": 1e300}', 400, "must be an integer"),
@@ -289,6 +294,8 @@ def test_errors():
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "must be system"),
         (b'{"messages": [{"role": "user", "content": 5}]}', 400, "content"),
         (b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, "malformed JSON"),
+        (b'{"messages": [{"role": "user", "content": "' + b"word " * 12000 + b'"}]}', 400,
+         "the prompt has more than 1024 tokens; this server takes at most 1024"),
     ]
     for raw, want_code, want, path in [(r, c, w, "completions") for r, c, w in cases] + \
             [(r, c, w, "chat/completions") for r, c, w in chat]:
@@ -1369,6 +1376,69 @@ def test_connection_limits():
         check(s.stop() == 0, "exit status")
 
 
+DRAFTERS = [("EAGLE", os.path.join(SRC, "models", "eagle-stories260K")),
+            ("EAGLE3", os.path.join(SRC, "models", "eagle3-stories260K")),
+            ("STANDALONE", MODEL)]
+
+
+def started(*args):
+    """A server with these flags once /health answers: (server, seconds it took, VmRSS in kB)."""
+    t0 = time.time()
+    s = Server(BUILD, MODEL, *args)
+    while curl(s.url + "/health")[0] != 200:
+        time.sleep(0.02)
+    return s, time.time() - t0, s.rss_kb()
+
+
+def test_drafter_memory():
+    # the drafters' context-sized memory (a head's target states and KV cache, a draft model's
+    # KV cache) is committed as it is used, as the target's is: 16 slots of 65536 positions idle
+    # within 50 MB of the plain server (they took 40 MB a slot when committed at start)
+    flags = ("-c", "65536", "--max-running-requests", "16")
+    s, secs, plain = started(*flags)
+    with s:
+        check(s.stop() == 0, "exit status")
+    want = generate(BUILD, MODEL, PROMPT, 24)
+    for algo, draft in DRAFTERS:
+        s, secs, rss = started(*flags, "--speculative-algorithm", algo,
+                               "--speculative-draft-model-path", draft)
+        with s:
+            check(rss < plain + 50 * 1024, "%s: idle VmRSS %d kB, plain %d kB" % (algo, rss, plain))
+            check(secs < 10, "%s: %.1f s to start" % (algo, secs))
+            check("drafters at most " in s.log_text(), s.log_text())
+            code, text = curl(s.url + "/v1/completions",
+                              {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+            check(code == 200, "%s: %d %s" % (algo, code, text))
+            got = json.loads(text)["choices"][0]["text"]
+            check(got == want, "%s: %r != generate %r" % (algo, got, want))
+            check(s.stop() == 0, "exit status")
+    # the start-up check counts the drafters: a context the target alone fits in this machine's
+    # memory (0.7 of it) but not with a draft model (as large again) or an EAGLE-3 head (3
+    # captured layers and a KV layer: 0.8 of the target's 5 layers) is refused at start
+    phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    per_pos = 5 * 4 * 8 * 4 * 2  # stories260K: layers x KV heads x head_dim x f32 x (K, V)
+    slots = 8
+    while 0.7 * phys / (slots * per_pos) > (1 << 24):
+        slots *= 2
+    ctx = str(int(0.7 * phys / (slots * per_pos)))
+    big = ("-c", ctx, "--max-running-requests", str(slots))
+    s, secs, rss = started(*big)
+    with s:
+        check(s.stop() == 0, "exit status")
+    for algo, draft in DRAFTERS[1:]:
+        r = subprocess.run([os.path.join(BUILD, "spectree"), "serve", "-m", MODEL, "--port", "0",
+                            *big, "--speculative-algorithm", algo,
+                            "--speculative-draft-model-path", draft],
+                           capture_output=True, timeout=60)
+        err = r.stderr.decode()
+        check(r.returncode == 1 and re.search(
+            r"a context of %s positions x %d slots with %s drafters needs [0-9.]+ GB: [0-9.]+ GB "
+            r"of the target's KV cache and scores and [0-9.]+ GB of the drafters' \([0-9.]+ MB a "
+            r"slot\); this machine has [0-9.]+ GB \(use a smaller -c or fewer slots\)"
+            % (ctx, slots, algo), err), "%s -c %s x %d: %d %s" % (algo, ctx, slots,
+                                                                  r.returncode, err))
+
+
 def main():
     global srv
     with Server(BUILD, MODEL, "--chat-template", "llama-2", "--speculative-algorithm", "NGRAM",
@@ -1403,7 +1473,8 @@ def main():
                ("connection limits", test_connection_limits),
                ("waits longer than --timeout", test_long_waits),
                ("a client that stops reading", test_stalled_reader),
-               ("templates from a Hugging Face directory", test_hf_dir_templates)])
+               ("templates from a Hugging Face directory", test_hf_dir_templates),
+               ("drafters' memory", test_drafter_memory)])
     print("all serve tests passed")
 
 

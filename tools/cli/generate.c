@@ -101,8 +101,7 @@ typedef struct printer {
     int any;       /* text was written to stdout */
     char *tok_buf; /* (st_detok_max_bytes) one token's text */
     size_t tok_cap;
-    int64_t n_textless; /* generated ids the tokenizer has no text for (printed as U+FFFD) */
-    int werr;           /* errno of a write to stdout that failed */
+    int werr; /* errno of a write to stdout that failed */
 } printer;
 
 static void printer_add(printer *p, const char *txt, size_t n, int final) {
@@ -160,8 +159,9 @@ static int on_token(void *user, int32_t tok) {
     if (interrupted)
         return 1;
     size_t nb = 0;
+    /* the engine emits only ids the tokenizer has (st_generate: an output layer padded past
+     * them is never sampled there), so the push cannot fail; if it did, U+FFFD shows it */
     if (st_detok_push(&p->dt, tok, p->tok_buf, p->tok_cap, &nb) != ST_OK) {
-        p->n_textless++; /* an id past the tokenizer's vocabulary: not dropped silently */
         printer_add(p, "\xEF\xBF\xBD", 3, 0);
     } else if (nb) {
         printer_add(p, p->tok_buf, nb, 0);
@@ -287,7 +287,20 @@ int cli_cmd_generate(int argc, char **argv) {
     const st_tokenizer *tok = st_model_tokenizer(m);
     int64_t n_prompt = 0;
     int add_bos = !o.c.no_bos && st_tokenizer_add_bos_default(tok);
-    if (cli_tokenize_all(tok, prompt, plen, add_bos, &toks, &n_prompt) != 0) {
+    /* the engine takes prompts shorter than the context: a longer one is refused here, without
+     * tokenizing the whole of a huge one, with st_generate's message */
+    const int32_t n_ctx = o.ctx > 0 ? (int32_t)o.ctx : st_model_default_ctx(m);
+    const int tr = cli_tokenize_max(tok, prompt, plen, add_bos, n_ctx - 1, &toks, &n_prompt);
+    if (tr == 1) {
+        /* n_ctx: a lower bound when the text was too long to tokenize */
+        fprintf(stderr,
+                "spectree: generate: the prompt (%s%" PRId64 " tokens) does not fit the "
+                "context of %d\n",
+                n_prompt == n_ctx ? "more than " : "", n_prompt == n_ctx ? n_prompt - 1 : n_prompt,
+                n_ctx);
+        goto done;
+    }
+    if (tr != 0) {
         fprintf(stderr, "spectree: prompt: %s\n", toks ? st_last_error() : "out of memory");
         goto done;
     }
@@ -369,11 +382,6 @@ int cli_cmd_generate(int argc, char **argv) {
                 "spectree: warning: the context (%ld positions) is full; generation stopped "
                 "after %" PRId64 " of %ld tokens (use -c)\n",
                 (long)gs.n_ctx, gs.gen_tokens, o.n_predict);
-    if (pr.n_textless)
-        fprintf(stderr,
-                "spectree: warning: %" PRId64 " generated tokens have no text in the tokenizer "
-                "(ids past its vocabulary), printed as U+FFFD\n",
-                pr.n_textless);
     if (o.c.spec.algo != ST_SPEC_NONE) {
         const double ns = gs.spec_steps ? (double)gs.spec_steps : 1.0;
         fprintf(stderr,

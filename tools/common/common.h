@@ -36,6 +36,11 @@ int cli_is_eagle_head(const char *dir);
 /* Tokenizes text into *out (malloc'd; free it even on failure); 0 on success. */
 int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
                      int32_t **out, int64_t *n);
+/* The same for a text that may give at most max ids (st_tokenize_max: a longer one is refused
+ * without being tokenized whole): 0 on success, 1 when it gives more (*n: their count, or max + 1
+ * when it was refused unread), -1 on another error (st_last_error). */
+int cli_tokenize_max(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                     int64_t max, int32_t **out, int64_t *n);
 
 /* The flags `generate` and `serve` share (opts.c): sampling, threads, KV cache types, how
  * the weights load, and every speculation flag. Their getopt values start at CLI_OPT_BASE; -t

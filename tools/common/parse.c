@@ -121,6 +121,26 @@ int cli_tokenize_all(const st_tokenizer *tok, const char *text, size_t len, int 
     return -1;
 }
 
+int cli_tokenize_max(const st_tokenizer *tok, const char *text, size_t len, int add_bos,
+                     int64_t max, int32_t **out, int64_t *n) {
+    int64_t cap = (int64_t)len + 8 < max ? (int64_t)len + 8 : max;
+    for (int tries = 0; tries < 2; tries++) {
+        free(*out);
+        *out = malloc((size_t)(cap > 0 ? cap : 1) * sizeof **out);
+        if (!*out)
+            return -1;
+        st_status s = st_tokenize_max(tok, text, len, add_bos, max, *out, cap, n);
+        if (s == ST_OK)
+            return 0;
+        if (s != ST_ERR_RANGE)
+            return -1;
+        if (*n > max)
+            return 1;
+        cap = *n; /* a vocabulary that splits a byte into several tokens */
+    }
+    return -1;
+}
+
 int32_t cli_parse_auto(const char *cmd, const char *flag, const char *v, long lo, long hi) {
     if (!strcmp(v, "auto"))
         return 0;

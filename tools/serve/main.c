@@ -439,7 +439,8 @@ static const char *sig_name(int sig) {
 }
 
 /* The start-up lines of --log-level info: the drafter and its head or draft model, the tree
- * bounds, the kernels and threads, and the memory plan (weights, the target's KV cache). */
+ * bounds, the kernels and threads, and the memory plan (weights, the target's KV cache, the
+ * drafters' context). */
 static void log_startup(const srv *s) {
     const srv_opts *o = &s->o;
     const st_engine_stats *es = &s->engine_stats;
@@ -470,11 +471,16 @@ static void log_startup(const srv *s) {
     const double per_pos =
         (double)hp->n_layer * hp->n_head_kv * hp->head_dim *
         ((o->ep.gen.type_k == ST_DTYPE_F16 ? 2 : 4) + (o->ep.gen.type_v == ST_DTYPE_F16 ? 2 : 4));
+    char drafters[96] = "";
+    if (es->draft_bytes)
+        snprintf(drafters, sizeof drafters, ", drafters at most %.1f MB (committed as used)",
+                 (double)es->draft_bytes / 1e6);
     srv_log(s, SRV_LOG_INFO,
             "memory: weights %.1f MB (%s), KV cache at most %.1f MB (%" PRId64
-            " positions: %d slots of %d; committed as used)",
+            " positions: %d slots of %d; committed as used)%s",
             (double)li->file_bytes / 1e6, st_load_mode_name(li->mode),
-            per_pos * (double)es->kv_budget / 1e6, es->kv_budget, es->max_running, es->n_ctx);
+            per_pos * (double)es->kv_budget / 1e6, es->kv_budget, es->max_running, es->n_ctx,
+            drafters);
 }
 
 int serve_cmd(int argc, char **argv) {

@@ -260,6 +260,20 @@ static int push_ids(int32_t **ids, int64_t *n, int64_t *cap, const int32_t *add,
     return 0;
 }
 
+/* A prompt over --max-prompt-tokens: n tokens, or more than the limit when n is the limit + 1
+ * (a text too long to be tokenized whole, st_tokenize_max). */
+static unsigned too_long(const srv *s, int64_t n, char *err) {
+    if (n == s->o.max_prompt + 1)
+        snprintf(err, SRV_ERR_CAP,
+                 "the prompt has more than %ld tokens; this server takes at most %ld",
+                 s->o.max_prompt, s->o.max_prompt);
+    else
+        snprintf(err, SRV_ERR_CAP,
+                 "the prompt has %" PRId64 " tokens; this server takes at most %ld", n,
+                 s->o.max_prompt);
+    return 400;
+}
+
 /* The prompt's token ids; 0, or an HTTP status with a message in err and the field in param. */
 static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
     const srv_request *r = &j->req;
@@ -281,7 +295,13 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
         if (push_ids(&j->prompt, &j->n_prompt, &cap, r->prompt_ids, r->n_prompt_ids))
             return 500;
     } else if (!r->chat) {
-        if (cli_tokenize_all(s->tok, r->prompt, r->prompt_len, add_bos, &j->prompt, &j->n_prompt)) {
+        const int tr = cli_tokenize_max(s->tok, r->prompt, r->prompt_len, add_bos, s->o.max_prompt,
+                                        &j->prompt, &j->n_prompt);
+        if (tr == 1) {
+            snprintf(param, SRV_ERR_CAP, "%s", pf);
+            return too_long(s, j->n_prompt, err);
+        }
+        if (tr) {
             snprintf(err, SRV_ERR_CAP, "%s: %s", pf, st_last_error());
             snprintf(param, SRV_ERR_CAP, "%s", pf);
             return 400;
@@ -312,9 +332,22 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
             if (g->special >= 0) {
                 if (push_ids(&j->prompt, &j->n_prompt, &cap, &g->special, 1))
                     break;
-            } else if (cli_tokenize_all(s->tok, rd.text + g->off, g->len, 0, &part, &np) ||
-                       push_ids(&j->prompt, &j->n_prompt, &cap, part, np)) {
+                continue;
+            }
+            /* what is left of the limit: a segment past it is not tokenized whole */
+            const int64_t left = s->o.max_prompt - j->n_prompt;
+            const int tr =
+                left < 0 ? 1
+                         : cli_tokenize_max(s->tok, rd.text + g->off, g->len, 0, left, &part, &np);
+            if (tr == 1) {
+                free(part);
+                srv_rendered_free(&rd);
+                snprintf(param, SRV_ERR_CAP, "messages");
+                return too_long(s, s->o.max_prompt + 1, err); /* the rest is not counted */
+            }
+            if (tr || push_ids(&j->prompt, &j->n_prompt, &cap, part, np)) {
                 snprintf(err, SRV_ERR_CAP, "chat prompt: %s", st_last_error());
+                snprintf(param, SRV_ERR_CAP, "messages");
                 free(part);
                 srv_rendered_free(&rd);
                 return 400;
@@ -329,10 +362,7 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
     }
     if (j->n_prompt > s->o.max_prompt) {
         snprintf(param, SRV_ERR_CAP, "%s", pf);
-        snprintf(err, SRV_ERR_CAP,
-                 "the prompt has %" PRId64 " tokens; this server takes at most %ld", j->n_prompt,
-                 s->o.max_prompt);
-        return 400;
+        return too_long(s, j->n_prompt, err);
     }
     int64_t room = s->n_ctx - j->n_prompt;
     if (r->max_tokens > 0) {
