@@ -226,7 +226,7 @@ static void log_outlook(srv *s) {
     if (s->o.log_level >= SRV_LOG_INFO) {
         char line[512];
         cli_outlook_line(ol, s->o.ep.gen.spec.algo, line, sizeof line);
-        fprintf(stderr, "spectree serve: %s\n", line);
+        srv_log(s, SRV_LOG_INFO, "%s", line);
     }
 }
 
