@@ -485,13 +485,13 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     return 0;
 }
 
-int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, char *err,
-                      char *param) {
+/* A request with the defaults of OpenAI and SGLang (plain sampling at temperature 1) and its
+ * body parsed; NULL (the message in err) if the body is not JSON. */
+static json_t *request_begin(const char *body, size_t len, srv_request *r, char *err, char *param) {
     memset(r, 0, sizeof *r);
-    r->chat = chat;
     r->max_tokens = -1;
     r->sp = st_sampler_default_params();
-    r->sp.temp = 1.0f; /* OpenAI's defaults: plain sampling at temperature 1 */
+    r->sp.temp = 1.0f;
     r->sp.top_k = 0;
     r->sp.top_p = 1.0f;
     r->sp.min_p = 0.0f;
@@ -500,8 +500,17 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, ch
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
-                    je.column);
+        fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+             je.column);
+    return root;
+}
+
+int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, char *err,
+                      char *param) {
+    json_t *root = request_begin(body, len, r, err, param);
+    r->chat = chat;
+    if (!root)
+        return -1;
     int rc = parse_fields(root, chat, r, err, param);
     json_decref(root);
     if (rc) {
@@ -583,21 +592,10 @@ static int sglang_sampling(const json_t *sp, srv_request *r, char *err, char *pa
 }
 
 int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, char *param) {
-    memset(r, 0, sizeof *r);
+    json_t *root = request_begin(body, len, r, err, param);
     r->sglang = 1;
-    r->max_tokens = -1;
-    r->sp = st_sampler_default_params();
-    r->sp.temp = 1.0f; /* SGLang's defaults: plain sampling at temperature 1 */
-    r->sp.top_k = 0;
-    r->sp.top_p = 1.0f;
-    r->sp.min_p = 0.0f;
-    err[0] = 0;
-    param[0] = 0;
-    json_error_t je;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, param, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
-                    je.column);
+        return -1;
     int rc = 0, have_input = 0;
     if (!json_is_object(root))
         rc = fail(err, param, NULL, "the request body must be a JSON object, not %s",

@@ -100,6 +100,20 @@ void srv_specials_find(const st_tokenizer *tok, srv_specials *out) {
     out->eot = find_piece(tok, "<|eot_id|>");
 }
 
+/* Appends a segment; -1 if there is no memory for it. */
+static int push_seg(srv_rendered *r, srv_seg g) {
+    if (r->n_segs == r->cap_segs) {
+        int cap = r->cap_segs ? r->cap_segs * 2 : 16;
+        srv_seg *p = realloc(r->segs, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        r->segs = p;
+        r->cap_segs = cap;
+    }
+    r->segs[r->n_segs++] = g;
+    return 0;
+}
+
 static int put_text(srv_rendered *r, const char *s, size_t n) {
     if (n == 0)
         return 0;
@@ -115,15 +129,8 @@ static int put_text(srv_rendered *r, const char *s, size_t n) {
         r->segs[r->n_segs - 1].off + r->segs[r->n_segs - 1].len == r->n_text) {
         r->segs[r->n_segs - 1].len += n;
     } else {
-        if (r->n_segs == r->cap_segs) {
-            int cap = r->cap_segs ? r->cap_segs * 2 : 16;
-            srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
-            if (!g)
-                return -1;
-            r->segs = g;
-            r->cap_segs = cap;
-        }
-        r->segs[r->n_segs++] = (srv_seg){-1, r->n_text, n};
+        if (push_seg(r, (srv_seg){-1, r->n_text, n}))
+            return -1;
     }
     memcpy(r->text + r->n_text, s, n);
     r->n_text += n;
@@ -137,15 +144,8 @@ static int put(srv_rendered *r, const char *s) { return put_text(r, s, strlen(s)
 static int put_special(srv_rendered *r, int32_t id, const char *text) {
     if (id < 0)
         return text ? put(r, text) : 0;
-    if (r->n_segs == r->cap_segs) {
-        int cap = r->cap_segs ? r->cap_segs * 2 : 16;
-        srv_seg *g = realloc(r->segs, (size_t)cap * sizeof *g);
-        if (!g)
-            return -1;
-        r->segs = g;
-        r->cap_segs = cap;
-    }
-    r->segs[r->n_segs++] = (srv_seg){id, r->n_text, 0};
+    if (push_seg(r, (srv_seg){id, r->n_text, 0}))
+        return -1;
     return 0;
 }
 
