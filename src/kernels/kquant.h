@@ -168,6 +168,7 @@ void st_matmul_kq_packed_rows(uint32_t type, int ggml, float *y, int64_t ldy, co
                                      const void *, int64_t, int64_t, int64_t, int64_t, int64_t);
 ST_KQP_DECLARE(ref)
 ST_KQP_DECLARE(avx2)
+ST_KQP_DECLARE(avx512)
 #undef ST_KQP_DECLARE
 
 /* The matmuls of each table (st_matmul_fn, kernels.h; x is st_block_q8k, ldx in blocks). */
