@@ -104,8 +104,8 @@ typedef struct st_kernels {
     st_matmul_packed_fn matmul_f32_packed;
     /* Q8_0 weights packed by st_pack_q8_0 (every table has it). */
     st_matmul_q8p_fn matmul_q8_0_packed;
-    /* Q4_K / Q5_K / Q6_K weights packed by st_pack_kq (kquant.h); NULL where the table keeps
-     * them row-major (the AVX-512 table: its row-major kernels are the measured ones there). */
+    /* Q4_K / Q5_K / Q6_K weights packed by st_pack_kq (kquant.h; the AVX2 and AVX-512 tables
+     * have them, kqp_avx2.c, kqp_avx512.c); NULL would keep them row-major. */
     st_matmul_q8p_fn matmul_q4_k_packed, matmul_q5_k_packed, matmul_q6_k_packed;
     /* Canonical dot product (see above). */
     float (*dot)(const float *a, const float *b, int64_t n);

@@ -155,9 +155,12 @@ static const struct kmap {
     {"avx512", "f32 f16 bf16 attn", WHEN_ANY, PEAK_AVX512_FMA,
      "kernels_avx512.c: vfmadd231ps zmm (value sums: the AVX2 kernel)"},
     {"avx512", "q8_0", WHEN_PACKED_AMX, PEAK_AMX_TDPBSSD, "kernels_amx.c: tdpbssd, 8-token tiles"},
-    {"avx512", "q8_0", WHEN_PACKED, PEAK_AVX512_DPBUSD, "kernels_amx.c: vpdpbusd zmm"},
+    {"avx512", "q8_0", WHEN_PACKED, PEAK_AVX512_DPBUSD,
+     "kernels_amx.c: vpdpbusd zmm, unsigned weights, 8-token tiles"},
     {"avx512", "q8_0", WHEN_ROW_MAJOR, PEAK_AVX2_I8DOT, "st_matmul_q8_0_avx2"},
     {"avx512", "q4_0", WHEN_ANY, PEAK_AVX512_DPBUSD, "tile_q4 (avx512): vpdpbusd zmm"},
+    {"avx512", "q4_k q5_k q6_k", WHEN_PACKED, PEAK_AVX512_DPBUSD,
+     "kqp_avx512.c: vpdpbusd zmm per sub-block, vpmulld by the scales, 16 rows"},
     {"avx512", "q2_k q3_k q4_k q5_k q6_k", WHEN_ANY, PEAK_AVX512_KQ,
      "kquant_avx512.c: vpmaddubsw then vpdpwssd zmm"},
 };

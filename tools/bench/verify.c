@@ -99,13 +99,14 @@ static void roof_add(roofline *r, const st_gguf *g, const char *name, int packab
     roof_mat *m = &r->mats[r->n_mats++];
     m->type = (int)t->type;
     m->macs = (double)t->ne[0] * (double)t->ne[1];
-    /* llama.c's pack_quant: Q8_0 matrices of 16 rows or more (the AVX-512 and AVX2 tables),
-     * Q4_K/Q5_K/Q6_K of 8 or more (AVX2), not a tied output layer */
+    /* llama.c's pack_quant: Q8_0 matrices of 16 rows or more, Q4_K/Q5_K/Q6_K of 8 or more (the
+     * AVX-512 and AVX2 tables), not a tied output layer */
     const int q8 = t->type == ST_DTYPE_Q8_0, kq = st_kq_packable(t->type);
     m->packed = packable && st_env_get().pack &&
                 ((q8 && t->ne[1] >= ST_PACK_ROWS &&
                   (!strcmp(r->table, "avx512") || !strcmp(r->table, "avx2"))) ||
-                 (kq && t->ne[1] >= ST_KQP_ROWS && !strcmp(r->table, "avx2")));
+                 (kq && t->ne[1] >= ST_KQP_ROWS &&
+                  (!strcmp(r->table, "avx512") || !strcmp(r->table, "avx2"))));
 }
 
 /* The matrices, sizes and K/V bytes of m's passes in session s. */
