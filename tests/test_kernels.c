@@ -515,7 +515,7 @@ static void test_matmul_q8_packed(void **state) {
             for (size_t c = 0; c < sizeof mss / sizeof mss[0]; c++)
                 if (ks[a] * rowss[b] * mss[c] <= 4096 * 64 * 17)
                     check_q8p(ks[a], rowss[b], mss[c]);
-    /* a long row: the VNNI kernel takes the tokens in chunks (16, 16, 1 here) */
+    /* long rows: the VNNI kernel keeps the block sums of these tokens on the heap */
     check_q8p(14336, 17, 33);
     check_q8p(14336, 32, 20);
 }

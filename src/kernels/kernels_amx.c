@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -195,8 +196,7 @@ static void amx_groups(float *y, int64_t ldy, const uint8_t *gp, size_t gstride,
             _mm512_storeu_ps(y + t * ldy + h * ST_PACK_ROWS, acc[h][t]);
 }
 
-/* Tokens per vpdpbusd tile, and the most block sums a call keeps (on the stack): token chunks
- * of at most VNNI_SX / nb tokens stream the weights once each. */
+/* The most block sums a call keeps on the stack (more go on the heap). */
 enum { VNNI_SX = 8192 };
 
 /* An unaligned int32 that may alias the quants: its broadcasts fold into vpdpbusd's memory
@@ -383,16 +383,23 @@ void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t 
         return;
     const int64_t nb = K / ST_QK > 0 ? K / ST_QK : 1;
     const st_block_q8x *xq = x;
-    /* tokens in chunks whose block sums fit the buffer (a multiple of the tile where it can) */
-    int64_t chunk = VNNI_SX / nb;
-    if (chunk > VNNI_TT)
-        chunk -= chunk % VNNI_TT;
-    if (chunk < 1)
-        chunk = 1;
-    int32_t sx[VNNI_SX];
+    /* the block sums of all the tokens on the stack, else on the heap (prompts), else tokens in
+     * chunks whose sums fit the stack buffer (a multiple of the tile where it can) */
+    int32_t sbuf[VNNI_SX], *sx = sbuf;
+    int64_t chunk = M;
+    if (M * nb > VNNI_SX && !(sx = malloc((size_t)(M * nb) * sizeof(int32_t)))) {
+        sx = sbuf;
+        chunk = VNNI_SX / nb;
+        if (chunk > VNNI_TT)
+            chunk -= chunk % VNNI_TT;
+        if (chunk < 1)
+            chunk = 1;
+    }
     for (int64_t m = 0; m < M; m += chunk) {
         const int64_t mc = M - m < chunk ? M - m : chunk;
         block_sums(sx, xq + m * ldx, ldx, mc, K / ST_QK);
         rows_tokens(y + m * ldy, ldy, wp, rb, rows, xq + m * ldx, ldx, sx, K, mc, r0, r1);
     }
+    if (sx != sbuf)
+        free(sx);
 }

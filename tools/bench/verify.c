@@ -32,7 +32,8 @@ enum { VERIFY_MAX_N = ST_SPEC_MAX_N, VERIFY_NS = 7 };
 
 static const char *usage =
     "usage: spectree-bench verify -m MODEL [--json] [--threads N] [--reps R] [--ctx L]\n"
-    "                             [--peak-seconds S] [--mmap | --no-mmap] [--mlock]\n"
+    "                             [--prefill P] [--peak-seconds S] [--mmap | --no-mmap]\n"
+    "                             [--mlock]\n"
     "  one forward pass over N = 1, 2, 4, 8, 16, 32, 64 tokens (logits for all) after a\n"
     "  committed context of L tokens (default 512): ms per pass, median of R rounds (default\n"
     "  5), each timed pass after untimed ones of the same size (at least two and 30 ms), and\n"
@@ -40,11 +41,14 @@ static const char *usage =
     "  threads (as `spectree-bench peak`, each rate the median of 3 timings of at least S s,\n"
     "  default 0.05): the memory floor (weights + K/V rows read, over the read-only bandwidth\n"
     "  of a buffer that size, at most peak's), the compute floor (multiply-adds over the peak\n"
-    "  rate of the instruction each matrix's kernel uses) and max(floors) / "
-    "ms\n" ST_BENCH_LOAD_USAGE;
+    "  rate of the instruction each matrix's kernel uses) and max(floors) / ms\n"
+    "  --prefill P: then a prompt of P tokens (1..65536) from position 0, the logits of its last\n"
+    "  token only (st_session_eval, in the session's batches), against the same "
+    "roofline\n" ST_BENCH_LOAD_USAGE;
 
 typedef struct verify_opts {
     int ctx;
+    int prefill; /* 0: none */
     double peak_s;
 } verify_opts;
 
@@ -59,6 +63,16 @@ static int extra_opt(void *ctx, int argc, char **argv) {
             return -1;
         }
         v->ctx = x;
+        return 2;
+    }
+    if (!strcmp(argv[0], "--prefill")) {
+        char *end;
+        long x = strtol(argv[1], &end, 10);
+        if (*end || x < 1 || x > 65536) {
+            fprintf(stderr, "verify: --prefill must be in 1..65536\n");
+            return -1;
+        }
+        v->prefill = (int)x;
         return 2;
     }
     if (!strcmp(argv[0], "--peak-seconds")) {
@@ -87,6 +101,7 @@ typedef struct roofline {
     int amx;
     int n_mats;
     roof_mat mats[ROOF_MAX_MATS];
+    int out;             /* the output layer's index in mats (-1: none) */
     double attn_per_key; /* multiply-adds per visible key and token: scores and value sums */
     double weight_bytes, kv_bytes_per_pos;
     st_peak_rates rates;
@@ -123,10 +138,12 @@ static void roof_init(roofline *r, const st_model *m, const st_session *s) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
             roof_add(r, g, name, 1);
         }
+    const int before = r->n_mats;
     if (hp->tied_output)
         roof_add(r, g, "token_embd.weight", 0);
     else
         roof_add(r, g, "output.weight", 1);
+    r->out = r->n_mats > before ? r->n_mats - 1 : -1;
     r->attn_per_key = 2.0 * hp->n_layer * hp->n_head * hp->head_dim;
     const st_session_params *sp = st_session_get_params(s);
     const double ek = sp->type_k == ST_DTYPE_F16 ? 2 : 4, ev = sp->type_v == ST_DTYPE_F16 ? 2 : 4;
@@ -134,16 +151,18 @@ static void roof_init(roofline *r, const st_model *m, const st_session *s) {
     r->weight_bytes = (double)st_model_weight_bytes(m);
 }
 
-/* Floors in seconds of a pass over n tokens after ctx; *macs its multiply-adds, *bytes what
- * it reads. A part whose loop is unknown or unmeasured adds nothing to the compute floor. */
-static void roof_floors(const roofline *r, int n, int ctx, double *macs, double *bytes,
-                        double *mem_s, double *comp_s) {
+/* Floors in seconds of a pass over n tokens after ctx, the logits of the last n_logits; *macs
+ * its multiply-adds, *bytes what it reads. A part whose loop is unknown or unmeasured adds
+ * nothing to the compute floor. */
+static void roof_floors(const roofline *r, int n, int n_logits, int ctx, double *macs,
+                        double *bytes, double *mem_s, double *comp_s) {
     *macs = 0.0;
     *comp_s = 0.0;
     for (int i = 0; i < r->n_mats; i++) {
         const roof_mat *m = &r->mats[i];
-        const int loop = st_peak_kernel_loop(r->table, m->type, n, m->packed, r->amx);
-        const double k = m->macs * n;
+        const int rows = i == r->out ? n_logits : n;
+        const int loop = st_peak_kernel_loop(r->table, m->type, rows, m->packed, r->amx);
+        const double k = m->macs * rows;
         *macs += k;
         if (loop >= 0 && r->rates.op_s[loop] > 0)
             *comp_s += k / r->rates.op_s[loop];
@@ -191,15 +210,17 @@ int st_bench_verify_main(int argc, char **argv) {
     st_model *m;
     st_session *s;
     st_verify_mask *vm = NULL;
-    if (st_bench_open("verify", &o, ctx + VERIFY_MAX_N, &m, &s))
+    const int P = vo.prefill;
+    if (st_bench_open("verify", &o, ctx + VERIFY_MAX_N > P ? ctx + VERIFY_MAX_N : P, &m, &s))
         return 1;
     const st_model_hparams *hp = st_model_get_hparams(m);
     const int threads = st_session_get_params(s)->n_threads;
-    const int ns[VERIFY_NS] = {1, 2, 4, 8, 16, 32, 64};
-    int32_t *prompt = malloc((size_t)ctx * sizeof(int32_t));
+    const int ns[VERIFY_NS + 1] = {1, 2, 4, 8, 16, 32, 64, P};
+    const int plen = ctx > P ? ctx : P;
+    int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
     int32_t tokens[VERIFY_MAX_N], positions[VERIFY_MAX_N];
     float *logits = malloc((size_t)VERIFY_MAX_N * (size_t)hp->n_vocab * sizeof(float));
-    double *t = malloc((size_t)VERIFY_NS * (size_t)o.reps * sizeof(double));
+    double *t = malloc((size_t)(VERIFY_NS + 1) * (size_t)o.reps * sizeof(double));
     roofline *roof = calloc(1, sizeof *roof);
     rc = 1;
     if (!prompt || !logits || !t || !roof) {
@@ -207,12 +228,12 @@ int st_bench_verify_main(int argc, char **argv) {
         goto done;
     }
     roof_init(roof, m, s);
-    if (roof_measure(roof, ns, VERIFY_NS, ctx, threads, vo.peak_s)) {
+    if (roof_measure(roof, ns, P ? VERIFY_NS + 1 : VERIFY_NS, ctx, threads, vo.peak_s)) {
         fprintf(stderr, "verify: out of memory for the roofline's stream buffer\n");
         goto done;
     }
     uint64_t x = 0x9e3779b97f4a7c15ULL;
-    for (int i = 0; i < ctx; i++) {
+    for (int i = 0; i < plen; i++) {
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         prompt[i] = (int32_t)((x >> 33) % (uint64_t)hp->n_vocab);
     }
@@ -251,6 +272,21 @@ int st_bench_verify_main(int argc, char **argv) {
     double ms[VERIFY_NS];
     for (int k = 0; k < VERIFY_NS; k++)
         ms[k] = 1e3 * st_bench_median(t + k * o.reps, o.reps);
+    /* the prompt from position 0, after one untimed run */
+    double pms = 0.0;
+    if (P) {
+        double *tp = t + VERIFY_NS * o.reps;
+        for (int r = -1; r < o.reps; r++) {
+            if (st_session_seq_reset(s, seq))
+                goto fail;
+            const double t0 = st_time_seconds();
+            if (st_session_eval(s, seq, prompt, P, logits, 1))
+                goto fail;
+            if (r >= 0)
+                tp[r] = st_time_seconds() - t0;
+        }
+        pms = 1e3 * st_bench_median(tp, o.reps);
+    }
     const char *lmode = st_load_mode_name(st_model_get_load_info(m)->mode);
     char ld[160];
     if (!o.json) {
@@ -271,7 +307,7 @@ int st_bench_verify_main(int argc, char **argv) {
     }
     for (int k = 0; k < VERIFY_NS; k++) {
         double macs, bytes, mem_s, comp_s;
-        roof_floors(roof, ns[k], ctx, &macs, &bytes, &mem_s, &comp_s);
+        roof_floors(roof, ns[k], ns[k], ctx, &macs, &bytes, &mem_s, &comp_s);
         const double floor_s = mem_s > comp_s ? mem_s : comp_s;
         const double frac = floor_s / (1e-3 * ms[k]);
         const char *bound = mem_s >= comp_s ? "memory" : "compute";
@@ -289,6 +325,24 @@ int st_bench_verify_main(int argc, char **argv) {
                    "compute %8.3f ms (%7.3f G MAC)   %5.1f%% of the %s floor\n",
                    ns[k], ms[k], ms[k] / ms[0], ms[k] / ns[k], 1e3 * mem_s, 1e3 * comp_s,
                    macs / 1e9, 100.0 * frac, bound);
+    }
+    if (P) {
+        double macs, bytes, mem_s, comp_s;
+        roof_floors(roof, P, 1, 0, &macs, &bytes, &mem_s, &comp_s);
+        const double floor_s = mem_s > comp_s ? mem_s : comp_s;
+        const char *bound = mem_s >= comp_s ? "memory" : "compute";
+        if (o.json)
+            printf("{\"bench\":\"prefill\",\"model\":\"%s\",\"wtype\":\"%s\",\"threads\":%d,"
+                   "\"n\":%d,\"ms\":%.4f,\"tok_s\":%.3f,\"kernels\":\"%s\",\"macs_g\":%.6f,"
+                   "\"floor_mem_ms\":%.6f,\"floor_compute_ms\":%.6f,\"bound\":\"%s\","
+                   "\"frac_floor\":%.4f}\n",
+                   o.model, st_bench_wtype(m), threads, P, pms, 1e3 * P / pms, roof->table,
+                   macs / 1e9, 1e3 * mem_s, 1e3 * comp_s, bound, floor_s / (1e-3 * pms));
+        else
+            printf("  prefill of %d tokens from position 0: %.1f ms, %.1f tokens/s   floors: "
+                   "memory %.3f ms, compute %.3f ms (%.3f G MAC)   %.1f%% of the %s floor\n",
+                   P, pms, 1e3 * P / pms, 1e3 * mem_s, 1e3 * comp_s, macs / 1e9,
+                   100.0 * floor_s / (1e-3 * pms), bound);
     }
     rc = 0;
     goto done;
