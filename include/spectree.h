@@ -106,6 +106,9 @@ double st_time_seconds(void);
  *                    not disturb. Read once, at the first reading of the clock.
  *   ST_AMX=0         the AVX-512 table never uses the AMX matrix unit (Q8_0 batches of 3 or
  *                    more tokens use it where the CPU and the OS allow). Read once.
+ *   ST_AVXVNNI=0     the AVX2 table's packed Q8_0 matmul never uses AVX-VNNI (it does where the
+ *                    CPU has it: Intel client cores since Alder Lake, AMD since Zen 5). Read
+ *                    once.
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 

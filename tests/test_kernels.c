@@ -480,7 +480,8 @@ static void check_q8p(int64_t K, int64_t rows, int64_t M) {
         const int64_t cuts[][2] = {{0, rows},  {0, rows / 2}, {rows / 2, rows},
                                    {16, rows}, {3, rows - 1}, {17, 18}};
         for (int amx = 1; amx >= 0; amx--) {
-            st_amx_set(amx);
+            st_amx_set(amx); /* the AVX-512 table's AMX path, and the AVX2 table's AVX-VNNI one */
+            st_avxvnni_set(amx);
             for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
                 const int64_t a = cuts[c][0] < rows ? cuts[c][0] : 0;
                 const int64_t cb = cuts[c][1] < rows ? cuts[c][1] : rows;
@@ -492,21 +493,24 @@ static void check_q8p(int64_t K, int64_t rows, int64_t M) {
                     for (int64_t i = 0; i < ldy; i++) {
                         const float want = i >= a && i < b ? y1[m * ldy + i] : -7.0f;
                         if (memcmp(&want, &y2[m * ldy + i], 4))
-                            fail_msg("%s packed q8_0 K=%ld rows=%ld M=%ld [%ld,%ld) amx %d: "
-                                     "token %ld row %ld: %a, want %a",
-                                     k->name, (long)K, (long)rows, (long)M, (long)a, (long)b, amx,
-                                     (long)m, (long)i, (double)y2[m * ldy + i], (double)want);
+                            fail_msg(
+                                "%s packed q8_0 K=%ld rows=%ld M=%ld [%ld,%ld) amx/avx-vnni %d: "
+                                "token %ld row %ld: %a, want %a",
+                                k->name, (long)K, (long)rows, (long)M, (long)a, (long)b, amx,
+                                (long)m, (long)i, (double)y2[m * ldy + i], (double)want);
                     }
             }
         }
         st_amx_set(1);
+        st_avxvnni_set(1);
     }
     free(w), free(wp), free(wi), free(x), free(xq), free(y1), free(y2);
 }
 
 static void test_matmul_q8_packed(void **state) {
     (void)state;
-    print_message("AMX-INT8 %s\n", st_amx_set(1) ? "in use" : "not available here");
+    print_message("AMX-INT8 %s, AVX-VNNI %s\n", st_amx_set(1) ? "in use" : "not available here",
+                  st_avxvnni_set(1) ? "in use" : "not available here");
     const int64_t ks[] = {32, 96, 1056, 4096};
     const int64_t rowss[] = {1, 15, 16, 17, 40, 64, 130};
     const int64_t mss[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};

@@ -177,6 +177,7 @@ typedef struct st_env {
     st_load_mode load; /* ST_LOAD=mmap|copy: MMAP or COPY, else AUTO */
     int cpu_clock;     /* 1 when ST_CLOCK=cpu */
     int amx;           /* 0 when ST_AMX=0 */
+    int avxvnni;       /* 0 when ST_AVXVNNI=0 */
 } st_env;
 st_env st_env_get(void);
 

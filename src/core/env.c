@@ -28,6 +28,8 @@ st_env st_env_get(void) {
                                       : ST_LOAD_AUTO;
     const char *a = getenv("ST_AMX");
     e.amx = !(a && strcmp(a, "0") == 0);
+    const char *v = getenv("ST_AVXVNNI");
+    e.avxvnni = !(v && strcmp(v, "0") == 0);
     const char *c = getenv("ST_CLOCK");
     e.cpu_clock = c && strcmp(c, "cpu") == 0;
     return e;

@@ -6,6 +6,7 @@
 #include "kernels/kernels.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -47,6 +48,30 @@ static int cpu_has_avx512(void) {
 #else
     return 0;
 #endif
+}
+
+/* AVX-VNNI (CPUID leaf 7 subleaf 1, EAX bit 4) on top of AVX2. */
+static int vnni_avail;
+static atomic_int vnni_on;
+static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
+
+static void vnni_detect(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    vnni_avail = cpu_has_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+#endif
+    atomic_store(&vnni_on, vnni_avail && st_env_get().avxvnni);
+}
+
+int st_avxvnni_ready(void) {
+    pthread_once(&vnni_once, vnni_detect);
+    return atomic_load_explicit(&vnni_on, memory_order_relaxed);
+}
+
+int st_avxvnni_set(int on) {
+    pthread_once(&vnni_once, vnni_detect);
+    atomic_store(&vnni_on, on && vnni_avail);
+    return atomic_load(&vnni_on);
 }
 
 const st_kernels *st_kernels_avx2(void) {

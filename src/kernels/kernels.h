@@ -167,10 +167,18 @@ void st_matmul_q8_0_avx2(float *y, int64_t ldy, const void *w, size_t rb, const 
 void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
                                   const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                   int64_t r1);
-/* The AVX2 table's Q8_0 matmul on packed weights (q8p_avx2.c). */
+/* The AVX2 table's Q8_0 matmul on packed weights (q8p_avx2.c), which hands the work to the
+ * AVX-VNNI kernel (q8p_avxvnni.c) where st_avxvnni_ready(). st_avxvnni_set(0) keeps it on plain
+ * AVX2, st_avxvnni_set(1) allows AVX-VNNI again where the CPU has it (tests); both return whether
+ * it is now used. ST_AVXVNNI=0 in the environment is st_avxvnni_set(0). */
 void st_matmul_q8_0_packed_avx2(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
                                 const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                 int64_t r1);
+void st_matmul_q8_0_packed_avxvnni(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                   const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                   int64_t r1);
+int st_avxvnni_ready(void);
+int st_avxvnni_set(int on);
 int st_amx_ready(void);
 int st_amx_set(int on);
 

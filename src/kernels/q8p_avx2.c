@@ -97,6 +97,10 @@ void st_matmul_q8_0_packed_avx2(float *y, int64_t ldy, const void *wp, size_t rb
                                 int64_t r1) {
     if (M < 1 || r0 >= r1)
         return;
+    if (st_avxvnni_ready()) {
+        st_matmul_q8_0_packed_avxvnni(y, ldy, wp, rb, rows, x, ldx, K, M, r0, r1);
+        return;
+    }
     const int64_t nb = K / ST_QK, G = ST_PACK_ROWS, rfull = rows / G * G;
     const st_block_q8x *xq = x;
     const uint8_t *w = wp;

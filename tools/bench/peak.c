@@ -12,6 +12,7 @@
 
 /* The thread pool is internal; the loops and streams run on it, one job per thread. */
 #include "core/core.h"
+#include "kernels/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -128,8 +129,9 @@ const st_peak_loop st_peak_loops[PEAK_N_LOOPS] = {
 /* When a row applies: always; for the AVX-512 table's packed Q8_0 matrices with AMX from
  * kernels_amx.c's AMX_MIN = 3 tokens; packed otherwise (VNNI); row-major (ST_PACK=0, a tied
  * output layer, fewer than 16 rows). */
-enum { WHEN_ANY, WHEN_PACKED_AMX, WHEN_PACKED, WHEN_ROW_MAJOR };
-static const char *const when_name[] = {"", "packed, AMX, >= 3 tokens", "packed", "row-major"};
+enum { WHEN_ANY, WHEN_PACKED_AMX, WHEN_PACKED_AVXVNNI, WHEN_PACKED, WHEN_ROW_MAJOR };
+static const char *const when_name[] = {"", "packed, AMX, >= 3 tokens", "packed, AVX-VNNI",
+                                        "packed", "row-major"};
 
 /* The table: kernel table x weight types (st_dtype_name; "attn" = the attention's float
  * scores and value sums) -> the loop of the instruction its inner loop multiplies with. The
@@ -146,6 +148,8 @@ static const struct kmap {
      "kernels_ref.c, kquant_ref.c: int8 sums in C"},
     {"avx2", "f32 f16 bf16 attn", WHEN_ANY, PEAK_AVX2_FMA,
      "tile_float: f16 by vcvtph2ps, bf16 by a shift, then vfmadd231ps ymm"},
+    {"avx2", "q8_0", WHEN_PACKED_AVXVNNI, PEAK_AVXVNNI_DPBUSD,
+     "q8p_avxvnni.c: vpdpbusd ymm, unsigned weights, a row per lane"},
     {"avx2", "q8_0", WHEN_PACKED, PEAK_AVX2_I8DOT,
      "q8p_avx2.c: vpmaddubsw then vpmaddwd, a row per lane"},
     {"avx2", "q4_k q5_k q6_k", WHEN_PACKED, PEAK_AVX2_I8DOT,
@@ -180,6 +184,7 @@ int st_peak_kernel_loop(const char *table, int type, int n, int packed, int amx)
         if (strcmp(k->table, table) || !has_word(k->types, tname))
             continue;
         if ((k->when == WHEN_PACKED_AMX && !(packed && amx && n >= 3)) ||
+            (k->when == WHEN_PACKED_AVXVNNI && !(packed && st_avxvnni_ready())) ||
             (k->when == WHEN_PACKED && !packed) || (k->when == WHEN_ROW_MAJOR && packed))
             continue;
         return (int)k->loop;
