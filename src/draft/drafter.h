@@ -24,6 +24,11 @@ struct st_drafter {
      * for every committed position in increasing order (the prompt's after prefill, then each
      * step's), before the next target forward pass; NULL for drafters that read no states. */
     st_status (*observe)(st_drafter *d, int64_t pos, const float *state);
+    /* The state observe was handed for position pos, NULL when none is kept for it (the prefix
+     * cache stores them beside the target's KV rows and hands them back through observe);
+     * state_width: its floats. NULL and 0 for drafters that read no states. */
+    const float *(*state)(const st_drafter *d, int64_t pos);
+    int64_t state_width;
     /* Forgets the history: the next proposal (and observe, from position 0) is for a new
      * sequence (a request joining the engine's slot). ms and evals keep accumulating. */
     void (*reset)(st_drafter *d);

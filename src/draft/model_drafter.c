@@ -287,6 +287,11 @@ static st_status eagle_observe(st_drafter *d, int64_t pos, const float *state) {
     return ST_OK;
 }
 
+static const float *eagle_state(const st_drafter *d, int64_t pos) {
+    const mdraft *g = (const mdraft *)d;
+    return pos >= 0 && pos < g->n_feat ? g->feat + pos * g->feat_w : NULL;
+}
+
 /* A new sequence: no committed draft rows, no target states. */
 static void mdraft_reset(st_drafter *d) {
     mdraft *g = (mdraft *)d;
@@ -372,6 +377,8 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
     g->n_cand = draft->eagle3 || n_tok > g->n_vocab ? g->n_vocab : n_tok;
     g->n_embd = draft->hp.n_embd;
     g->feat_w = state_width(draft);
+    g->base.state = eagle ? eagle_state : NULL;
+    g->base.state_width = eagle ? g->feat_w : 0;
     st_session_params sp = st_session_default_params();
     sp.n_ctx = n_ctx;
     /* The drafter runs on the target's thread pool (the two never run at once). A pool of
