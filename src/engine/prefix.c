@@ -8,7 +8,9 @@
  * of its positions, the drafter's target states). Blocks are evicted least recently used first
  * under a byte budget; a chain is touched from its last block to its first, so a block is never
  * more recent than the one before it and the oldest block is always a leaf: evicting it never
- * strands a descendant.
+ * strands a descendant. Every block has the same size, so the blocks are carved from one region
+ * of budget bytes reserved at creation and committed by the OS as blocks are first used (a free
+ * list reuses evicted ones): the cache allocates nothing after its creation.
  */
 #include "engine/engine.h"
 
@@ -17,7 +19,7 @@
 struct st_pfx_block {
     st_pfx_block *parent;        /* the block before it (NULL: the prompt's first) */
     st_pfx_block *hnext;         /* the next block of its hash bucket */
-    st_pfx_block *newer, *older; /* the LRU list */
+    st_pfx_block *newer, *older; /* the LRU list; older: the free list's next when free */
     uint64_t hash;
     int32_t n_children; /* cached blocks whose parent it is (evictable only at 0) */
     int32_t pinned;     /* part of the chain being inserted: never evicted meanwhile */
@@ -30,6 +32,10 @@ struct st_prefix_cache {
     int32_t block;
     size_t payload_bytes, node_bytes, tok_off, pay_off;
     size_t budget, used;
+    char *region; /* (cap, node_bytes) the blocks, committed as used */
+    size_t region_bytes;
+    int64_t cap, n_carved;  /* blocks the region holds, and carved from it so far */
+    st_pfx_block *free;     /* evicted blocks, for reuse */
     st_pfx_block **buckets; /* (mask + 1) */
     uint64_t mask;
     st_pfx_block *newest, *oldest;
@@ -61,19 +67,26 @@ st_status st_prefix_create(int32_t block, size_t payload_bytes, size_t budget,
     c->tok_off = sizeof(st_pfx_block);
     c->pay_off = round_up(c->tok_off + (size_t)block * sizeof(int32_t), ST_PFX_ALIGN);
     c->node_bytes = round_up(c->pay_off + payload_bytes, ST_PFX_ALIGN);
-    c->budget = budget;
+    c->cap = (int64_t)(budget / c->node_bytes);
+    c->budget = (size_t)c->cap * c->node_bytes;
+    c->region_bytes = c->budget;
+    if (c->cap > 0 && !(c->region = st_lazy_alloc(c->region_bytes, false))) {
+        st_free(c);
+        return st_fail(ST_ERR_NOMEM, "prefix cache: cannot reserve %zu MB", budget >> 20);
+    }
     /* about one bucket per block the budget holds */
     uint64_t nb = 16;
-    while (nb < ((uint64_t)1 << 22) && nb * c->node_bytes < budget)
+    while (nb < ((uint64_t)1 << 22) && (int64_t)nb < c->cap)
         nb <<= 1;
     c->mask = nb - 1;
     c->buckets = st_calloc((size_t)nb, sizeof *c->buckets);
     if (!c->buckets) {
+        st_lazy_free(c->region, c->region_bytes);
         st_free(c);
         return st_fail(ST_ERR_NOMEM, "prefix cache: out of memory for %llu buckets",
                        (unsigned long long)nb);
     }
-    c->st.budget_bytes = budget;
+    c->st.budget_bytes = c->budget;
     *out = c;
     return ST_OK;
 }
@@ -81,10 +94,8 @@ st_status st_prefix_create(int32_t block, size_t payload_bytes, size_t budget,
 void st_prefix_free(st_prefix_cache *c) {
     if (!c)
         return;
-    for (st_pfx_block *b = c->newest, *n; b; b = n) {
-        n = b->older;
-        st_free(b);
-    }
+    if (c->region)
+        st_lazy_free(c->region, c->region_bytes);
     st_free(c->buckets);
     st_free(c);
 }
@@ -172,6 +183,16 @@ int64_t st_prefix_lookup(st_prefix_cache *c, const int32_t *tokens, int64_t n,
     return k;
 }
 
+/* A block for a new entry (the cache has room for one): a freed one, else the next uncarved. */
+static st_pfx_block *take_block(st_prefix_cache *c) {
+    st_pfx_block *b = c->free;
+    if (b)
+        c->free = b->older;
+    else if (c->n_carved < c->cap)
+        b = (st_pfx_block *)(c->region + (size_t)c->n_carved++ * c->node_bytes);
+    return b;
+}
+
 /* Evicts the least recently used block (a leaf, see the file's head); false when it is pinned
  * or there is none. */
 static bool evict_one(st_prefix_cache *c) {
@@ -188,7 +209,8 @@ static bool evict_one(st_prefix_cache *c) {
     c->used -= c->node_bytes;
     c->st.blocks--;
     c->st.evictions++;
-    st_free(b);
+    b->older = c->free;
+    c->free = b;
     return true;
 }
 
@@ -208,13 +230,13 @@ st_status st_prefix_insert(st_prefix_cache *c, const int32_t *tokens, int64_t n,
                 ;
             if (c->used + c->node_bytes > c->budget)
                 break;
-            b = st_malloc(c->node_bytes);
-            if (!b)
+            if (!(b = take_block(c)))
                 break;
             memset(b, 0, sizeof *b);
             memcpy(blk_tokens(c, b), bt, (size_t)c->block * sizeof(int32_t));
             if (fill(user, k, st_prefix_payload(c, b)) != ST_OK) {
-                st_free(b);
+                b->older = c->free; /* back to the free list, unused */
+                c->free = b;
                 break;
             }
             b->parent = parent;
