@@ -28,9 +28,11 @@ static st_model *model, *eagle, *eagle3;
 /* ---- the cache ---- */
 
 /* Payload of block i of a test prompt: its first token and i, repeated. */
-static st_status fill_tag(void *user, int64_t i, void *payload) {
+static st_status fill_tag(void *user, int64_t i, void *payload, int fresh) {
     const int32_t *t = user;
     int32_t *p = payload;
+    if (!fresh)
+        return ST_OK;
     p[0] = t[0];
     p[1] = (int32_t)i;
     return ST_OK;
@@ -202,7 +204,7 @@ static void test_chunked_rows_equal(void **state) {
         assert_int_equal(st_session_kv_save(s, 2, 0, n, r2), ST_OK);
         assert_memory_equal(r0, r1, bytes);
         assert_memory_equal(r0, r2, bytes);
-        assert_int_equal(st_session_kv_save(s, 0, 1, n, r1), ST_ERR_RANGE);
+        assert_int_equal(st_session_kv_save(s, 0, CTX - 10, 20, r1), ST_ERR_RANGE);
         /* loaded rows give the same logits as computed ones */
         assert_int_equal(st_session_seq_reset(s, 1), ST_OK);
         assert_int_equal(st_session_kv_save(s, 0, 0, n - 1, r1), ST_OK);
@@ -311,8 +313,12 @@ static void test_engine_hit_exact(void **state) {
             assert_int_equal(rb.n, rp.n_predict);
             assert_int_equal(rb.n, rb0.n);
             assert_memory_equal(rb.toks, rb0.toks, (size_t)rb.n * sizeof(int32_t));
-            if (cfg > 0)
+            if (cfg > 0) { /* the drafter's state after a hit is a fresh one's: same drafts */
                 assert_true(rb.st.spec_steps > 0);
+                assert_int_equal(rb.st.spec_steps, rb0.st.spec_steps);
+                assert_memory_equal(rb.st.accept_hist, rb0.st.accept_hist,
+                                    sizeof rb.st.accept_hist);
+            }
             /* the next turn of A: its prompt, its answer and more; the answer's rows too */
             int32_t pt[N_LONG + 8 + MAX_TOK + 8];
             int64_t nt = N_LONG + 5;
@@ -327,6 +333,7 @@ static void test_engine_hit_exact(void **state) {
             fresh(cfg, pt, nt, &rp, &rt0);
             assert_int_equal(rt.n, rt0.n);
             assert_memory_equal(rt.toks, rt0.toks, (size_t)rt.n * sizeof(int32_t));
+            assert_memory_equal(rt.st.accept_hist, rt0.st.accept_hist, sizeof rt.st.accept_hist);
             st_engine_stats es;
             st_engine_get_stats(e, &es);
             assert_int_equal(es.prefix_hits, 2);

@@ -130,9 +130,10 @@ typedef struct st_prefix_stats {
     size_t bytes, budget_bytes; /* held now (blocks with their payloads), and the budget */
 } st_prefix_stats;
 
-/* Writes the payload of block i (tokens [i*block, (i+1)*block)) of the prompt being inserted;
- * an error leaves that block and the ones after it out. */
-typedef st_status (*st_prefix_fill_fn)(void *user, int64_t i, void *payload);
+/* Writes the payload of block i (tokens [i*block, (i+1)*block)) of the prompt being inserted
+ * (fresh: a new block; an error leaves it and the ones after it out), or may complete the
+ * payload of block i cached before (!fresh: the return value is ignored). */
+typedef st_status (*st_prefix_fill_fn)(void *user, int64_t i, void *payload, int fresh);
 
 /* A cache of blocks of `block` tokens (1..4096) with payloads of payload_bytes bytes holding at
  * most budget bytes (every block counted with its tokens and bookkeeping). */

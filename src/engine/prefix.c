@@ -234,7 +234,7 @@ st_status st_prefix_insert(st_prefix_cache *c, const int32_t *tokens, int64_t n,
                 break;
             memset(b, 0, sizeof *b);
             memcpy(blk_tokens(c, b), bt, (size_t)c->block * sizeof(int32_t));
-            if (fill(user, k, st_prefix_payload(c, b)) != ST_OK) {
+            if (fill(user, k, st_prefix_payload(c, b), 1) != ST_OK) {
                 b->older = c->free; /* back to the free list, unused */
                 c->free = b;
                 break;
@@ -249,6 +249,8 @@ st_status st_prefix_insert(st_prefix_cache *c, const int32_t *tokens, int64_t n,
             c->used += c->node_bytes;
             c->st.blocks++;
             c->st.inserted++;
+        } else {
+            fill(user, k, st_prefix_payload(c, b), 0);
         }
         b->pinned = 1;
         lru_unlink(c, b); /* pinned blocks the newest: the oldest is evictable if any is */

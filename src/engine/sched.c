@@ -30,7 +30,10 @@ struct st_engine {
     int64_t accept_hist[ST_SPEC_MAX_S + 1];
     st_prefix_cache *pfx;       /* NULL: no prefix cache */
     const st_pfx_block **chain; /* (n_ctx / block + 1) a lookup's blocks */
-    size_t pfx_kv_bytes;        /* per block: the target's K/V rows; the states follow */
+    /* a block's payload: the target's K/V rows of its B positions, then (EAGLE) the drafter's
+     * states of them, then a flag and the head's own rows [iB - 1, (i + 1)B - 1) of block i
+     * (those that read only this block's and earlier tokens; B - 1 rows for block 0) */
+    size_t pfx_kv_bytes, pfx_own_off;
     int64_t pfx_hits, pfx_misses, pfx_served; /* admissions with and without, tokens served */
 };
 
@@ -40,13 +43,34 @@ typedef struct pfx_src {
     int32_t b;
 } pfx_src;
 
-/* Block i of slot b: its K/V rows, then (EAGLE) the drafter's states of its positions. */
-static st_status pfx_fill(void *user, int64_t i, void *payload) {
+/* The head's own rows block i holds: [first, first + *n). */
+static int64_t own_rows(int32_t B, int64_t i, int64_t *n) {
+    *n = i == 0 ? B - 1 : B;
+    return i == 0 ? 0 : i * B - 1;
+}
+
+/* Block i's own rows from slot b's drafter, when it has them all (the flag says). */
+static void pfx_fill_own(const pfx_src *ps, int64_t i, char *payload) {
+    st_drafter *d = ps->e->g.dr[ps->b];
+    int64_t *flag = (int64_t *)(payload + ps->e->pfx_own_off), n;
+    const int64_t first = own_rows(st_prefix_block(ps->e->pfx), i, &n);
+    *flag = d->own_valid(d) >= first + n && d->own_save(d, first, n, flag + 1) == ST_OK;
+}
+
+/* Block i of slot b: its K/V rows, then (EAGLE) the drafter's states of its positions and the
+ * head's rows; a block cached before without the head's rows gets them once they exist. */
+static st_status pfx_fill(void *user, int64_t i, void *payload, int fresh) {
     const pfx_src *ps = user;
     st_gen *g = &ps->e->g;
+    st_drafter *d = g->dr[ps->b];
+    const int own = d && d->own_save;
+    if (!fresh) {
+        if (own && !*(const int64_t *)((char *)payload + ps->e->pfx_own_off))
+            pfx_fill_own(ps, i, payload);
+        return ST_OK;
+    }
     const int32_t B = st_prefix_block(ps->e->pfx), pos = (int32_t)i * B;
     st_status rc = st_session_kv_save(g->s, ps->b, pos, B, payload);
-    const st_drafter *d = g->dr[ps->b];
     if (rc || !d || !d->state)
         return rc;
     float *st = (float *)((char *)payload + ps->e->pfx_kv_bytes);
@@ -57,6 +81,8 @@ static st_status pfx_fill(void *user, int64_t i, void *payload) {
         memcpy(st + (size_t)t * (size_t)d->state_width, row,
                (size_t)d->state_width * sizeof(float));
     }
+    if (own)
+        pfx_fill_own(ps, i, payload);
     return ST_OK;
 }
 
@@ -99,6 +125,17 @@ static int64_t pfx_admit(st_engine *e, const st_req *r, int32_t b, int64_t keep,
         const float *st = (const float *)(p + e->pfx_kv_bytes);
         for (int32_t t = 0; t < B && !rc && d && d->observe; t++)
             rc = d->observe(d, i * B + t, st + (size_t)t * (size_t)d->state_width);
+    }
+    /* the head's rows, as far as the blocks have them (it computes the rest itself) */
+    for (int64_t i = 0; i < k && !rc && d && d->own_load; i++) {
+        const int64_t *flag =
+            (const int64_t *)((const char *)st_prefix_payload(e->pfx, e->chain[i]) +
+                              e->pfx_own_off);
+        int64_t n;
+        own_rows(B, i, &n);
+        if (!*flag)
+            break;
+        rc = d->own_load(d, n, flag + 1);
     }
     if (rc) { /* start from scratch (the slot held no request: nothing else is lost) */
         st_session_seq_reset(g->s, b);
@@ -236,12 +273,14 @@ st_status st_engine_create(const st_model *m, const st_engine_params *pp, st_eng
         e->pfx_kv_bytes = (size_t)B * st_session_kv_row_bytes(e->g.s);
         const size_t states =
             d && d->state ? (size_t)B * (size_t)d->state_width * sizeof(float) : 0;
+        e->pfx_own_off = (e->pfx_kv_bytes + states + 7) / 8 * 8;
+        const size_t own = d && d->own_save ? 8 + (size_t)B * d->own_row_bytes : 0;
         e->chain = st_calloc((size_t)(e->n_ctx / B + 1), sizeof *e->chain);
         if (!e->chain) {
             st_engine_free(e);
             return st_fail(ST_ERR_NOMEM, "engine: out of memory");
         }
-        if ((rc = st_prefix_create(B, e->pfx_kv_bytes + states, budget, &e->pfx))) {
+        if ((rc = st_prefix_create(B, e->pfx_own_off + own, budget, &e->pfx))) {
             st_engine_free(e);
             return rc;
         }

@@ -229,9 +229,10 @@ st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *toke
 /* Bytes of one position's K and V rows over every layer (what st_session_kv_save writes per
  * position). */
 size_t st_session_kv_row_bytes(const st_session *s);
-/* Copies the K/V rows of the committed positions [pos, pos + n) of sequence seq to dst
- * (n * st_session_kv_row_bytes bytes, the backend's kv_copy layout). ST_ERR_RANGE when they are
- * not all committed. */
+/* Copies the K/V rows of positions [pos, pos + n) of sequence seq to dst (n *
+ * st_session_kv_row_bytes bytes, the backend's kv_copy layout): rows the caller knows hold what
+ * it wants (committed ones; a drafter's own rows, which it tracks itself). ST_ERR_RANGE outside
+ * the context. */
 st_status st_session_kv_save(st_session *s, int32_t seq, int32_t pos, int32_t n, void *dst);
 /* Appends n positions to sequence seq from src, as st_session_kv_save wrote them: the rows go to
  * [L, L + n) (L: its length) and the length grows by n. ST_ERR_RANGE past the context. The rows

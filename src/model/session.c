@@ -282,9 +282,9 @@ size_t st_session_kv_row_bytes(const st_session *s) {
 st_status st_session_kv_save(st_session *s, int32_t seq, int32_t pos, int32_t n, void *dst) {
     if (!s || !dst || seq < 0 || seq >= s->p.n_seq)
         return st_fail(ST_ERR_INVALID, "kv save: bad sequence %d or NULL buffer", seq);
-    if (pos < 0 || n < 0 || pos > s->seq_len[seq] - n)
-        return st_fail(ST_ERR_RANGE, "kv save: positions [%d, %d + %d) of sequence %d (length %d)",
-                       pos, pos, n, seq, s->seq_len[seq]);
+    if (pos < 0 || n < 0 || pos > s->p.n_ctx - n)
+        return st_fail(ST_ERR_RANGE, "kv save: positions [%d, %d + %d) outside the context of %d",
+                       pos, pos, n, s->p.n_ctx);
     s->be->kv_copy(s, seq, pos, n, dst, true);
     return ST_OK;
 }
