@@ -835,9 +835,11 @@ typedef struct st_engine_params {
      * recently used blocks evicted first. A request admitted to any slot copies the rows of the
      * longest cached whole-block prefix of its prompt (at most all but its last token) and
      * prefills only the rest; the copies are the rows a prefill writes, bitwise, so the outputs
-     * do not change, and every drafter speculates right after a hit (an EAGLE head gets the
-     * cached states through its usual path). Capped at a quarter of the machine's available
-     * memory at creation. 0 (the default): no cache. */
+     * do not change, and every drafter speculates right after a hit (an EAGLE or EAGLE-3 head
+     * gets the cached target states through its usual path, and its own cached K/V rows).
+     * The budget is reserved as address space at creation and committed as blocks are used;
+     * capped at a quarter of the machine's available memory then. 0 (the default): no cache.
+     * st_request_stats.cached_tokens and st_engine_stats.prefix_* report on it. */
     size_t prefix_cache_bytes;
     int32_t prefix_cache_block; /* tokens per block, 1..4096; 0 = 32 */
 } st_engine_params;
