@@ -5,8 +5,9 @@
  * whole or decoded token by token. The engine on stories260K: a request sharing a long prefix
  * with an earlier one (whose slot another request has reused since) copies the cached rows
  * (its stats say how many) and its tokens equal those of a fresh engine without a cache, greedy
- * and seeded, plain and speculating with NGRAM, EAGLE and EAGLE-3; a conversation's next turn
- * reuses the last prompt and its answer.
+ * and seeded, plain and speculating with NGRAM (also over an f16 KV cache), EAGLE and EAGLE-3,
+ * with the same drafts as a fresh engine's; a conversation's next turn reuses the last prompt
+ * and its answer.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -255,7 +256,9 @@ static st_spec_params spec_of(int cfg) {
 
 static st_engine_params engine_params(int cfg, size_t cache) {
     st_engine_params ep = st_engine_default_params();
-    ep.gen.spec = spec_of(cfg);
+    ep.gen.spec = spec_of(cfg == 4 ? 1 : cfg);
+    if (cfg == 4) /* NGRAM over an f16 KV cache */
+        ep.gen.type_k = ep.gen.type_v = ST_DTYPE_F16;
     ep.gen.n_ctx = CTX;
     ep.gen.n_threads = 2;
     ep.max_running = 2;
@@ -284,7 +287,7 @@ static void fresh(int cfg, const int32_t *p, int64_t n, const st_request_params 
 
 static void test_engine_hit_exact(void **state) {
     (void)state;
-    for (int cfg = 0; cfg < 4; cfg++)
+    for (int cfg = 0; cfg < 5; cfg++)
         for (int seeded = 0; seeded < 2; seeded++) {
             st_engine_params ep = engine_params(cfg, 64u << 20);
             st_engine *e;
