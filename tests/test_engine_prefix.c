@@ -7,7 +7,8 @@
  * (its stats say how many) and its tokens equal those of a fresh engine without a cache, greedy
  * and seeded, plain and speculating with NGRAM (also over an f16 KV cache), EAGLE and EAGLE-3,
  * with the same drafts as a fresh engine's; a conversation's next turn reuses the last prompt
- * and its answer.
+ * and its answer; a request joining while another with the same start prefills copies the
+ * chunks done so far.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -395,6 +396,43 @@ static void test_engine_concurrent_and_small_budget(void **state) {
     }
 }
 
+/* A prompt is cached chunk by chunk as its prefill goes: a request with the same start that
+ * joins meanwhile copies the chunks done so far; both equal a fresh engine's. */
+static void test_engine_mid_prefill(void **state) {
+    (void)state;
+    for (int cfg = 1; cfg < 3; cfg++) {
+        st_engine_params ep = engine_params(cfg, 64u << 20);
+        st_engine *e;
+        assert_int_equal(st_engine_create(model, &ep, &e), ST_OK);
+        st_request_params rp = st_engine_request_defaults(e);
+        rp.n_predict = 20;
+        rp.sampler.temp = 0.0f;
+        static req r1, r2, f1, f2;
+        memset(&r1, 0, sizeof r1);
+        memset(&r2, 0, sizeof r2);
+        int32_t p2[N_LONG + 2];
+        memcpy(p2, longp, N_LONG * sizeof(int32_t));
+        p2[N_LONG] = 77;
+        assert_int_equal(st_engine_submit(e, longp, N_LONG, &rp, on_token, on_finish, &r1, NULL),
+                         ST_OK);
+        assert_int_equal(st_engine_step(e), ST_OK); /* its first chunk of 64 tokens */
+        assert_int_equal(r1.n, 0);
+        assert_int_equal(st_engine_submit(e, p2, N_LONG + 1, &rp, on_token, on_finish, &r2, NULL),
+                         ST_OK);
+        while (st_engine_running(e) + st_engine_queued(e) > 0)
+            assert_int_equal(st_engine_step(e), ST_OK);
+        assert_int_equal(r2.st.cached_tokens, 64);
+        fresh(cfg, longp, N_LONG, &rp, &f1);
+        fresh(cfg, p2, N_LONG + 1, &rp, &f2);
+        assert_int_equal(r1.n, f1.n);
+        assert_memory_equal(r1.toks, f1.toks, (size_t)r1.n * sizeof(int32_t));
+        assert_int_equal(r2.n, f2.n);
+        assert_memory_equal(r2.toks, f2.toks, (size_t)r2.n * sizeof(int32_t));
+        /* (the drafts may differ: a step's tree size is chosen for the batch as a whole) */
+        st_engine_free(e);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cache_lookup),
@@ -402,6 +440,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_rows_equal),
         cmocka_unit_test(test_engine_hit_exact),
         cmocka_unit_test(test_engine_concurrent_and_small_budget),
+        cmocka_unit_test(test_engine_mid_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,10 +6,11 @@
  * controller chooses for the whole batch). A request's tokens do not depend on what else runs:
  * every forward is batch-invariant and each token is drawn from its own position's coin.
  * With a prefix cache (prefix.c), an admitted request copies the target's K/V rows of its
- * longest cached prefix into its slot (and hands an EAGLE drafter the cached states of those
- * positions) and prefills the rest; prompts are cached after their prefill, and prompt and
- * answer when a request ends. The rows are copied, not shared: copying is far cheaper than
- * recomputing them; sharing pages copy-on-write would save the copy and the memory twice held.
+ * longest cached prefix into its slot (and hands an EAGLE drafter the cached target states of
+ * those positions and its head's own rows) and prefills the rest; prompts are cached as their
+ * prefill goes, and prompt and answer when a request ends. The rows are copied, not shared: copying
+ * is far cheaper than recomputing them; sharing pages copy-on-write would save the copy and the
+ * memory twice held.
  */
 #include "engine/engine.h"
 
@@ -484,8 +485,11 @@ static st_status prefill(st_engine *e, int *ran) {
         r->n_prefilled += c;
         g->stats->prompt_tokens += c;
         budget -= c;
-        if (!last)
+        if (!last) {
+            if (e->pfx) /* the chunks so far, for requests that start the same way meanwhile */
+                pfx_insert(e, b, r->n_prefilled);
             continue;
+        }
         r->st.ttft_ms = (st_time_now() - r->t_submit) * 1e3;
         if (r->rp.n_predict == 0) {
             g->done[b] = 1;
