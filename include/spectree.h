@@ -832,6 +832,19 @@ typedef struct st_engine_params {
      * the outputs do not change. Drafters that read the target's states (EAGLE, EAGLE3) need
      * every prompt position: with them each request starts afresh. Default 0. */
     int32_t reuse_prefix;
+    /* The prefix cache: at most this many bytes of the target's K/V rows (and an EAGLE or
+     * EAGLE-3 drafter's target states) of past prompts, kept in blocks of prefix_cache_block
+     * tokens after each request's prefill and at its end (prompt and generated tokens), least
+     * recently used blocks evicted first. A request admitted to any slot copies the rows of the
+     * longest cached whole-block prefix of its prompt (at most all but its last token) and
+     * prefills only the rest; the copies are the rows a prefill writes, bitwise, so the outputs
+     * do not change, and every drafter speculates right after a hit (an EAGLE or EAGLE-3 head
+     * gets the cached target states through its usual path, and its own cached K/V rows).
+     * The budget is reserved as address space at creation and committed as blocks are used;
+     * capped at a quarter of the machine's available memory then. 0 (the default): no cache.
+     * st_request_stats.cached_tokens and st_engine_stats.prefix_* report on it. */
+    size_t prefix_cache_bytes;
+    int32_t prefix_cache_block; /* tokens per block, 1..4096; 0 = 32 */
 } st_engine_params;
 
 st_engine_params st_engine_default_params(void);
@@ -886,7 +899,9 @@ typedef struct st_request_stats {
     double queue_ms;                        /* until admitted to a slot */
     double ttft_ms;                         /* until the first token (-1: none) */
     double total_ms;                        /* until finished */
-    int64_t reused_tokens; /* prompt tokens whose KV came from the slot (reuse_prefix) */
+    int64_t reused_tokens; /* prompt tokens whose KV was not computed: kept in the slot
+                            * (reuse_prefix) or copied from the prefix cache */
+    int64_t cached_tokens; /* of those, the ones copied from the prefix cache */
 } st_request_stats;
 
 /* Called for each generated token of a request, in order (user: the submit's); return nonzero
@@ -961,6 +976,11 @@ typedef struct st_engine_stats {
      * KV cache and attention scores, draft_bytes for every slot's drafter together (a draft
      * model's KV cache, an EAGLE head's and its target states, an n-gram index) */
     size_t kv_bytes, draft_bytes;
+    /* the prefix cache (all 0 without one): admissions that found a cached prefix and that did
+     * not, the prompt tokens served from it, blocks held now, blocks evicted, bytes held now
+     * and the budget as resolved */
+    int64_t prefix_hits, prefix_misses, prefix_hit_tokens, prefix_blocks, prefix_evictions;
+    size_t prefix_bytes, prefix_budget;
 } st_engine_stats;
 
 void st_engine_get_stats(const st_engine *e, st_engine_stats *out);

@@ -24,6 +24,21 @@ struct st_drafter {
      * for every committed position in increasing order (the prompt's after prefill, then each
      * step's), before the next target forward pass; NULL for drafters that read no states. */
     st_status (*observe)(st_drafter *d, int64_t pos, const float *state);
+    /* The state observe was handed for position pos, NULL when none is kept for it (the prefix
+     * cache stores them beside the target's KV rows and hands them back through observe);
+     * state_width: its floats. NULL and 0 for drafters that read no states. */
+    const float *(*state)(const st_drafter *d, int64_t pos);
+    int64_t state_width;
+    /* The drafter's own K/V rows (an EAGLE head's), for the prefix cache; 0 and NULL for
+     * drafters without. Row t of an EAGLE head reads token t+1 and the target's state at t.
+     * own_valid: the rows [0, n) that hold committed tokens now; own_save copies rows
+     * [pos, pos + n) of them to dst (n * own_row_bytes); own_load appends n rows saved so after
+     * the ones it holds (a fresh sequence: after reset, and after observe has been handed the
+     * states of every position the rows read). */
+    size_t own_row_bytes;
+    int64_t (*own_valid)(const st_drafter *d);
+    st_status (*own_save)(st_drafter *d, int64_t pos, int64_t n, void *dst);
+    st_status (*own_load)(st_drafter *d, int64_t n, const void *src);
     /* Forgets the history: the next proposal (and observe, from position 0) is for a new
      * sequence (a request joining the engine's slot). ms and evals keep accumulating. */
     void (*reset)(st_drafter *d);

@@ -287,6 +287,33 @@ static st_status eagle_observe(st_drafter *d, int64_t pos, const float *state) {
     return ST_OK;
 }
 
+static const float *eagle_state(const st_drafter *d, int64_t pos) {
+    const mdraft *g = (const mdraft *)d;
+    return pos >= 0 && pos < g->n_feat ? g->feat + pos * g->feat_w : NULL;
+}
+
+static int64_t eagle_own_valid(const st_drafter *d) { return ((const mdraft *)d)->valid; }
+
+static st_status eagle_own_save(st_drafter *d, int64_t pos, int64_t n, void *dst) {
+    mdraft *g = (mdraft *)d;
+    if (pos < 0 || n < 0 || pos + n > g->valid)
+        return st_fail(ST_ERR_RANGE, "EAGLE: head rows [%lld, %lld) not all valid (%d)",
+                       (long long)pos, (long long)(pos + n), g->valid);
+    return st_session_kv_save(g->s, 0, (int32_t)pos, (int32_t)n, dst);
+}
+
+static st_status eagle_own_load(st_drafter *d, int64_t n, const void *src) {
+    mdraft *g = (mdraft *)d;
+    /* the head session's length counts the rows loaded since reset (nothing else moves it) */
+    if (n < 0 || g->valid + n > g->n_feat || st_session_seq_len(g->s, 0) != g->valid)
+        return st_fail(ST_ERR_RANGE, "EAGLE: head rows up to %lld without their states (%d)",
+                       (long long)(g->valid + n), g->n_feat);
+    st_status st = st_session_kv_load(g->s, 0, (int32_t)n, src);
+    if (!st)
+        g->valid += (int32_t)n;
+    return st;
+}
+
 /* A new sequence: no committed draft rows, no target states. */
 static void mdraft_reset(st_drafter *d) {
     mdraft *g = (mdraft *)d;
@@ -372,6 +399,8 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
     g->n_cand = draft->eagle3 || n_tok > g->n_vocab ? g->n_vocab : n_tok;
     g->n_embd = draft->hp.n_embd;
     g->feat_w = state_width(draft);
+    g->base.state = eagle ? eagle_state : NULL;
+    g->base.state_width = eagle ? g->feat_w : 0;
     st_session_params sp = st_session_default_params();
     sp.n_ctx = n_ctx;
     /* The drafter runs on the target's thread pool (the two never run at once). A pool of
@@ -397,6 +426,12 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
     }
     g->nb = st_session_get_params(g->s)->n_batch;
     g->n_ctx = st_session_get_params(g->s)->n_ctx;
+    if (eagle) {
+        g->base.own_row_bytes = st_session_kv_row_bytes(g->s);
+        g->base.own_valid = eagle_own_valid;
+        g->base.own_save = eagle_own_save;
+        g->base.own_load = eagle_own_load;
+    }
     st_plan pl = {0};
     mdraft_layout(g, &pl);
     if (!(g->mem = st_plan_alloc(&pl))) {

@@ -116,4 +116,44 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int6
 /* One plain decoding step of the g->na active sequences in one forward pass. */
 st_status st_gen_plain_step(st_gen *g, int64_t *emitted);
 
+/* The prefix cache (prefix.c): blocks of `block` prompt tokens, each keyed by its tokens and the
+ * block before it, holding a payload of payload_bytes the engine fills; least recently used
+ * blocks evicted under a byte budget. */
+typedef struct st_prefix_cache st_prefix_cache;
+typedef struct st_pfx_block st_pfx_block;
+
+typedef struct st_prefix_stats {
+    int64_t hits, misses; /* lookups that found at least one block, and none */
+    int64_t hit_tokens;   /* tokens of the blocks lookups found */
+    int64_t blocks;       /* cached now */
+    int64_t inserted, evictions;
+    size_t bytes, budget_bytes; /* held now (blocks with their payloads), and the budget */
+} st_prefix_stats;
+
+/* Writes the payload of block i (tokens [i*block, (i+1)*block)) of the prompt being inserted
+ * (fresh: a new block; an error leaves it and the ones after it out), or may complete the
+ * payload of block i cached before (!fresh: the return value is ignored). */
+typedef st_status (*st_prefix_fill_fn)(void *user, int64_t i, void *payload, int fresh);
+
+/* A cache of blocks of `block` tokens (1..4096) with payloads of payload_bytes bytes holding at
+ * most budget bytes (every block counted with its tokens and bookkeeping). */
+st_status st_prefix_create(int32_t block, size_t payload_bytes, size_t budget,
+                           st_prefix_cache **out);
+void st_prefix_free(st_prefix_cache *c);
+int32_t st_prefix_block(const st_prefix_cache *c);
+void st_prefix_get_stats(const st_prefix_cache *c, st_prefix_stats *out);
+/* The longest cached prefix of tokens[0..n) in whole blocks, at most max_blocks: its blocks, in
+ * order, into chain; returns their number (a hit when > 0, else a miss) and marks them most
+ * recently used. The blocks stay valid until the next st_prefix_insert or st_prefix_free. */
+int64_t st_prefix_lookup(st_prefix_cache *c, const int32_t *tokens, int64_t n,
+                         const st_pfx_block **chain, int64_t max_blocks);
+/* Block b's payload (payload_bytes, 64-byte aligned). */
+void *st_prefix_payload(const st_prefix_cache *c, const st_pfx_block *b);
+/* Caches the whole blocks of tokens[0..n) that are not yet, filling each new one's payload,
+ * evicting least recently used blocks of other prompts to stay within the budget (never one of
+ * this prompt's). Stops early, without an error, when the budget or memory runs out or fill
+ * fails; *n_cached (may be NULL): the blocks of this prompt cached afterwards. */
+st_status st_prefix_insert(st_prefix_cache *c, const int32_t *tokens, int64_t n,
+                           st_prefix_fill_fn fill, void *user, int64_t *n_cached);
+
 #endif /* ST_ENGINE_H */

@@ -5,6 +5,12 @@
  * step's one forward pass over all running sequences (step.c: speculative or plain, as the
  * controller chooses for the whole batch). A request's tokens do not depend on what else runs:
  * every forward is batch-invariant and each token is drawn from its own position's coin.
+ * With a prefix cache (prefix.c), an admitted request copies the target's K/V rows of its
+ * longest cached prefix into its slot (and hands an EAGLE drafter the cached target states of
+ * those positions and its head's own rows) and prefills the rest; prompts are cached as their
+ * prefill goes, and prompt and answer when a request ends. The rows are copied, not shared: copying
+ * is far cheaper than recomputing them; sharing pages copy-on-write would save the copy and the
+ * memory twice held.
  */
 #include "engine/engine.h"
 
@@ -23,7 +29,127 @@ struct st_engine {
     int64_t steps, spec_fwd, plain_fwd; /* steps that ran a forward; decoding passes by kind */
     int64_t finished;                   /* finish callbacks called */
     int64_t accept_hist[ST_SPEC_MAX_S + 1];
+    st_prefix_cache *pfx;       /* NULL: no prefix cache */
+    const st_pfx_block **chain; /* (n_ctx / block + 1) a lookup's blocks */
+    /* a block's payload: the target's K/V rows of its B positions, then (EAGLE) the drafter's
+     * states of them, then a flag and the head's own rows [iB - 1, (i + 1)B - 1) of block i
+     * (those that read only this block's and earlier tokens; B - 1 rows for block 0) */
+    size_t pfx_kv_bytes, pfx_own_off;
+    int64_t pfx_hits, pfx_misses, pfx_served; /* admissions with and without, tokens served */
 };
+
+/* What an insertion copies from: slot b of the engine. */
+typedef struct pfx_src {
+    st_engine *e;
+    int32_t b;
+} pfx_src;
+
+/* The head's own rows block i holds: [first, first + *n). */
+static int64_t own_rows(int32_t B, int64_t i, int64_t *n) {
+    *n = i == 0 ? B - 1 : B;
+    return i == 0 ? 0 : i * B - 1;
+}
+
+/* Block i's own rows from slot b's drafter, when it has them all (the flag says). */
+static void pfx_fill_own(const pfx_src *ps, int64_t i, char *payload) {
+    st_drafter *d = ps->e->g.dr[ps->b];
+    int64_t *flag = (int64_t *)(payload + ps->e->pfx_own_off), n;
+    const int64_t first = own_rows(st_prefix_block(ps->e->pfx), i, &n);
+    *flag = d->own_valid(d) >= first + n && d->own_save(d, first, n, flag + 1) == ST_OK;
+}
+
+/* Block i of slot b: its K/V rows, then (EAGLE) the drafter's states of its positions and the
+ * head's rows; a block cached before without the head's rows gets them once they exist. */
+static st_status pfx_fill(void *user, int64_t i, void *payload, int fresh) {
+    const pfx_src *ps = user;
+    st_gen *g = &ps->e->g;
+    st_drafter *d = g->dr[ps->b];
+    const int own = d && d->own_save;
+    if (!fresh) {
+        if (own && !*(const int64_t *)((char *)payload + ps->e->pfx_own_off))
+            pfx_fill_own(ps, i, payload);
+        return ST_OK;
+    }
+    const int32_t B = st_prefix_block(ps->e->pfx), pos = (int32_t)i * B;
+    st_status rc = st_session_kv_save(g->s, ps->b, pos, B, payload);
+    if (rc || !d || !d->state)
+        return rc;
+    float *st = (float *)((char *)payload + ps->e->pfx_kv_bytes);
+    for (int32_t t = 0; t < B; t++) {
+        const float *row = d->state(d, pos + t);
+        if (!row)
+            return ST_ERR_RANGE;
+        memcpy(st + (size_t)t * (size_t)d->state_width, row,
+               (size_t)d->state_width * sizeof(float));
+    }
+    if (own)
+        pfx_fill_own(ps, i, payload);
+    return ST_OK;
+}
+
+/* Caches the first n tokens of slot b's history (their K/V rows committed; with a drafter that
+ * keeps states, as many as it observed). */
+static void pfx_insert(st_engine *e, int32_t b, int64_t n) {
+    st_gen *g = &e->g;
+    const int64_t L = st_session_seq_len(g->s, b);
+    n = n < L ? n : L;
+    n = n < g->n_hist[b] ? n : g->n_hist[b];
+    const st_drafter *d = g->dr[b];
+    while (d && d->state && n > 0 && !d->state(d, n - 1))
+        n--;
+    pfx_src ps = {e, b};
+    st_prefix_insert(e->pfx, g->hist[b], n, pfx_fill, &ps, NULL);
+}
+
+/* Request r, admitted to slot b with keep tokens kept there: when the cache holds a longer
+ * prefix of its prompt (at most all but the last token), the slot starts afresh with those rows
+ * (and the drafter with their states). Returns the tokens the slot now holds; *cached: how many
+ * came from the cache. */
+static int64_t pfx_admit(st_engine *e, const st_req *r, int32_t b, int64_t keep, int64_t *cached) {
+    st_gen *g = &e->g;
+    *cached = 0;
+    const int32_t B = st_prefix_block(e->pfx);
+    const int64_t k =
+        st_prefix_lookup(e->pfx, r->prompt, r->n_prompt - 1, e->chain, (int64_t)e->n_ctx / B + 1);
+    if (k * B <= keep) {
+        e->pfx_misses += keep == 0;
+        return keep;
+    }
+    st_drafter *d = g->dr[b];
+    st_session_seq_reset(g->s, b);
+    if (d)
+        d->reset(d);
+    st_status rc = ST_OK;
+    for (int64_t i = 0; i < k && !rc; i++) {
+        const char *p = st_prefix_payload(e->pfx, e->chain[i]);
+        rc = st_session_kv_load(g->s, b, B, p);
+        const float *st = (const float *)(p + e->pfx_kv_bytes);
+        for (int32_t t = 0; t < B && !rc && d && d->observe; t++)
+            rc = d->observe(d, i * B + t, st + (size_t)t * (size_t)d->state_width);
+    }
+    /* the head's rows, as far as the blocks have them (it computes the rest itself) */
+    for (int64_t i = 0; i < k && !rc && d && d->own_load; i++) {
+        const int64_t *flag =
+            (const int64_t *)((const char *)st_prefix_payload(e->pfx, e->chain[i]) +
+                              e->pfx_own_off);
+        int64_t n;
+        own_rows(B, i, &n);
+        if (!*flag)
+            break;
+        rc = d->own_load(d, n, flag + 1);
+    }
+    if (rc) { /* start from scratch (the slot held no request: nothing else is lost) */
+        st_session_seq_reset(g->s, b);
+        if (d)
+            d->reset(d);
+        e->pfx_misses++;
+        return 0;
+    }
+    e->pfx_hits++;
+    e->pfx_served += k * B;
+    *cached = k * B;
+    return k * B;
+}
 
 st_engine_params st_engine_default_params(void) {
     st_engine_params p = {.gen = st_gen_default_params(),
@@ -45,6 +171,8 @@ static void req_finish(st_engine *e, st_req *r, st_status status) {
     st_gen *g = &e->g;
     const int32_t b = r->slot;
     if (b >= 0) {
+        if (e->pfx && status == ST_OK && r->n_prefilled == r->n_prompt)
+            pfx_insert(e, b, g->n_hist[b]); /* the prompt and the answer */
         g->req[b] = NULL;
         g->done[b] = 1;
         if (!e->reuse_prefix || status != ST_OK) /* kept for the next request's prefix */
@@ -83,6 +211,8 @@ void st_engine_free(st_engine *e) {
         req_finish(e, r, ST_OK);
     }
     st_gen_free(&e->g);
+    st_prefix_free(e->pfx);
+    st_free(e->chain);
     st_free(e);
 }
 
@@ -101,6 +231,9 @@ st_status st_engine_create(const st_model *m, const st_engine_params *pp, st_eng
     if (p.prefill_chunk < 1)
         return st_fail(ST_ERR_INVALID, "engine: prefill_chunk %d must be at least 1",
                        p.prefill_chunk);
+    if (p.prefix_cache_block < 0 || p.prefix_cache_block > 4096)
+        return st_fail(ST_ERR_INVALID, "engine: prefix_cache_block %d outside 0..4096",
+                       p.prefix_cache_block);
     if (p.kv_budget < 0)
         return st_fail(ST_ERR_INVALID, "engine: kv_budget %lld is negative",
                        (long long)p.kv_budget);
@@ -133,6 +266,26 @@ st_status st_engine_create(const st_model *m, const st_engine_params *pp, st_eng
     e->next_id = 1;
     for (int32_t b = 0; b < e->g.bs; b++)
         e->g.done[b] = 1;
+    if (p.prefix_cache_bytes > 0) {
+        const int32_t B = p.prefix_cache_block ? p.prefix_cache_block : 32;
+        const size_t avail = st_mem_available() / 4;
+        const size_t budget = avail && avail < p.prefix_cache_bytes ? avail : p.prefix_cache_bytes;
+        const st_drafter *d = e->g.dr[0];
+        e->pfx_kv_bytes = (size_t)B * st_session_kv_row_bytes(e->g.s);
+        const size_t states =
+            d && d->state ? (size_t)B * (size_t)d->state_width * sizeof(float) : 0;
+        e->pfx_own_off = (e->pfx_kv_bytes + states + 7) / 8 * 8;
+        const size_t own = d && d->own_save ? 8 + (size_t)B * d->own_row_bytes : 0;
+        e->chain = st_calloc((size_t)(e->n_ctx / B + 1), sizeof *e->chain);
+        if (!e->chain) {
+            st_engine_free(e);
+            return st_fail(ST_ERR_NOMEM, "engine: out of memory");
+        }
+        if ((rc = st_prefix_create(B, e->pfx_own_off + own, budget, &e->pfx))) {
+            st_engine_free(e);
+            return rc;
+        }
+    }
     *out = e;
     return ST_OK;
 }
@@ -276,10 +429,14 @@ static void admit(st_engine *e) {
             st_session_seq_truncate(g->s, b, (int32_t)keep);
         else
             st_session_seq_reset(g->s, b);
-        r->n_prefilled = keep;
-        r->st.reused_tokens = keep;
         if (g->dr[b])
             g->dr[b]->reset(g->dr[b]);
+        int64_t cached = 0;
+        if (e->pfx)
+            keep = pfx_admit(e, r, b, keep, &cached);
+        r->n_prefilled = keep;
+        r->st.reused_tokens = keep;
+        r->st.cached_tokens = cached;
         if (g->ctl)
             st_ctl_observe(g->ctl, b, NULL, 0, 1);
         memcpy(g->hist[b], r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
@@ -328,8 +485,11 @@ static st_status prefill(st_engine *e, int *ran) {
         r->n_prefilled += c;
         g->stats->prompt_tokens += c;
         budget -= c;
-        if (!last)
+        if (!last) {
+            if (e->pfx) /* the chunks so far, for requests that start the same way meanwhile */
+                pfx_insert(e, b, r->n_prefilled);
             continue;
+        }
         r->st.ttft_ms = (st_time_now() - r->t_submit) * 1e3;
         if (r->rp.n_predict == 0) {
             g->done[b] = 1;
@@ -337,6 +497,8 @@ static st_status prefill(st_engine *e, int *ran) {
         } else {
             st_gen_push(g, b, next, g->lps);
         }
+        if (e->pfx) /* after the first token is out */
+            pfx_insert(e, b, r->n_prompt);
     }
     return ST_OK;
 }
@@ -465,6 +627,17 @@ void st_engine_get_stats(const st_engine *e, st_engine_stats *out) {
     st_ctl_outlook(e->g.ctl, &out->outlook);
     out->kv_bytes = e->g.target_bytes;
     out->draft_bytes = e->g.draft_bytes;
+    if (e->pfx) {
+        st_prefix_stats ps;
+        st_prefix_get_stats(e->pfx, &ps);
+        out->prefix_hits = e->pfx_hits;
+        out->prefix_misses = e->pfx_misses;
+        out->prefix_hit_tokens = e->pfx_served;
+        out->prefix_blocks = ps.blocks;
+        out->prefix_evictions = ps.evictions;
+        out->prefix_bytes = ps.bytes;
+        out->prefix_budget = ps.budget_bytes;
+    }
 }
 
 void st_engine_gen_stats(const st_engine *e, st_gen_stats *out) {

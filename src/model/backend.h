@@ -43,6 +43,11 @@ struct st_backend {
     st_status (*kv_move)(st_session *s, int32_t seq, int64_t pos, int64_t n,
                          const int64_t *accept_nodes, int64_t n_accept);
 
+    /* The prefix cache's copies: the K and V rows of positions [pos, pos + n) of sequence seq,
+     * every layer's, to caller memory buf (save) or from it into the cache (!save), laid out
+     * layer by layer, each layer's n K rows then its n V rows, in the cache's types. */
+    void (*kv_copy)(st_session *s, int32_t seq, int32_t pos, int32_t n, void *buf, bool save);
+
     /* matmul over a weight type */
     /* y_i = W_i x (y_i: (M, w[i]->n_out)) for n_mat (1..3) matrices of any weight types with the
      * same input x (M, w[0]->n_in), each output element in the canonical order of its weight

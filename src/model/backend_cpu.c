@@ -52,6 +52,22 @@ static st_status cpu_kv_move(st_session *s, int32_t seq, int64_t pos, int64_t n,
     return st;
 }
 
+static void cpu_kv_copy(st_session *s, int32_t seq, int32_t pos, int32_t n, void *buf, bool save) {
+    const st_model_hparams *hp = &s->m->hp;
+    const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    uint8_t *p = buf;
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        for (int c = 0; c < 2; c++) { /* K, then V */
+            const size_t row = KV * (c ? s->v_elem : s->k_elem), bytes = (size_t)n * row;
+            uint8_t *kv = (c ? st_kv_v(s, seq, l) : st_kv_k(s, seq, l)) + (size_t)pos * row;
+            if (save)
+                memcpy(p, kv, bytes);
+            else
+                memcpy(kv, p, bytes);
+            p += bytes;
+        }
+}
+
 static void cpu_get_rows(st_session *s, const st_wt *w, const int32_t *ids, int64_t n, float *y,
                          int64_t ldy) {
     for (int64_t i = 0; i < n; i++)
@@ -318,6 +334,7 @@ static const st_backend cpu = {
     .add_rows = cpu_add_rows,
     .kv_store = cpu_kv_store,
     .kv_move = cpu_kv_move,
+    .kv_copy = cpu_kv_copy,
     .matmul = matmuls,
     .norm = cpu_norm,
     .rope_angles = cpu_rope_angles,

@@ -226,6 +226,20 @@ typedef st_status (*st_state_fn)(void *user, int64_t pos, const float *state);
 st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
                                  float *logits, int32_t n_logits, st_state_fn fn, void *user);
 
+/* Bytes of one position's K and V rows over every layer (what st_session_kv_save writes per
+ * position). */
+size_t st_session_kv_row_bytes(const st_session *s);
+/* Copies the K/V rows of positions [pos, pos + n) of sequence seq to dst (n *
+ * st_session_kv_row_bytes bytes, the backend's kv_copy layout): rows the caller knows hold what
+ * it wants (committed ones; a drafter's own rows, which it tracks itself). ST_ERR_RANGE outside
+ * the context. */
+st_status st_session_kv_save(st_session *s, int32_t seq, int32_t pos, int32_t n, void *dst);
+/* Appends n positions to sequence seq from src, as st_session_kv_save wrote them: the rows go to
+ * [L, L + n) (L: its length) and the length grows by n. ST_ERR_RANGE past the context. The rows
+ * must be those a forward pass writes at these positions for the same tokens after the same
+ * prefix (the prefix cache's), or the sequence's later outputs are not what decoding computes. */
+st_status st_session_kv_load(st_session *s, int32_t seq, int32_t n, const void *src);
+
 /* K/V rows of sequence seq, layer l (elements of k_elem / v_elem bytes). */
 static inline uint8_t *st_kv_k(const st_session *s, int32_t seq, int32_t l) {
     return (uint8_t *)s->k_cache +

@@ -273,6 +273,34 @@ st_status st_session_seq_truncate(st_session *s, int32_t seq, int32_t len) {
     return ST_OK;
 }
 
+size_t st_session_kv_row_bytes(const st_session *s) {
+    const st_model_hparams *hp = &s->m->hp;
+    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim *
+           (s->k_elem + s->v_elem);
+}
+
+st_status st_session_kv_save(st_session *s, int32_t seq, int32_t pos, int32_t n, void *dst) {
+    if (!s || !dst || seq < 0 || seq >= s->p.n_seq)
+        return st_fail(ST_ERR_INVALID, "kv save: bad sequence %d or NULL buffer", seq);
+    if (pos < 0 || n < 0 || pos > s->p.n_ctx - n)
+        return st_fail(ST_ERR_RANGE, "kv save: positions [%d, %d + %d) outside the context of %d",
+                       pos, pos, n, s->p.n_ctx);
+    s->be->kv_copy(s, seq, pos, n, dst, true);
+    return ST_OK;
+}
+
+st_status st_session_kv_load(st_session *s, int32_t seq, int32_t n, const void *src) {
+    if (!s || !src || seq < 0 || seq >= s->p.n_seq)
+        return st_fail(ST_ERR_INVALID, "kv load: bad sequence %d or NULL buffer", seq);
+    const int32_t L = s->seq_len[seq];
+    if (n < 0 || n > s->p.n_ctx - L)
+        return st_fail(ST_ERR_RANGE, "kv load: %d positions after %d exceed the context of %d", n,
+                       L, s->p.n_ctx);
+    s->be->kv_copy(s, seq, L, n, (void *)src, false);
+    s->seq_len[seq] = L + n;
+    return ST_OK;
+}
+
 st_status st_session_eval_states(st_session *s, int32_t seq, const int32_t *tokens, int32_t n,
                                  float *logits, int32_t n_logits, st_state_fn fn, void *user) {
     if (!s || !tokens || n < 1)

@@ -856,7 +856,7 @@ def test_logging_and_llama_flags():
             time.sleep(0.05)
         line = [l for l in s.log_text().splitlines() if d["id"] + ":" in l]
         check(len(line) == 1, "one log line per request: %s" % s.log_text())
-        check(re.search(r"prompt 5 tokens, gen %d tokens, ttft [0-9.]+ ms, [0-9.]+ tok/s, tau "
+        check(re.search(r"prompt 5 tokens \(0 cached\), gen %d tokens, ttft [0-9.]+ ms, [0-9.]+ tok/s, tau "
                         r"[0-9.]+, finish %s$" % (u["completion_tokens"],
                                                   d["choices"][0]["finish_reason"]), line[0]),
               line[0])

@@ -133,10 +133,11 @@ static void log_request(const srv *s, const srv_job *j) {
     const int debug = s->o.log_level >= SRV_LOG_DEBUG;
     if (s->o.log_json) {
         json_t *v =
-            json_pack("{s:f,s:s,s:s,s:s,s:I,s:I,s:f,s:f,s:f,s:s}", "time", srv_unix_time(), "level",
-                      "info", "msg", "request", "id", j->id, "prompt_tokens",
-                      (json_int_t)st->prompt_tokens, "gen_tokens", (json_int_t)st->gen_tokens,
-                      "ttft_ms", ttft, "tok_s", tok_s, "tau", st->tau, "finish", why);
+            json_pack("{s:f,s:s,s:s,s:s,s:I,s:I,s:I,s:f,s:f,s:f,s:s}", "time", srv_unix_time(),
+                      "level", "info", "msg", "request", "id", j->id, "prompt_tokens",
+                      (json_int_t)st->prompt_tokens, "cached_tokens", (json_int_t)st->reused_tokens,
+                      "gen_tokens", (json_int_t)st->gen_tokens, "ttft_ms", ttft, "tok_s", tok_s,
+                      "tau", st->tau, "finish", why);
         if (v && debug) {
             json_t *h = json_array();
             for (int a = 0; a <= ST_SPEC_MAX_S; a++)
@@ -161,9 +162,10 @@ static void log_request(const srv *s, const srv_job *j) {
                                       st->accept_hist[a]);
     }
     srv_log(s, SRV_LOG_INFO,
-            "%s: prompt %" PRId64 " tokens, gen %" PRId64
+            "%s: prompt %" PRId64 " tokens (%" PRId64 " cached), gen %" PRId64
             " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s",
-            j->id, st->prompt_tokens, st->gen_tokens, ttft, tok_s, st->tau, why, hist);
+            j->id, st->prompt_tokens, st->reused_tokens, st->gen_tokens, ttft, tok_s, st->tau, why,
+            hist);
 }
 
 static void on_finish(void *user, const st_request_stats *st) {

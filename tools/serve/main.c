@@ -53,6 +53,9 @@ static const char *serve_help =
     "      --chunked-prefill-size N   prompt tokens prefilled per step (default 256)\n"
     "      --max-total-tokens N       KV positions all running requests may reserve together\n"
     "                       (default: every slot a full context)\n"
+    "      --prefix-cache-mb N        MB of past prompts' KV rows kept for requests that\n"
+    "                       start the same way (default 256, at most a quarter of the\n"
+    "                       available memory; 0: off)\n"
     "      --max-connections N        open connections at once (default 256); 8 more answer\n"
     "                       only GET /health and /metrics (others: 503)\n"
     "      --max-connections-per-ip N connections one address may hold open before their\n"
@@ -188,7 +191,8 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         O_PARALLEL,
         O_LOG_LEVEL,
         O_LOG_FORMAT,
-        O_CORS
+        O_CORS,
+        O_PFX
     };
     static const struct option own[] = {{"model", required_argument, 0, 'm'},
                                         {"model-path", required_argument, 0, 'm'},
@@ -207,6 +211,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
                                         {"ctx-size", required_argument, 0, 'c'},
                                         {"chunked-prefill-size", required_argument, 0, O_CHUNK},
                                         {"max-total-tokens", required_argument, 0, O_TOTAL},
+                                        {"prefix-cache-mb", required_argument, 0, O_PFX},
                                         {"max-connections", required_argument, 0, O_CONNS},
                                         {"max-connections-per-ip", required_argument, 0, O_PER_IP},
                                         {"max-body-bytes", required_argument, 0, O_BODY},
@@ -297,6 +302,10 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
         case O_TOTAL:
             cli_parse_int(cmd, "--max-total-tokens", optarg, 1, 1L << 40, &v);
             o->ep.kv_budget = v;
+            break;
+        case O_PFX:
+            cli_parse_int(cmd, "--prefix-cache-mb", optarg, 0, 1L << 24, &v);
+            o->ep.prefix_cache_bytes = (size_t)v << 20;
             break;
         case O_CONNS:
             cli_parse_int(cmd, "--max-connections", optarg, 1, 65536, &o->max_conns);
@@ -471,7 +480,7 @@ static void log_startup(const srv *s) {
     const double per_pos =
         (double)hp->n_layer * hp->n_head_kv * hp->head_dim *
         ((o->ep.gen.type_k == ST_DTYPE_F16 ? 2 : 4) + (o->ep.gen.type_v == ST_DTYPE_F16 ? 2 : 4));
-    char drafters[96] = "";
+    char drafters[160] = "";
     if (es->draft_bytes)
         snprintf(drafters, sizeof drafters, ", drafters at most %.1f MB (committed as used)",
                  (double)es->draft_bytes / 1e6);
@@ -481,6 +490,12 @@ static void log_startup(const srv *s) {
             (double)li->file_bytes / 1e6, st_load_mode_name(li->mode),
             per_pos * (double)es->kv_budget / 1e6, es->kv_budget, es->max_running, es->n_ctx,
             drafters);
+    if (es->prefix_budget)
+        srv_log(s, SRV_LOG_INFO, "prefix cache: at most %.1f MB (blocks of %d tokens)",
+                (double)es->prefix_budget / 1e6,
+                o->ep.prefix_cache_block ? o->ep.prefix_cache_block : 32);
+    else
+        srv_log(s, SRV_LOG_INFO, "prefix cache: off");
 }
 
 int serve_cmd(int argc, char **argv) {
@@ -490,6 +505,7 @@ int serve_cmd(int argc, char **argv) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->ep = st_engine_default_params();
+    o->ep.prefix_cache_bytes = (size_t)256 << 20;
     cli_common_init(&o->c);
     o->max_conns = 256;
     o->max_body = 1 << 20;

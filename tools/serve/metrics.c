@@ -130,6 +130,20 @@ char *srv_metrics_text(srv *s, size_t *len) {
                es->prefill_ms / 1e3);
     put_metric(f, "spectree_kv_positions_used", "gauge", "KV positions committed",
                (double)s->gauge_kv_used);
+    put_metric(f, "spectree_prefix_cache_hits_total", "counter",
+               "admissions that copied a cached prompt prefix", (double)es->prefix_hits);
+    put_metric(f, "spectree_prefix_cache_misses_total", "counter",
+               "admissions that found no cached prefix", (double)es->prefix_misses);
+    put_metric(f, "spectree_prefix_cache_hit_tokens_total", "counter",
+               "prompt tokens served from the prefix cache", (double)es->prefix_hit_tokens);
+    put_metric(f, "spectree_prefix_cache_bytes", "gauge", "bytes the prefix cache holds",
+               (double)es->prefix_bytes);
+    put_metric(f, "spectree_prefix_cache_budget_bytes", "gauge", "the prefix cache's budget",
+               (double)es->prefix_budget);
+    put_metric(f, "spectree_prefix_cache_entries", "gauge", "blocks the prefix cache holds",
+               (double)es->prefix_blocks);
+    put_metric(f, "spectree_prefix_cache_evictions_total", "counter",
+               "blocks evicted from the prefix cache", (double)es->prefix_evictions);
     if (es->outlook.known) { /* auto's view of drafting, once it has one */
         const char *algo = st_spec_algo_name(s->o.ep.gen.spec.algo);
         fprintf(f,

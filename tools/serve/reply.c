@@ -43,9 +43,11 @@ json_t *srv_spec_info(const srv_job *j) {
 }
 
 json_t *srv_usage_obj(const srv_job *j) {
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->n_prompt, "completion_tokens",
-                     (json_int_t)j->stats.gen_tokens, "total_tokens",
-                     (json_int_t)(j->n_prompt + j->stats.gen_tokens));
+    /* prompt_tokens_details.cached_tokens: OpenAI's count of prompt tokens not recomputed */
+    return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)j->n_prompt,
+                     "completion_tokens", (json_int_t)j->stats.gen_tokens, "total_tokens",
+                     (json_int_t)(j->n_prompt + j->stats.gen_tokens), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)j->stats.reused_tokens);
 }
 
 /* A JSON string of valid UTF-8 (the detokenizer writes only valid UTF-8; this is a guard). */
