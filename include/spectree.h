@@ -875,7 +875,7 @@ typedef struct st_engine_params {
     /* For every request: gen.spec (algorithm, draft model, K/S/N, backend), gen.n_threads and
      * gen.n_ctx (positions per sequence, 0 = st_session_params' default); gen.n_predict and
      * gen.sampler are the defaults of a request submitted without st_request_params. The draft
-     * model is borrowed and must outlive the engine. */
+     * model (and gen.sampler.logit_bias, if any) is borrowed and must outlive the engine. */
     st_gen_params gen;
     int32_t max_running;   /* slots: sequences running at once, 1..ST_GEN_MAX_BATCH (default 8) */
     int32_t max_queued;    /* requests waiting for a slot, >= 0 (default 256); beyond: BUSY */
