@@ -566,7 +566,8 @@ typedef struct st_sampler_params {
      * prompt + generated; then logit -= presence_penalty * (c > 0) + frequency_penalty * c,
      * with c the token's count among the generated tokens (OpenAI); then the end-of-generation
      * tokens get -inf when ignore_eos is set or fewer than min_tokens were generated. Greedy
-     * decoding takes the argmax of the result. */
+     * decoding takes the argmax of the result. st_sample reads none of these fields: it needs
+     * the history, so the engine calls st_sample_penalize before it. */
     float presence_penalty;          /* -2 .. 2 */
     float frequency_penalty;         /* -2 .. 2 */
     float repeat_penalty;            /* 0 .. 10, > 0; 0 and 1: off */
