@@ -516,6 +516,21 @@ static void test_stops(void **state) {
     assert_int_equal(len, 4);
     assert_memory_equal(p, "Like", 4);
     srv_stopper_free(&s);
+    /* min_tokens: a stop string that ends within the first min_end bytes does not stop; one
+     * that ends past them does, even if it began before */
+    srv_stopper m = {.stops = stops, .n_stops = 3, .min_end = 9};
+    char got[64] = "";
+    assert_int_equal(srv_stop_add(&m, "Lily and ", 9, 0, &p, &len), 0);
+    assert_false(m.stopped);
+    strncat(got, p, len);
+    m.min_end = 11;
+    assert_int_equal(srv_stop_add(&m, "Li", 2, 0, &p, &len), 0);
+    strncat(got, p, len);
+    assert_int_equal(srv_stop_add(&m, "ly ran", 6, 0, &p, &len), 0);
+    strncat(got, p, len);
+    assert_true(m.stopped);
+    assert_string_equal(got, "Lily and ");
+    srv_stopper_free(&m);
 }
 
 static void test_utf8(void **state) {

@@ -9,6 +9,7 @@ draft) verifying fixed trees:
   drafts verified and accepted: /metrics), and equals `spectree generate` with the matching
   flags; the penalties change the text (else nothing would be shown); logprobs with
   penalties are the same bits from all three;
+- min_tokens holds stop strings back as it does EOS (server and generate alike);
 - an invalid value gets a 400 naming the field (curl and the official openai npm client,
   tests/serve/openai_penalty.mjs, which also checks speculation on and off give one text).
 Usage: test_serve_penalty.py BUILD_DIR SOURCE_DIR"""
@@ -116,6 +117,23 @@ def test_equal_everywhere():
               "%s accepted no draft: %s" % (name, d))
 
 
+def test_min_tokens_and_stops():
+    # greedy "Once upon a time" names Lily within its first 10 tokens: a stop string there ends
+    # the answer early, unless min_tokens holds stop strings (and EOS) back until 20 tokens
+    base = {"prompt": PROMPT, "max_tokens": 60, "temperature": 0, "stop": "Lily"}
+    early = text_of("/v1/completions", post("plain", "/v1/completions", base))
+    held = text_of("/v1/completions", post("plain", "/v1/completions",
+                                           dict(base, min_tokens=20)))
+    check(len(early) < len(held) and "Lily" in held and held.startswith(early),
+          "min_tokens: %r then %r" % (early, held))
+    cli = gen_cli(60, 0, 0, ["--stop", "Lily", "--min-tokens", "20"])
+    check(cli == held, "min_tokens: generate %r, server %r" % (cli, held))
+    for name in ("ngram", "standalone"):
+        got = text_of("/v1/completions", post(name, "/v1/completions",
+                                              dict(base, min_tokens=20)))
+        check(got == held, "min_tokens %s: %r != %r" % (name, got, held))
+
+
 def test_logprobs():
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 3,
             "presence_penalty": 1.0, "logit_bias": {"261": -100, "300": 2}}
@@ -173,6 +191,7 @@ def main():
                    "--speculative-draft-model-path", MODEL, *TREE, name="stories") as sa:
         servers.update(plain=plain, ngram=ngram, standalone=sa)
         run_tests([("penalties: speculation equals plain and generate", test_equal_everywhere),
+                   ("penalties: min_tokens holds stop strings back", test_min_tokens_and_stops),
                    ("penalties: logprobs", test_logprobs),
                    ("penalties: bad values are a 400 naming the field", test_bad_values),
                    ("penalties: the openai npm client", test_openai_client)])

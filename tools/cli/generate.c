@@ -87,7 +87,8 @@ static const char *generate_help =
     "      --logit-bias ID=BIAS   add BIAS (-100..100; -100 bans) to token ID's logit\n"
     "                       (repeatable)\n"
     "      --ignore-eos     never end at the end-of-text token (it is never sampled)\n"
-    "      --min-tokens N   the end-of-text token is banned until N tokens were generated\n"
+    "      --min-tokens N   neither the end-of-text token nor a --stop string ends the\n"
+    "                       output before N tokens\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
@@ -116,10 +117,14 @@ typedef struct printer {
     int any;       /* text was written to stdout */
     char *tok_buf; /* (st_detok_max_bytes) one token's text */
     size_t tok_cap;
-    int werr; /* errno of a write to stdout that failed */
+    size_t n_in;    /* bytes added so far */
+    size_t min_end; /* --min-tokens: a stop string must end past this many bytes */
+    int64_t n_tok;  /* tokens emitted */
+    int werr;       /* errno of a write to stdout that failed */
 } printer;
 
 static void printer_add(printer *p, const char *txt, size_t n, int final) {
+    p->n_in += n;
     if (n > sizeof p->pend - p->n_pend) { /* no stop string is that long: flush the hold */
         fwrite(p->pend, 1, p->n_pend, stdout);
         p->n_pend = 0;
@@ -136,7 +141,7 @@ static void printer_add(printer *p, const char *txt, size_t n, int final) {
         const char *st = p->o->stops[i];
         size_t ls = strlen(st);
         for (size_t j = 0; j + ls <= p->n_pend; j++)
-            if (memcmp(p->pend + j, st, ls) == 0) {
+            if (memcmp(p->pend + j, st, ls) == 0 && p->n_in - p->n_pend + j + ls > p->min_end) {
                 fwrite(p->pend, 1, j, stdout);
                 p->n_pend = 0;
                 p->stopped = 1;
@@ -174,11 +179,18 @@ static int on_token(void *user, int32_t tok) {
     if (interrupted)
         return 1;
     size_t nb = 0;
+    p->n_tok++;
+    /* --min-tokens: no stop string ends in the text of a token before the min_tokens-th */
+    const int protect = p->n_tok < p->o->c.sp.min_tokens;
     /* the engine emits only ids the tokenizer has (st_generate: an output layer padded past
      * them is never sampled there), so the push cannot fail; if it did, U+FFFD shows it */
     if (st_detok_push(&p->dt, tok, p->tok_buf, p->tok_cap, &nb) != ST_OK) {
+        if (protect)
+            p->min_end = p->n_in + 3;
         printer_add(p, "\xEF\xBF\xBD", 3, 0);
     } else if (nb) {
+        if (protect)
+            p->min_end = p->n_in + nb;
         printer_add(p, p->tok_buf, nb, 0);
     }
     return p->stopped || interrupted;

@@ -828,6 +828,8 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
     if (n)
         memcpy(s->hold + s->n_hold, txt, n);
     s->n_hold += n;
+    s->n_in += n;
+    const size_t at = s->n_in - s->n_hold; /* hold[0]'s place in the text */
     *out_ptr = s->hold ? s->hold : "";
     size_t cut = s->n_hold; /* bytes safe to release */
     size_t first = SIZE_MAX;
@@ -835,7 +837,7 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
         const char *st = s->stops[i];
         size_t ls = strlen(st);
         for (size_t j = 0; j + ls <= s->n_hold && j < first; j++)
-            if (memcmp(s->hold + j, st, ls) == 0) {
+            if (memcmp(s->hold + j, st, ls) == 0 && at + j + ls > s->min_end) {
                 first = j;
                 s->matched = i;
                 break;

@@ -132,7 +132,10 @@ typedef struct srv_stopper {
     size_t n_hold, cap;
     size_t n_drop; /* bytes at the start of hold released by the last call */
     int stopped;
-    int matched; /* with stopped: the index of the stop string that matched */
+    int matched;    /* with stopped: the index of the stop string that matched */
+    size_t n_in;    /* bytes added so far */
+    size_t min_end; /* a stop string matches only where it ends past this many bytes of the
+                     * text (min_tokens: the text of the tokens before the min_tokens-th) */
 } srv_stopper;
 
 /* Adds n bytes. Writes the bytes now safe to emit to *out_len bytes at *out_ptr (pointing into
