@@ -570,14 +570,16 @@ typedef struct st_sampler_params {
      * the history, so the engine calls st_sample_penalize before it. */
     float presence_penalty;          /* -2 .. 2 */
     float frequency_penalty;         /* -2 .. 2 */
-    float repeat_penalty;            /* 0 .. 10, > 0; 0 and 1: off */
+    float repeat_penalty;            /* 0 .. 10; 0 and 1: off */
     int32_t repeat_last_n;           /* window of repeat_penalty: 0 = ST_REPEAT_LAST_N_DEFAULT, -1 =
                                       * the whole context, else >= 1 tokens */
     const st_logit_bias *logit_bias; /* (n_logit_bias), borrowed (st_engine_submit copies it);
                                       * an id listed twice gets both biases */
     int32_t n_logit_bias;            /* 0 .. ST_MAX_LOGIT_BIAS */
     int32_t ignore_eos;              /* nonzero: never samples (so never stops at) EOS */
-    int32_t min_tokens;              /* >= 0: EOS is banned until this many tokens were generated */
+    int32_t min_tokens; /* >= 0: EOS is banned until this many tokens were generated (stop
+                         * strings are the caller's: the server and generate hold them back
+                         * as long) */
 } st_sampler_params;
 
 #define ST_MAX_LOGIT_BIAS 1024 /* most entries of st_sampler_params.logit_bias */
