@@ -548,13 +548,44 @@ st_status st_session_decode_batch(st_session *s, int32_t n, const int32_t *seqs,
  * Sampling
  * ------------------------------------------------------------------------------------------- */
 
+/* A bias added to one token's logit (OpenAI's logit_bias). */
+typedef struct st_logit_bias {
+    int32_t token; /* 0 .. n_vocab-1 */
+    float bias;    /* -100 .. 100; -100 all but bans the token */
+} st_logit_bias;
+
+#define ST_REPEAT_LAST_N_DEFAULT 64 /* the repetition penalty's window when repeat_last_n is 0 */
+
 typedef struct st_sampler_params {
     float temp;    /* 0 = greedy (argmax, lowest id on ties) */
     int32_t top_k; /* <= 0: off */
     float top_p;   /* >= 1: off */
     float min_p;   /* <= 0: off; keeps tokens with p >= min_p * p_max */
     uint64_t seed;
+    /* Penalties, biases and bans: all off when zero (the defaults). They change the logits
+     * before any of the filters above (st_sample_penalize, in this order): logit_bias added;
+     * the repetition penalty (llama.cpp, HF) divides a positive logit, and multiplies a
+     * negative one, by repeat_penalty for each distinct token among the last repeat_last_n of
+     * prompt + generated; then logit -= presence_penalty * (c > 0) + frequency_penalty * c,
+     * with c the token's count among the generated tokens (OpenAI); then the end-of-generation
+     * tokens get -inf when ignore_eos is set or fewer than min_tokens were generated. Greedy
+     * decoding takes the argmax of the result. st_sample reads none of these fields: it needs
+     * the history, so the engine calls st_sample_penalize before it. */
+    float presence_penalty;          /* -2 .. 2 */
+    float frequency_penalty;         /* -2 .. 2 */
+    float repeat_penalty;            /* 0 .. 10; 0 and 1: off */
+    int32_t repeat_last_n;           /* window of repeat_penalty: 0 = ST_REPEAT_LAST_N_DEFAULT, -1 =
+                                      * the whole context, else >= 1 tokens */
+    const st_logit_bias *logit_bias; /* (n_logit_bias), borrowed (st_engine_submit copies it);
+                                      * an id listed twice gets both biases */
+    int32_t n_logit_bias;            /* 0 .. ST_MAX_LOGIT_BIAS */
+    int32_t ignore_eos;              /* nonzero: never samples (so never stops at) EOS */
+    int32_t min_tokens; /* >= 0: EOS is banned until this many tokens were generated (stop
+                         * strings are the caller's: the server and generate hold them back
+                         * as long) */
 } st_sampler_params;
+
+#define ST_MAX_LOGIT_BIAS 1024 /* most entries of st_sampler_params.logit_bias */
 
 /* Greedy choice: the first index of the largest of x[0..n), NaN never winning unless all are NaN
  * (then 0). st_sample at temp 0 returns exactly this; top-k and tree selection rank the same way
@@ -577,6 +608,38 @@ st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_param
 
 /* The uniform draw in [0, 1) used for position pos. */
 float st_sample_uniform(uint64_t seed, int64_t pos);
+
+/* Checks p's fields (temp, top_p, min_p, the penalties, logit_bias against n_vocab when
+ * n_vocab > 0); ST_ERR_INVALID with a message naming the field. */
+st_status st_sampler_check(const st_sampler_params *p, int32_t n_vocab);
+
+/* 1 when any penalty, bias or ban of p is on (st_sample_penalize would change something). */
+int st_sampler_penalized(const st_sampler_params *p);
+
+/* The tokens before the one being sampled along one sequence's path: the committed tokens
+ * (tokens[0..n_tokens): the prompt, its first n_prompt, then generated ones), followed by
+ * path[0..n_path), generated tokens not yet committed (in tree verification, a node's
+ * ancestors below the root and the node itself). */
+typedef struct st_sample_history {
+    const int32_t *tokens;
+    int64_t n_tokens;
+    int64_t n_prompt; /* <= n_tokens */
+    const int32_t *path;
+    int64_t n_path;
+} st_sample_history;
+
+/* Bytes of the counting scratch st_sample_penalize needs: n_vocab int32, all zero. */
+size_t st_sample_penalty_scratch_size(int32_t n_vocab);
+
+/* Applies p's penalties, biases and bans (see st_sampler_params) to logits (n_vocab floats) in
+ * place, for the token after history h; eog[0..n_eog) are the end-of-generation ids banned by
+ * ignore_eos and min_tokens. Only the logits of tokens in the history, in logit_bias and in
+ * eog change: a pure function of (logits, p, h), so a tree node that sees its own path gets the
+ * logits plain decoding gets there. counts: st_sample_penalty_scratch_size bytes, zero on
+ * entry and left zero. p must pass st_sampler_check. */
+st_status st_sample_penalize(float *logits, int32_t n_vocab, const st_sampler_params *p,
+                             const st_sample_history *h, const int32_t *eog, int32_t n_eog,
+                             int32_t *counts);
 
 #include "spectree_tree.h" /* draft trees, verification, attention backends */
 
@@ -818,7 +881,7 @@ typedef struct st_engine_params {
     /* For every request: gen.spec (algorithm, draft model, K/S/N, backend), gen.n_threads and
      * gen.n_ctx (positions per sequence, 0 = st_session_params' default); gen.n_predict and
      * gen.sampler are the defaults of a request submitted without st_request_params. The draft
-     * model is borrowed and must outlive the engine. */
+     * model (and gen.sampler.logit_bias, if any) is borrowed and must outlive the engine. */
     st_gen_params gen;
     int32_t max_running;   /* slots: sequences running at once, 1..ST_GEN_MAX_BATCH (default 8) */
     int32_t max_queued;    /* requests waiting for a slot, >= 0 (default 256); beyond: BUSY */
@@ -852,8 +915,10 @@ st_engine_params st_engine_default_params(void);
 #define ST_MAX_TOP_LOGPROBS 20 /* most likely tokens reported per position */
 
 /* An emitted token's log-probability and the most likely tokens at its position: the
- * log-softmax of the target's logits there, before temperature, top-k, top-p and min-p (the
- * model's own distribution, whatever the sampler then does with it; vLLM's default). Under
+ * log-softmax of the target's logits there after the request's penalties, biases and bans
+ * (st_sample_penalize: the logits the token was sampled from, as OpenAI reports the processed
+ * distribution) but before temperature, top-k, top-p and min-p. Without penalties that is the
+ * model's own distribution, whatever the sampler then does with it (vLLM's default). Under
  * speculation a token's logits are bitwise the plain decoding's, so are these values. */
 typedef struct st_token_logprobs {
     int32_t token;                          /* the emitted token */

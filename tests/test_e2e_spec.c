@@ -9,6 +9,9 @@
  * sequences and batches: the generated tokens equal plain decoding with the same seed and cache.
  * With the model as its own draft and K = 1, greedy decoding accepts every draft. An output layer
  * padded past the tokenizer never yields an id without a token, plain or speculative.
+ * Penalties, logit biases, ignore_eos and min_tokens (each shown to change the output) keep all
+ * of this: every drafter and fixed tree shape, greedy and sampled, single, batched and mixed
+ * with unpenalized requests in one engine, equals plain decoding with the same penalties.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -758,6 +761,234 @@ static void test_stop_reasons(void **state) {
     assert_string_equal(st_stop_reason_name(ST_STOP_EOS), "eos");
 }
 
+/* Penalty configurations; biases (ban, boost) are filled in per prompt. */
+static st_sampler_params penalized(int cfg, int smp, const st_logit_bias *bias, int n_bias) {
+    st_sampler_params sp = {.temp = smp ? 0.8f : 0.0f, .top_k = 40, .top_p = 0.9f, .seed = 99};
+    switch (cfg) {
+    case 0:
+        sp.presence_penalty = 0.8f, sp.frequency_penalty = 0.6f;
+        break;
+    case 1:
+        sp.repeat_penalty = 1.5f, sp.repeat_last_n = 16;
+        break;
+    case 2:
+        sp.repeat_penalty = 1.3f, sp.repeat_last_n = -1, sp.presence_penalty = 0.4f;
+        sp.frequency_penalty = 0.3f, sp.logit_bias = bias, sp.n_logit_bias = n_bias;
+        sp.ignore_eos = 1, sp.min_tokens = 40;
+        break;
+    default:
+        sp.logit_bias = bias, sp.n_logit_bias = n_bias;
+        break;
+    }
+    return sp;
+}
+
+static int same(const rec *a, const rec *b) {
+    return a->n == b->n && !memcmp(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n);
+}
+
+/* Every drafter with fixed trees (so drafts are verified, and accepted: counted) under four
+ * penalty configurations, greedy and sampled: token for token plain decoding with the same
+ * penalties, which differs from plain decoding without them. */
+static void test_penalties_lossless(void **state) {
+    (void)state;
+    const int32_t prompts[2][8] = {{1, 403, 407, 261, 378, 0, 0, 0},
+                                   {1, 265, 282, 295, 433, 426, 385, 328}};
+    const int np[2] = {5, 8};
+    const int shapes[3][3] = {{1, 3, 4}, {2, 3, 6}, {4, 3, 8}};
+    int runs = 0;
+    int64_t accepted = 0;
+    for (int p = 0; p < 2; p++)
+        for (int smp = 0; smp < 2; smp++) {
+            st_spec_params none = st_spec_default_params();
+            st_sampler_params off = penalized(-1, smp, NULL, 0);
+            off.n_logit_bias = 0;
+            rec free_run, plain, got;
+            st_gen_stats gs;
+            run(prompts[p], np[p], &off, &none, 1, &free_run, &gs);
+            /* ban the first token plain decoding picks, boost the fourth */
+            const st_logit_bias bias[2] = {{free_run.toks[0], -100.0f}, {free_run.toks[3], 2.5f}};
+            for (int cfg = 0; cfg < 4; cfg++) {
+                const st_sampler_params sp = penalized(cfg, smp, bias, 2);
+                run(prompts[p], np[p], &sp, &none, 1, &plain, &gs);
+                assert_int_equal(plain.n, N_GEN);
+                if (same(&plain, &free_run))
+                    fail_msg("penalty config %d (prompt %d, %s) does not change the output", cfg, p,
+                             smp ? "sampled" : "greedy");
+                for (int i = 0; cfg >= 2 && i < plain.n; i++)
+                    assert_true(plain.toks[i] != bias[0].token); /* banned */
+                for (int algo = 0; algo < 4; algo++)
+                    for (int sh = 0; sh < 3; sh++) {
+                        st_spec_params spec = st_spec_default_params();
+                        spec.algo = algo == 3   ? ST_SPEC_EAGLE3
+                                    : algo == 2 ? ST_SPEC_EAGLE
+                                    : algo == 1 ? ST_SPEC_STANDALONE
+                                                : ST_SPEC_NGRAM;
+                        spec.draft_model = algo == 3 ? head3r : algo == 2 ? headbi : model;
+                        spec.ngram_min_match = 1;
+                        spec.topk = shapes[sh][0];
+                        spec.num_steps = shapes[sh][1];
+                        spec.num_draft_tokens = shapes[sh][2];
+                        spec.backend = (sh + cfg) % 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+                        run(prompts[p], np[p], &sp, &spec, 1 + (algo + sh) % 2, &got, &gs);
+                        if (!same(&got, &plain))
+                            fail_msg("penalties: mismatch: prompt %d %s config %d algo %d shape "
+                                     "%d",
+                                     p, smp ? "sampled" : "greedy", cfg, algo, sh);
+                        assert_true(gs.spec_steps > 0);
+                        for (int k = 1; k <= shapes[sh][1]; k++)
+                            accepted += gs.accept_hist[k];
+                        runs++;
+                    }
+            }
+        }
+    print_message("%d penalized speculative runs matched plain decoding; drafts accepted in "
+                  "%lld steps\n",
+                  runs, (long long)accepted);
+    assert_true(accepted > 0);
+}
+
+/* Batches with penalties: each sequence equals its own plain decoding with them. */
+static void test_penalties_batch(void **state) {
+    (void)state;
+    const int32_t p0[] = {1, 403, 407, 261, 378}, p1[] = {1, 300, 301, 302, 303, 304, 305},
+                  p2[] = {1, 265, 282}, p3[] = {1, 7, 90, 450, 511, 3};
+    const int32_t *prompts[4] = {p0, p1, p2, p3};
+    const int64_t np[4] = {5, 7, 3, 6};
+    const st_logit_bias bias[2] = {{261, -100.0f}, {300, 3.0f}};
+    for (int cfg = 0; cfg < 4; cfg++) {
+        const st_sampler_params sp = penalized(cfg == 3 ? 2 : cfg, cfg & 1, bias, 2);
+        st_spec_params spec = st_spec_default_params();
+        spec.algo = cfg & 2 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+        spec.draft_model = model;
+        spec.ngram_min_match = 1;
+        spec.topk = 2, spec.num_steps = 3, spec.num_draft_tokens = 6;
+        brec got;
+        memset(&got, 0, sizeof got);
+        st_gen_stats gs;
+        assert_int_equal(st_generate_batch(model, 4, prompts, np,
+                                           GEN_PARAMS(N_GEN, &sp, &spec, 2, CTX), record_seq, &got,
+                                           &gs),
+                         ST_OK);
+        assert_true(gs.spec_steps > 0);
+        for (int b = 0; b < 4; b++) {
+            rec one;
+            st_spec_params none = st_spec_default_params();
+            run(prompts[b], (int)np[b], &sp, &none, 1, &one, &gs);
+            if (!same(&got.r[b], &one))
+                fail_msg("penalties: batch config %d sequence %d differs from plain", cfg, b);
+        }
+    }
+}
+
+typedef struct mixed_req {
+    rec r;
+    st_stop_reason why;
+} mixed_req;
+
+static int mixed_token(void *user, int32_t t) { return record(&((mixed_req *)user)->r, t); }
+
+static void mixed_finish(void *user, const st_request_stats *rs) {
+    ((mixed_req *)user)->why = rs->stop_reason;
+}
+
+/* One engine, one speculative batch: requests without penalties beside requests with different
+ * ones (the biases given from a buffer overwritten after submit: the engine keeps a copy); each
+ * equals its own plain st_generate. */
+static void test_penalties_mixed(void **state) {
+    (void)state;
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    st_engine_params ep = st_engine_default_params();
+    ep.gen.spec.algo = ST_SPEC_NGRAM;
+    ep.gen.spec.ngram_min_match = 1;
+    ep.gen.spec.topk = 2, ep.gen.spec.num_steps = 3, ep.gen.spec.num_draft_tokens = 6;
+    ep.gen.n_ctx = CTX;
+    ep.max_running = 4;
+    st_engine *e;
+    assert_int_equal(st_engine_create(model, &ep, &e), ST_OK);
+    st_logit_bias bias[2] = {{403, -100.0f}, {378, 4.0f}};
+    st_sampler_params sps[4];
+    static mixed_req mr[4];
+    memset(mr, 0, sizeof mr);
+    for (int i = 0; i < 4; i++) {
+        sps[i] = penalized(i == 0 ? -1 : i, i % 2, bias, 2);
+        if (i == 0)
+            sps[i].n_logit_bias = 0;
+        st_request_params rp = st_engine_request_defaults(e);
+        rp.n_predict = N_GEN;
+        rp.sampler = sps[i];
+        assert_int_equal(
+            st_engine_submit(e, prompt, 5, &rp, mixed_token, mixed_finish, &mr[i], NULL), ST_OK);
+    }
+    const st_logit_bias given[2] = {bias[0], bias[1]};
+    bias[0].bias = 100.0f, bias[1].token = 0; /* the engine's copy is what counts */
+    while (st_engine_running(e) + st_engine_queued(e) > 0)
+        assert_int_equal(st_engine_step(e), ST_OK);
+    st_engine_stats es;
+    st_engine_get_stats(e, &es);
+    assert_true(es.spec_steps > 0);
+    st_engine_free(e);
+    for (int i = 0; i < 4; i++) {
+        st_sampler_params sp = sps[i];
+        sp.logit_bias = given;
+        rec one;
+        st_gen_stats gs;
+        st_spec_params none = st_spec_default_params();
+        run(prompt, 5, &sp, &none, 1, &one, &gs);
+        if (!same(&mr[i].r, &one))
+            fail_msg("penalties: engine request %d differs from plain", i);
+    }
+}
+
+/* ignore_eos and min_tokens. Greedy stories260K does not end its stories within hundreds of
+ * tokens, so EOS gets a logit bias: the smallest (of 1, 2, ...) that ends the story after c >= 3
+ * tokens. Then ignore_eos (the ban comes after the bias) runs it to n_predict, and min_tokens =
+ * c + 8 runs it past c; both keep the first c tokens, and speculation (NGRAM) equals plain. */
+static void test_eos_bans(void **state) {
+    (void)state;
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    const int32_t eos = st_tokenizer_eos(st_model_tokenizer(model));
+    st_gen_params gp = st_gen_default_params();
+    gp.n_ctx = 512;
+    static rec eos_run, got, spec_run;
+    st_gen_stats gs;
+    st_logit_bias boost = {eos, 0.0f};
+    int c = 0;
+    for (int b = 1; b <= 40 && c == 0; b++) {
+        boost.bias = (float)b;
+        gp.sampler = (st_sampler_params){.temp = 0.0f, .logit_bias = &boost, .n_logit_bias = 1};
+        gp.n_predict = 200;
+        memset(&eos_run, 0, sizeof eos_run);
+        assert_int_equal(st_generate(model, prompt, 5, &gp, record, &eos_run, &gs), ST_OK);
+        if (gs.stop_reason[0] == ST_STOP_EOS && eos_run.n >= 3)
+            c = eos_run.n;
+    }
+    assert_true(c >= 3 && c + 40 < 200);
+    for (int mode = 0; mode < 2; mode++) {
+        gp.sampler.ignore_eos = mode == 0;
+        gp.sampler.min_tokens = mode == 1 ? c + 8 : 0;
+        gp.n_predict = mode == 0 ? 200 : c + 40;
+        gp.spec = st_spec_default_params();
+        memset(&got, 0, sizeof got);
+        assert_int_equal(st_generate(model, prompt, 5, &gp, record, &got, &gs), ST_OK);
+        if (mode == 0) {
+            assert_int_equal(gs.stop_reason[0], ST_STOP_LENGTH);
+            assert_int_equal(got.n, 200);
+        } else {
+            assert_true(got.n >= c + 8);
+        }
+        assert_memory_equal(got.toks, eos_run.toks, sizeof(int32_t) * (size_t)c);
+        gp.spec.algo = ST_SPEC_NGRAM;
+        gp.spec.ngram_min_match = 1;
+        gp.spec.topk = 2, gp.spec.num_steps = 3, gp.spec.num_draft_tokens = 6;
+        memset(&spec_run, 0, sizeof spec_run);
+        assert_int_equal(st_generate(model, prompt, 5, &gp, record, &spec_run, &gs), ST_OK);
+        assert_true(gs.spec_steps > 0);
+        if (!same(&spec_run, &got))
+            fail_msg("%s: speculation differs from plain", mode ? "min_tokens" : "ignore_eos");
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless_matrix),
@@ -770,6 +1001,10 @@ int main(void) {
         cmocka_unit_test(test_non_finite),
         cmocka_unit_test(test_stop_reasons),
         cmocka_unit_test(test_padded_vocab),
+        cmocka_unit_test(test_penalties_lossless),
+        cmocka_unit_test(test_penalties_batch),
+        cmocka_unit_test(test_penalties_mixed),
+        cmocka_unit_test(test_eos_bans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,6 +5,9 @@
  * - SGLang's target-only tree sampler (TREE_SPEC §3.2, thresholds 1) draws from the target
  *   distribution: over many seeds, the first emitted token's frequencies pass a chi-square test
  *   against q, whatever the drafted children; so does the position-coupled sampler.
+ * - st_sample_penalize: a hand-computed example of every penalty and bias together, in their
+ *   order; logit_bias -100 bans a token (greedy and sampled); ignore_eos and min_tokens ban the
+ *   end-of-generation ids; the counting scratch is left zero; bad values name their field.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -242,6 +245,142 @@ static void test_coupled_equals_plain(void **state) {
     }
 }
 
+/* V = 6, prompt [0, 1], generated [2, 2, 3] committed and [1] on the path. Bias: token 4 +1,
+ * token 5 -100. Repetition 2 over the last 3 tokens [2, 3, 1]: 2.0 / 2, 0.5 / 2, -1.0 * 2.
+ * Presence 0.5, frequency 0.25 over the generated counts {2: 2, 3: 1, 1: 1}: token 2 - 1.0,
+ * tokens 3 and 1 - 0.75. Token 0 is only in the prompt, outside the window: unchanged. */
+static void test_penalize_by_hand(void **state) {
+    (void)state;
+    enum { V = 6 };
+    const float lg0[V] = {1.0f, -1.0f, 2.0f, 0.5f, -0.5f, 3.0f};
+    const float want[V] = {1.0f, -2.75f, 0.0f, -0.5f, 0.5f, -97.0f};
+    const int32_t toks[5] = {0, 1, 2, 2, 3}, path[1] = {1};
+    const st_logit_bias bias[2] = {{4, 1.0f}, {5, -100.0f}};
+    st_sampler_params p = {.temp = 0.0f,
+                           .presence_penalty = 0.5f,
+                           .frequency_penalty = 0.25f,
+                           .repeat_penalty = 2.0f,
+                           .repeat_last_n = 3,
+                           .logit_bias = bias,
+                           .n_logit_bias = 2};
+    assert_int_equal(st_sampler_check(&p, V), ST_OK);
+    assert_true(st_sampler_penalized(&p));
+    const st_sample_history h = {toks, 5, 2, path, 1};
+    int32_t counts[V] = {0}, zero[V] = {0};
+    float lg[V];
+    memcpy(lg, lg0, sizeof lg);
+    assert_int_equal(st_sample_penalize(lg, V, &p, &h, NULL, 0, counts), ST_OK);
+    for (int i = 0; i < V; i++)
+        if (lg[i] != want[i])
+            fail_msg("token %d: %g, want %g", i, (double)lg[i], (double)want[i]);
+    assert_memory_equal(counts, zero, sizeof counts);
+    char scratch[4096];
+    int32_t tok;
+    assert_int_equal(st_sample(lg0, V, &p, 6, scratch, &tok), ST_OK);
+    assert_int_equal(tok, 5); /* unpenalized greedy */
+    assert_int_equal(st_sample(lg, V, &p, 6, scratch, &tok), ST_OK);
+    assert_int_equal(tok, 0); /* greedy takes the argmax of the penalized logits */
+
+    /* the whole context as the window (-1) also reaches token 0 of the prompt: 1.0 / 2 */
+    p.repeat_last_n = -1;
+    memcpy(lg, lg0, sizeof lg);
+    assert_int_equal(st_sample_penalize(lg, V, &p, &h, NULL, 0, counts), ST_OK);
+    assert_true(lg[0] == 0.5f && lg[1] == -2.75f);
+    /* repeat_last_n 0 is the default window of 64: here the whole history too */
+    p.repeat_last_n = 0;
+    memcpy(lg, lg0, sizeof lg);
+    assert_int_equal(st_sample_penalize(lg, V, &p, &h, NULL, 0, counts), ST_OK);
+    assert_true(lg[0] == 0.5f);
+    assert_memory_equal(counts, zero, sizeof counts);
+
+    /* min_tokens: 4 tokens generated along the path, so 5 bans EOS (token 3) and 4 does not */
+    const int32_t eos = 3;
+    st_sampler_params m = {.temp = 0.0f, .min_tokens = 5};
+    memcpy(lg, lg0, sizeof lg);
+    assert_int_equal(st_sample_penalize(lg, V, &m, &h, &eos, 1, counts), ST_OK);
+    assert_true(isinf(lg[3]) && lg[3] < 0);
+    for (int i = 0; i < V; i++)
+        if (i != 3)
+            assert_true(lg[i] == lg0[i]);
+    m.min_tokens = 4;
+    memcpy(lg, lg0, sizeof lg);
+    assert_int_equal(st_sample_penalize(lg, V, &m, &h, &eos, 1, counts), ST_OK);
+    assert_true(lg[3] == lg0[3]);
+    /* ignore_eos bans it whatever was generated */
+    m = (st_sampler_params){.temp = 0.0f, .ignore_eos = 1};
+    memcpy(lg, lg0, sizeof lg);
+    assert_int_equal(st_sample_penalize(lg, V, &m, &h, &eos, 1, counts), ST_OK);
+    assert_true(isinf(lg[3]) && lg[3] < 0);
+    /* nothing on: nothing penalized */
+    m = (st_sampler_params){.temp = 0.7f, .repeat_penalty = 1.0f};
+    assert_false(st_sampler_penalized(&m));
+}
+
+/* logit_bias -100 on the most likely token: never chosen, greedy or over 2000 sampled
+ * positions; an EOS banned by ignore_eos never either, even when it is the most likely. */
+static void test_bias_bans(void **state) {
+    (void)state;
+    enum { V = 8 };
+    const float lg0[V] = {0.2f, 1.0f, 4.0f, 0.5f, 0.9f, -0.1f, 0.3f, 1.5f};
+    const st_logit_bias ban = {2, -100.0f};
+    const int32_t eos = 7, toks[1] = {1};
+    const st_sample_history h = {toks, 1, 1, NULL, 0};
+    int32_t counts[V] = {0};
+    char scratch[4096];
+    int seen2 = 0;
+    for (int64_t pos = 1; pos <= 2000; pos++) {
+        st_sampler_params p = {.temp = pos == 1 ? 0.0f : 1.0f, .top_p = 1.0f, .seed = 11};
+        float lg[V];
+        int32_t tok;
+        memcpy(lg, lg0, sizeof lg);
+        assert_int_equal(st_sample(lg, V, &p, pos, scratch, &tok), ST_OK);
+        seen2 += tok == 2;
+        p.logit_bias = &ban;
+        p.n_logit_bias = 1;
+        p.ignore_eos = 1;
+        assert_int_equal(st_sample_penalize(lg, V, &p, &h, &eos, 1, counts), ST_OK);
+        assert_int_equal(st_sample(lg, V, &p, pos, scratch, &tok), ST_OK);
+        assert_true(tok != 2 && tok != 7);
+        if (pos == 1)
+            assert_int_equal(tok, 1); /* greedy: the next best after 2 and 7 */
+    }
+    assert_true(seen2 > 1000); /* without the bias, token 2 is the usual draw */
+}
+
+static void test_penalty_params(void **state) {
+    (void)state;
+    const st_logit_bias out_of_vocab = {6, 1.0f}, too_big = {1, 101.0f};
+    struct {
+        st_sampler_params p;
+        const char *field;
+    } bad[] = {
+        {{.presence_penalty = 2.5f}, "presence_penalty"},
+        {{.frequency_penalty = -3.0f}, "frequency_penalty"},
+        {{.frequency_penalty = NAN}, "frequency_penalty"},
+        {{.repeat_penalty = -1.0f}, "repeat_penalty"},
+        {{.repeat_penalty = 11.0f}, "repeat_penalty"},
+        {{.repeat_last_n = -2}, "repeat_last_n"},
+        {{.min_tokens = -1}, "min_tokens"},
+        {{.logit_bias = &out_of_vocab, .n_logit_bias = 1}, "logit_bias"},
+        {{.logit_bias = &too_big, .n_logit_bias = 1}, "logit_bias"},
+        {{.logit_bias = NULL, .n_logit_bias = 1}, "logit_bias"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(st_sampler_check(&bad[i].p, 6), ST_ERR_INVALID);
+        if (!strstr(st_last_error(), bad[i].field))
+            fail_msg("case %zu: '%s' does not name %s", i, st_last_error(), bad[i].field);
+    }
+    const st_logit_bias ok = {5, -100.0f};
+    st_sampler_params good = {.presence_penalty = -2.0f,
+                              .frequency_penalty = 2.0f,
+                              .repeat_penalty = 1.1f,
+                              .repeat_last_n = -1,
+                              .logit_bias = &ok,
+                              .n_logit_bias = 1,
+                              .min_tokens = 3};
+    assert_int_equal(st_sampler_check(&good, 6), ST_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_nan),
@@ -249,6 +388,9 @@ int main(void) {
         cmocka_unit_test(test_sample_distribution),
         cmocka_unit_test(test_target_only_distribution),
         cmocka_unit_test(test_coupled_equals_plain),
+        cmocka_unit_test(test_penalize_by_hand),
+        cmocka_unit_test(test_bias_bans),
+        cmocka_unit_test(test_penalty_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,12 +160,21 @@ static void test_parse_errors(void **state) {
         {0, "{\"prompt\": \"x\", \"echo\": true}", "not supported", "echo"},
         {0, "{\"prompt\": \"x\", \"echo\": 1}", "must be a boolean", "echo"},
         {0, "{\"prompt\": \"x\", \"suffix\": \"end\"}", "not supported", "suffix"},
-        {0, "{\"prompt\": \"x\", \"presence_penalty\": 0.5}", "not supported", "presence_penalty"},
-        {0, "{\"prompt\": \"x\", \"frequency_penalty\": -1}", "not supported", "frequency_penalty"},
+        {0, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", "must be in", "presence_penalty"},
+        {0, "{\"prompt\": \"x\", \"presence_penalty\": \"1\"}", "must be a number",
+         "presence_penalty"},
         {0, "{\"prompt\": \"x\", \"frequency_penalty\": 3}", "must be in", "frequency_penalty"},
-        {0, "{\"prompt\": \"x\", \"logit_bias\": {\"50256\": -100}}", "not supported",
+        {0, "{\"prompt\": \"x\", \"repetition_penalty\": 0}", "must be > 0", "repetition_penalty"},
+        {0, "{\"prompt\": \"x\", \"repeat_penalty\": 11}", "must be in", "repeat_penalty"},
+        {0, "{\"prompt\": \"x\", \"repeat_last_n\": -2}", "must be in", "repeat_last_n"},
+        {0, "{\"prompt\": \"x\", \"min_tokens\": -1}", "must be in", "min_tokens"},
+        {0, "{\"prompt\": \"x\", \"ignore_eos\": 1}", "must be a boolean", "ignore_eos"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": {\"50\": -101}}", "[-100, 100]", "logit_bias"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}}", "must be token ids", "logit_bias"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"x\"}}", "must be a number",
          "logit_bias"},
-        {0, "{\"prompt\": \"x\", \"logit_bias\": []}", "must be an object", "logit_bias"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": [[5]]}", "pairs", "logit_bias"},
+        {0, "{\"prompt\": \"x\", \"logit_bias\": 3}", "must be an object", "logit_bias"},
         {0, "{\"prompt\": \"x\", \"user\": 5}", "must be a string", "user"},
         {0, "{\"prompt\": \"x\", \"metadata\": {\"a\": 1}}", "must be strings", "metadata"},
         {0, "{\"prompt\": \"x\", \"store\": \"yes\"}", "must be a boolean", "store"},
@@ -252,6 +261,8 @@ static void test_parse_neutral(void **state) {
         {0, "\"best_of\": 1"},
         {0, "\"presence_penalty\": 0"},
         {0, "\"frequency_penalty\": 0.0"},
+        {0, "\"logit_bias\": []"},
+        {0, "\"repetition_penalty\": 1, \"ignore_eos\": false, \"min_tokens\": 0"},
         {0, "\"echo\": false"},
         {0, "\"suffix\": \"\""},
         {0, "\"suffix\": null"},
@@ -287,6 +298,47 @@ static void test_parse_neutral(void **state) {
         assert_int_equal(r.include_usage, 0);
         srv_request_free(&r);
     }
+}
+
+/* The penalties, biases and bans reach the sampler parameters: OpenAI's, vLLM's and
+ * llama.cpp's names, logit_bias as a map and as [[id, bias]] pairs (false bans). */
+static void test_parse_penalties(void **state) {
+    (void)state;
+    srv_request r;
+    char err[SRV_ERR_CAP], param[SRV_ERR_CAP];
+    const char *body = "{\"prompt\": \"hi\", \"presence_penalty\": 0.5, \"frequency_penalty\": "
+                       "-0.25, \"repetition_penalty\": 1.2, \"repeat_last_n\": 32, "
+                       "\"logit_bias\": {\"7\": -100, \"300\": 2.5}, \"ignore_eos\": true, "
+                       "\"min_tokens\": 4}";
+    if (parse(body, 0, &r, err, param) != 0)
+        fail_msg("%s (param '%s')", err, param);
+    assert_true(r.sp.presence_penalty == 0.5f && r.sp.frequency_penalty == -0.25f);
+    assert_true(r.sp.repeat_penalty == 1.2f && r.sp.repeat_last_n == 32);
+    assert_int_equal(r.sp.n_logit_bias, 2);
+    assert_ptr_equal(r.sp.logit_bias, r.bias);
+    assert_int_equal(r.bias[0].token, 7);
+    assert_true(r.bias[0].bias == -100.0f);
+    assert_int_equal(r.bias[1].token, 300);
+    assert_true(r.bias[1].bias == 2.5f);
+    assert_int_equal(r.sp.ignore_eos, 1);
+    assert_int_equal(r.sp.min_tokens, 4);
+    assert_int_equal(st_sampler_check(&r.sp, 512), ST_OK);
+    srv_request_free(&r);
+    /* llama.cpp: repeat_penalty with repeat_last_n 0 is off; the list form, false bans */
+    body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"repeat_penalty\": 1.5, "
+           "\"repeat_last_n\": 0, \"logit_bias\": [[3, false], [9, 1]]}";
+    if (parse(body, 1, &r, err, param) != 0)
+        fail_msg("%s (param '%s')", err, param);
+    assert_true(r.sp.repeat_penalty == 1.0f);
+    assert_int_equal(r.sp.n_logit_bias, 2);
+    assert_true(r.bias[0].token == 3 && r.bias[0].bias == -100.0f);
+    assert_true(r.bias[1].token == 9 && r.bias[1].bias == 1.0f);
+    srv_request_free(&r);
+    /* none given: every penalty off */
+    if (parse("{\"prompt\": \"hi\", \"logit_bias\": {}}", 0, &r, err, param) != 0)
+        fail_msg("%s", err);
+    assert_false(st_sampler_penalized(&r.sp));
+    srv_request_free(&r);
 }
 
 /* The chat templates as published (tokenizer_config.json of each model family). */
@@ -464,6 +516,21 @@ static void test_stops(void **state) {
     assert_int_equal(len, 4);
     assert_memory_equal(p, "Like", 4);
     srv_stopper_free(&s);
+    /* min_tokens: a stop string that ends within the first min_end bytes does not stop; one
+     * that ends past them does, even if it began before */
+    srv_stopper m = {.stops = stops, .n_stops = 3, .min_end = 9};
+    char got[64] = "";
+    assert_int_equal(srv_stop_add(&m, "Lily and ", 9, 0, &p, &len), 0);
+    assert_false(m.stopped);
+    strncat(got, p, len);
+    m.min_end = 11;
+    assert_int_equal(srv_stop_add(&m, "Li", 2, 0, &p, &len), 0);
+    strncat(got, p, len);
+    assert_int_equal(srv_stop_add(&m, "ly ran", 6, 0, &p, &len), 0);
+    strncat(got, p, len);
+    assert_true(m.stopped);
+    assert_string_equal(got, "Lily and ");
+    srv_stopper_free(&m);
 }
 
 static void test_utf8(void **state) {
@@ -482,9 +549,9 @@ static void test_utf8(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_full),    cmocka_unit_test(test_parse_errors),
-        cmocka_unit_test(test_parse_neutral), cmocka_unit_test(test_detect),
-        cmocka_unit_test(test_render),        cmocka_unit_test(test_stops),
-        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_parse_neutral), cmocka_unit_test(test_parse_penalties),
+        cmocka_unit_test(test_detect),        cmocka_unit_test(test_render),
+        cmocka_unit_test(test_stops),         cmocka_unit_test(test_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

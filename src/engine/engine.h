@@ -76,7 +76,11 @@ typedef struct st_gen {
     st_token_logprobs *lps; /* (bs, N) log-probabilities of the requests that ask: row a of a
                              * plain step, node x of a verify walk */
     void *scratch;          /* the sampler's */
-    void *mem;              /* the one allocation of every array above */
+    int32_t *counts;        /* (V) st_sample_penalize's counting scratch, kept all zero */
+    int32_t *eog;           /* (n_eog) the end-of-generation ids, banned by ignore_eos and
+                             * min_tokens */
+    int32_t n_eog;
+    void *mem; /* the one allocation of every array above */
 } st_gen;
 
 /* Resolves `auto` (0) values and SGLang's rules into a valid (K, S, N) for speculation sp. */
@@ -91,11 +95,14 @@ st_status st_gen_check(const st_gen_params *p, const char *who, int32_t *K, int3
 st_status st_gen_setup(st_gen *g, int32_t K, int32_t S, int32_t N);
 void st_gen_free(st_gen *g);
 
-/* The target's token for slot b at the node whose logits are lg, at absolute position pos:
- * exactly what plain decoding samples there with the slot's sampler (greedy is st_sample at
- * temp 0). When the slot's request asks for log-probabilities, they are written to *lp. */
-st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out,
-                              st_token_logprobs *lp);
+/* The target's token for slot b at the node whose logits are lg, at absolute position pos,
+ * after the slot's history and path[0..n_path) (the tokens of the node's ancestors below the
+ * tree root and the node itself; none in a plain step): exactly what plain decoding samples
+ * there with the slot's sampler (greedy is st_sample at temp 0). The request's penalties and
+ * biases change lg in place. When the request asks for log-probabilities, they are written to
+ * *lp (from lg as the penalties left it). */
+st_status st_gen_target_token(st_gen *g, int32_t b, float *lg, int64_t pos, const int32_t *path,
+                              int64_t n_path, int32_t *out, st_token_logprobs *lp);
 
 /* Appends token tok to slot b and emits it (lp: its log-probabilities, handed to the request's
  * on_logprobs first; NULL when it asks for none); returns nonzero when b is finished. */

@@ -304,6 +304,9 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
     if (!(r.sampler.temp >= 0.0f))
         return st_fail(ST_ERR_INVALID, "engine: sampler temp %g is negative",
                        (double)r.sampler.temp);
+    st_status rc = st_sampler_check(&r.sampler, e->g.n_tok);
+    if (rc)
+        return rc;
     if (r.top_logprobs < 0 || r.top_logprobs > ST_MAX_TOP_LOGPROBS)
         return st_fail(ST_ERR_INVALID, "engine: top_logprobs %d outside 0..%d", r.top_logprobs,
                        ST_MAX_TOP_LOGPROBS);
@@ -326,7 +329,10 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
                        (long long)reserve, (long long)e->kv_budget);
     if (e->n_queued >= e->max_queued)
         return st_fail(ST_ERR_BUSY, "engine: the queue is full (%d requests waiting)", e->n_queued);
-    st_req *q = st_malloc(sizeof *q + (size_t)n_prompt * sizeof(int32_t));
+    /* the prompt, then a copy of the logit biases (the caller's are borrowed) */
+    const size_t n_bias = (size_t)r.sampler.n_logit_bias;
+    st_req *q =
+        st_malloc(sizeof *q + (size_t)n_prompt * sizeof(int32_t) + n_bias * sizeof(st_logit_bias));
     if (!q)
         return st_fail(ST_ERR_NOMEM, "engine: out of memory for a request of %lld tokens",
                        (long long)n_prompt);
@@ -335,6 +341,13 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
     q->n_prompt = n_prompt;
     q->id = e->next_id++;
     q->rp = r;
+    if (n_bias) {
+        st_logit_bias *lb = (st_logit_bias *)(q->prompt + n_prompt);
+        memcpy(lb, r.sampler.logit_bias, n_bias * sizeof *lb);
+        q->rp.sampler.logit_bias = lb;
+    } else {
+        q->rp.sampler.logit_bias = NULL;
+    }
     q->emit = emit;
     q->finish = finish;
     q->user = user;
@@ -476,7 +489,7 @@ static st_status prefill(st_engine *e, int *ran) {
         *ran = 1;
         int32_t next = 0;
         if (!rc && last && r->rp.n_predict > 0)
-            rc = st_gen_target_token(g, b, g->logits, r->n_prompt, &next, g->lps);
+            rc = st_gen_target_token(g, b, g->logits, r->n_prompt, NULL, 0, &next, g->lps);
         e->prefill_s += st_time_now() - t0;
         if (rc) {
             req_finish(e, r, rc);

@@ -93,16 +93,24 @@ static void gen_layout(st_gen *g, st_plan *p, int32_t n_ctx) {
     g->logits = st_plan_take(p, B * V, sizeof *g->logits);
     g->lps = st_plan_take(p, B * N, sizeof *g->lps);
     g->scratch = st_plan_take(p, st_sample_scratch_size(g->V), 1);
+    g->counts = st_plan_take(p, st_sample_penalty_scratch_size(g->V), 1);
+    g->eog = st_plan_take(p, (size_t)g->n_eog, sizeof *g->eog);
     for (int32_t b = 0; b < g->bs; b++)
         g->hist[b] = st_plan_take(p, (size_t)n_ctx + 1, sizeof *g->hist[b]);
 }
 
 static st_status gen_alloc(st_gen *g, int32_t n_ctx) {
+    g->n_eog = 0;
+    for (int32_t t = 0; t < g->n_tok; t++)
+        g->n_eog += st_tokenizer_is_eog(g->m->tok, t) != 0;
     st_plan pl = {0};
     gen_layout(g, &pl, n_ctx);
     if (!(g->mem = st_plan_alloc(&pl)))
         return st_fail(ST_ERR_NOMEM, "generate: out of memory (%zu bytes of step buffers)", pl.off);
     gen_layout(g, &pl, n_ctx);
+    for (int32_t t = 0, i = 0; t < g->n_tok; t++)
+        if (st_tokenizer_is_eog(g->m->tok, t))
+            g->eog[i++] = t;
     return ST_OK;
 }
 
@@ -114,8 +122,10 @@ st_status st_gen_check(const st_gen_params *p, const char *who, int32_t *K, int3
     if (!(p->sampler.temp >= 0.0f))
         return st_fail(ST_ERR_INVALID, "%s: sampler temp %g is negative", who,
                        (double)p->sampler.temp);
+    st_status rc = st_sampler_check(&p->sampler, 0);
+    if (rc)
+        return rc;
     *K = 1, *S = 0, *N = 1;
-    st_status rc;
     if (p->spec.algo != ST_SPEC_NONE && (rc = st_gen_resolve_shape(&p->spec, K, S, N)))
         return rc;
     if (st_draft_algo_of(p->spec.algo)->needs_model && !p->spec.draft_model)

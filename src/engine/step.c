@@ -5,7 +5,8 @@
  * one walk per tree computes the target's token at each node it reaches and accepts the
  * matching child, and the accepted nodes are committed. The emitted tokens equal plain decoding
  * because the target's token at every node is the same pure function of (logits, seed,
- * position) that plain decoding computes, and the logits are bitwise equal (invariant 1).
+ * position, the tokens along the node's own path for penalties) that plain decoding computes,
+ * and the logits are bitwise equal (invariant 1).
  */
 #include "engine/engine.h"
 
@@ -39,8 +40,8 @@ static void logprobs(const float *lg, int32_t V, int32_t tok, int32_t n, st_toke
         lp->top_logprob[j] = (float)((double)lg[lp->top_token[j]] - lse);
 }
 
-st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos, int32_t *out,
-                              st_token_logprobs *lp) {
+st_status st_gen_target_token(st_gen *g, int32_t b, float *lg, int64_t pos, const int32_t *path,
+                              int64_t n_path, int32_t *out, st_token_logprobs *lp) {
     /* Only ids with a token are candidates: an output layer padded past the tokenizer (published
      * checkpoints round vocab_size up) has rows that would otherwise be sampled; plain and
      * speculative decoding both choose here, so they stay equal. NaN or infinity: broken
@@ -64,8 +65,16 @@ st_status st_gen_target_token(st_gen *g, int32_t b, const float *lg, int64_t pos
                                "generate: the logits at position %lld are not finite (token %d "
                                "is %s): the model's weights or activations are broken",
                                (long long)pos, i, isnan(lg[i]) ? "NaN" : "infinite");
-    const st_request_params *rp = &g->req[b]->rp;
-    st_status rc = st_sample(lg, g->n_tok, &rp->sampler, pos, g->scratch, out);
+    const st_req *r = g->req[b];
+    const st_request_params *rp = &r->rp;
+    st_status rc;
+    if (st_sampler_penalized(&rp->sampler)) {
+        /* only the logits of the tokens of the history, the biases and EOS change, in place */
+        const st_sample_history h = {g->hist[b], g->n_hist[b], r->n_prompt, path, n_path};
+        if ((rc = st_sample_penalize(lg, g->n_tok, &rp->sampler, &h, g->eog, g->n_eog, g->counts)))
+            return rc;
+    }
+    rc = st_sample(lg, g->n_tok, &rp->sampler, pos, g->scratch, out);
     if (rc == ST_OK && rp->on_logprobs && lp)
         logprobs(lg, g->n_tok, *out, rp->top_logprobs, lp);
     return rc;
@@ -112,14 +121,44 @@ const char *st_stop_reason_name(st_stop_reason r) {
     }
 }
 
+/* The tokens from the root's child down to node i of a tree (nt/ns: its first-child and
+ * next-sibling lists, tok its tokens) into path, depth-first from node u at depth d; 1 when i
+ * was found (*n_path: its depth). *budget bounds the nodes visited (a tree has at most that
+ * many, so a malformed list cannot loop). */
+static int node_path(const int64_t *nt, const int64_t *ns, const int32_t *tok, int64_t u, int64_t i,
+                     int64_t d, int32_t *path, int64_t *n_path, int64_t *budget) {
+    if (u == i) {
+        *n_path = d;
+        return 1;
+    }
+    if (d > ST_SPEC_MAX_S)
+        return 0;
+    for (int64_t c = nt[u]; c != -1 && --*budget >= 0; c = ns[c]) {
+        path[d] = tok[c];
+        if (node_path(nt, ns, tok, c, i, d + 1, path, n_path, budget))
+            return 1;
+    }
+    return 0;
+}
+
 /* The verify walk's target (st_target_fn): node x's logits, computed now from the states the
- * deferred verify forward kept, then the token plain decoding would pick after it. */
+ * deferred verify forward kept, then the token plain decoding would pick after it, which sees
+ * the tokens of x's own path when the request has penalties. */
 static st_status path_target(void *user, int64_t x, int32_t *token) {
     st_gen *g = user;
+    const int64_t a = x / g->n_cur, o = a * g->n_cur;
+    const int32_t b = g->seqs[a];
     st_status rc = st_session_logits(g->s, x, g->logits);
-    return rc ? rc
-              : st_gen_target_token(g, g->seqs[x / g->n_cur], g->logits,
-                                    (int64_t)g->positions[x] + 1, token, g->lps + x);
+    if (rc)
+        return rc;
+    int32_t path[ST_SPEC_MAX_S + 1];
+    int64_t n_path = 0, budget = g->n_cur;
+    if (st_sampler_penalized(&g->req[b]->rp.sampler) &&
+        !node_path(g->nt + o, g->ns + o, g->tree_tokens + o, 0, x - o, 0, path, &n_path, &budget))
+        return st_fail(ST_ERR_INVALID, "generate: tree node %lld is not reachable from its root",
+                       (long long)(x - o));
+    return st_gen_target_token(g, b, g->logits, (int64_t)g->positions[x] + 1, path, n_path, token,
+                               g->lps + x);
 }
 
 /* Commits active sequence a after the walk: its accepted nodes' KV rows, then the accepted
@@ -235,7 +274,7 @@ st_status st_gen_plain_step(st_gen *g, int64_t *emitted) {
             return rc;
         int32_t next;
         if ((rc = st_gen_target_token(g, g->seqs[a], g->logits + (size_t)a * (size_t)g->V,
-                                      g->seq_lens[a] + 1, &next, g->lps + a)))
+                                      g->seq_lens[a] + 1, NULL, 0, &next, g->lps + a)))
             return rc;
         st_gen_push(g, g->seqs[a], next, g->lps + a);
         g->stats->plain_steps++;

@@ -2,7 +2,9 @@
  * sample.c: token sampling as a pure function of (logits, parameters, position). The uniform
  * for absolute position p comes from a counter-based generator keyed by (seed, p), so plain
  * decoding and speculative verification draw the same token at the same position
- * (DESIGN.md invariant 1, the position-coupled sampler).
+ * (DESIGN.md invariant 1, the position-coupled sampler). Penalties and biases are a pure
+ * function of (logits, the tokens along the sequence's path), applied in place to the few
+ * logits they touch, so a tree node that is handed its own path gets plain decoding's logits.
  */
 #include "core/core.h"
 
@@ -70,6 +72,119 @@ size_t st_sample_scratch_size(int32_t n_vocab) {
 }
 
 float st_sample_uniform(uint64_t seed, int64_t pos) { return st_rng_uniform(seed, (uint64_t)pos); }
+
+st_status st_sampler_check(const st_sampler_params *p, int32_t n_vocab) {
+    if (!p)
+        return st_fail(ST_ERR_INVALID, "sampler: NULL parameters");
+    if (!(p->temp >= 0.0f) || !(p->temp < INFINITY))
+        return st_fail(ST_ERR_INVALID, "sampler: temp %g must be finite and >= 0", (double)p->temp);
+    if (p->temp > 0.0f && (!(p->top_p > 0.0f) || !(p->min_p <= 1.0f)))
+        return st_fail(ST_ERR_INVALID, "sampler: top_p %g or min_p %g out of range",
+                       (double)p->top_p, (double)p->min_p);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return st_fail(ST_ERR_INVALID, "sampler: presence_penalty %g outside -2..2",
+                       (double)p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return st_fail(ST_ERR_INVALID, "sampler: frequency_penalty %g outside -2..2",
+                       (double)p->frequency_penalty);
+    if (!(p->repeat_penalty >= 0.0f && p->repeat_penalty <= 10.0f))
+        return st_fail(ST_ERR_INVALID, "sampler: repeat_penalty %g outside 0..10 (0 and 1: off)",
+                       (double)p->repeat_penalty);
+    if (p->repeat_last_n < -1)
+        return st_fail(ST_ERR_INVALID,
+                       "sampler: repeat_last_n %d must be -1 (whole context), 0 (default %d) or "
+                       "a window of >= 1 tokens",
+                       p->repeat_last_n, ST_REPEAT_LAST_N_DEFAULT);
+    if (p->min_tokens < 0)
+        return st_fail(ST_ERR_INVALID, "sampler: min_tokens %d is negative", p->min_tokens);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > ST_MAX_LOGIT_BIAS ||
+        (p->n_logit_bias > 0 && !p->logit_bias))
+        return st_fail(ST_ERR_INVALID, "sampler: logit_bias has %d entries (0..%d, non-NULL)",
+                       p->n_logit_bias, ST_MAX_LOGIT_BIAS);
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const st_logit_bias *lb = &p->logit_bias[i];
+        if (lb->token < 0 || (n_vocab > 0 && lb->token >= n_vocab))
+            return st_fail(ST_ERR_INVALID,
+                           "sampler: logit_bias token %d is outside the vocabulary of %d",
+                           lb->token, n_vocab);
+        if (!(lb->bias >= -100.0f && lb->bias <= 100.0f))
+            return st_fail(ST_ERR_INVALID,
+                           "sampler: logit_bias of token %d is %g, outside -100..100", lb->token,
+                           (double)lb->bias);
+    }
+    return ST_OK;
+}
+
+/* repeat_penalty 0 and 1 are off; presence, frequency, biases and bans are off at zero. */
+static bool repeat_on(const st_sampler_params *p) {
+    return p->repeat_penalty != 0.0f && p->repeat_penalty != 1.0f;
+}
+
+int st_sampler_penalized(const st_sampler_params *p) {
+    return repeat_on(p) || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+           p->n_logit_bias > 0 || p->ignore_eos || p->min_tokens > 0;
+}
+
+size_t st_sample_penalty_scratch_size(int32_t n_vocab) {
+    return (size_t)(n_vocab > 0 ? n_vocab : 1) * sizeof(int32_t);
+}
+
+/* Token i of the history h: committed tokens, then the path. */
+static int32_t hist_at(const st_sample_history *h, int64_t i) {
+    return i < h->n_tokens ? h->tokens[i] : h->path[i - h->n_tokens];
+}
+
+st_status st_sample_penalize(float *logits, int32_t n_vocab, const st_sampler_params *p,
+                             const st_sample_history *h, const int32_t *eog, int32_t n_eog,
+                             int32_t *counts) {
+    if (!logits || n_vocab < 1 || !p || !h || !counts || (n_eog > 0 && !eog) || h->n_tokens < 0 ||
+        h->n_path < 0 || h->n_prompt < 0 || h->n_prompt > h->n_tokens ||
+        (h->n_tokens > 0 && !h->tokens) || (h->n_path > 0 && !h->path))
+        return st_fail(ST_ERR_INVALID, "sample_penalize: bad arguments");
+    const int64_t n = h->n_tokens + h->n_path;
+    for (int64_t i = 0; i < n; i++)
+        if (hist_at(h, i) < 0 || hist_at(h, i) >= n_vocab)
+            return st_fail(ST_ERR_INVALID,
+                           "sample_penalize: history token %d at %lld is outside the vocabulary "
+                           "of %d",
+                           hist_at(h, i), (long long)i, n_vocab);
+    for (int32_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token >= 0 && p->logit_bias[i].token < n_vocab)
+            logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
+    /* repetition: each distinct token of the window once (counts marks the seen ones) */
+    if (repeat_on(p)) {
+        const int64_t w = p->repeat_last_n == 0 ? ST_REPEAT_LAST_N_DEFAULT : p->repeat_last_n;
+        const int64_t from = w < 0 || w > n ? 0 : n - w;
+        for (int64_t i = from; i < n; i++) {
+            const int32_t t = hist_at(h, i);
+            if (counts[t])
+                continue;
+            counts[t] = 1;
+            logits[t] =
+                logits[t] > 0.0f ? logits[t] / p->repeat_penalty : logits[t] * p->repeat_penalty;
+        }
+        for (int64_t i = from; i < n; i++)
+            counts[hist_at(h, i)] = 0;
+    }
+    /* presence and frequency: counts of the generated tokens, applied at a token's first
+     * occurrence, which also resets its count */
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        for (int64_t i = h->n_prompt; i < n; i++)
+            counts[hist_at(h, i)]++;
+        for (int64_t i = h->n_prompt; i < n; i++) {
+            const int32_t t = hist_at(h, i);
+            if (!counts[t])
+                continue;
+            logits[t] -= (float)counts[t] * p->frequency_penalty + p->presence_penalty;
+            counts[t] = 0;
+        }
+    }
+    if (p->ignore_eos || n - h->n_prompt < (int64_t)p->min_tokens)
+        for (int32_t i = 0; i < n_eog; i++)
+            if (eog[i] >= 0 && eog[i] < n_vocab)
+                logits[eog[i]] = -INFINITY;
+    return ST_OK;
+}
 
 /* Parameters other than temp are read only when temp > 0. */
 st_status st_sample(const float *logits, int32_t n_vocab, const st_sampler_params *p, int64_t pos,

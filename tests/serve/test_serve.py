@@ -9,9 +9,11 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
 - the routes users script against: /completions and /chat/completions without /v1,
   /v1/models/ID (404 in OpenAI's shape), llama-server's /tokenize, /detokenize and /props,
   SGLang's /generate, /server_info and /get_model_info, each with its bad input refused;
-- the neutral fields (user, metadata, store, tools: [], n: 1, ...) are accepted and change
-  nothing; values that would change the answer (n: 2, a penalty, a bias, json_object, a tool)
-  are refused with a 400 naming the field (curl and the openai npm client);
+- the neutral fields (user, metadata, store, tools: [], n: 1, logit_bias: {}, penalties at 0,
+  ...) are accepted and change nothing; values that would change the answer and are not
+  implemented (n: 2, json_object, a tool), and penalties or biases out of range, are refused
+  with a 400 naming the field (curl and the openai npm client; the penalties themselves are
+  test_serve_penalty.py's);
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
   bodies and prompts each get their status and an OpenAI error object; so do malformed request
   lines, a %00 in the path, a missing Host and two different Content-Length headers (400);
@@ -317,8 +319,8 @@ NEUTRAL_CHAT = [("parallel_tool_calls", True), ("response_format", {"type": "tex
                 ("tools", []), ("tool_choice", "none"), ("tool_choice", "auto"),
                 ("modalities", ["text"]), ("logprobs", False)]
 # Values that would change the answer and are not implemented: 400 naming the field
-REFUSED_BOTH = [("n", 2), ("presence_penalty", 0.5), ("frequency_penalty", -0.1),
-                ("logit_bias", {"42": 5})]
+REFUSED_BOTH = [("n", 2), ("presence_penalty", 2.5), ("frequency_penalty", -3),
+                ("logit_bias", {"42": 500}), ("logit_bias", {"999999": 1}), ("min_tokens", -1)]
 REFUSED_COMPLETION = [("echo", True), ("suffix", " The end."), ("best_of", 2)]
 REFUSED_CHAT = [("response_format", {"type": "json_object"}),
                 ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
@@ -491,10 +493,12 @@ def test_routes():
                       "sampling_params.temperature"),
                      ({"text": "x", "sampling_params": {"max_new_tokens": 0}},
                       "sampling_params.max_new_tokens"),
-                     ({"text": "x", "sampling_params": {"frequency_penalty": 0.3}},
+                     ({"text": "x", "sampling_params": {"frequency_penalty": 3}},
                       "sampling_params.frequency_penalty"),
-                     ({"text": "x", "sampling_params": {"ignore_eos": True}},
+                     ({"text": "x", "sampling_params": {"ignore_eos": "yes"}},
                       "sampling_params.ignore_eos"),
+                     ({"text": "x", "sampling_params": {"repeat_last_n": 3}},
+                      "sampling_params.repeat_last_n"),
                      ({"text": "x", "sampling_params": {"max_tokens": 3}},
                       "sampling_params.max_tokens"),
                      ({"text": "x", "sampling_params": 3}, "sampling_params"),

@@ -75,6 +75,20 @@ static const char *generate_help =
     "      --top-p P        nucleus sampling, 1 = off (default 0.95)\n"
     "      --min-p P        drop tokens below P x the top probability, 0 = off (default 0.05)\n"
     "  -s, --seed S         sampling seed (default or -1: from the clock, printed to stderr)\n"
+    "      --presence-penalty P   subtract P from the logit of every token already generated\n"
+    "                       (OpenAI's presence_penalty, -2..2; default 0 = off)\n"
+    "      --frequency-penalty F  subtract F x its count from a generated token's logit\n"
+    "                       (OpenAI's frequency_penalty, -2..2; default 0 = off)\n"
+    "      --repeat-penalty R     divide a positive logit (multiply a negative one) by R for\n"
+    "                       the tokens of the last --repeat-last-n of prompt and output\n"
+    "                       (llama.cpp's; 0..10, default 1 = off)\n"
+    "      --repeat-last-n N      that window: N tokens, 0 = off, -1 = the whole context\n"
+    "                       (default 64)\n"
+    "      --logit-bias ID=BIAS   add BIAS (-100..100; -100 bans) to token ID's logit\n"
+    "                       (repeatable)\n"
+    "      --ignore-eos     never end at the end-of-text token (it is never sampled)\n"
+    "      --min-tokens N   neither the end-of-text token nor a --stop string ends the\n"
+    "                       output before N tokens\n"
     "  -c, --ctx-size N     context length (default: the model's)\n"
     "      --stop TEXT      stop when TEXT is generated (repeatable; TEXT is not printed)\n"
     "      --json           print a final one-line JSON object with the statistics on stderr\n"
@@ -89,6 +103,8 @@ typedef struct gen_opts {
     int seed_set, json;
     const char *stops[MAX_STOPS];
     int n_stops;
+    st_logit_bias bias[ST_MAX_LOGIT_BIAS]; /* --logit-bias, in c.sp.logit_bias */
+    int repeat_off;                        /* --repeat-last-n 0 */
 } gen_opts;
 
 /* Streams detokenized text, holding back a tail that could begin a stop string. */
@@ -101,10 +117,14 @@ typedef struct printer {
     int any;       /* text was written to stdout */
     char *tok_buf; /* (st_detok_max_bytes) one token's text */
     size_t tok_cap;
-    int werr; /* errno of a write to stdout that failed */
+    size_t n_in;    /* bytes added so far */
+    size_t min_end; /* --min-tokens: a stop string must end past this many bytes */
+    int64_t n_tok;  /* tokens emitted */
+    int werr;       /* errno of a write to stdout that failed */
 } printer;
 
 static void printer_add(printer *p, const char *txt, size_t n, int final) {
+    p->n_in += n;
     if (n > sizeof p->pend - p->n_pend) { /* no stop string is that long: flush the hold */
         fwrite(p->pend, 1, p->n_pend, stdout);
         p->n_pend = 0;
@@ -121,7 +141,7 @@ static void printer_add(printer *p, const char *txt, size_t n, int final) {
         const char *st = p->o->stops[i];
         size_t ls = strlen(st);
         for (size_t j = 0; j + ls <= p->n_pend; j++)
-            if (memcmp(p->pend + j, st, ls) == 0) {
+            if (memcmp(p->pend + j, st, ls) == 0 && p->n_in - p->n_pend + j + ls > p->min_end) {
                 fwrite(p->pend, 1, j, stdout);
                 p->n_pend = 0;
                 p->stopped = 1;
@@ -159,11 +179,18 @@ static int on_token(void *user, int32_t tok) {
     if (interrupted)
         return 1;
     size_t nb = 0;
+    p->n_tok++;
+    /* --min-tokens: no stop string ends in the text of a token before the min_tokens-th */
+    const int protect = p->n_tok < p->o->c.sp.min_tokens;
     /* the engine emits only ids the tokenizer has (st_generate: an output layer padded past
      * them is never sampled there), so the push cannot fail; if it did, U+FFFD shows it */
     if (st_detok_push(&p->dt, tok, p->tok_buf, p->tok_cap, &nb) != ST_OK) {
+        if (protect)
+            p->min_end = p->n_in + 3;
         printer_add(p, "\xEF\xBF\xBD", 3, 0);
     } else if (nb) {
+        if (protect)
+            p->min_end = p->n_in + nb;
         printer_add(p, p->tok_buf, nb, 0);
     }
     return p->stopped || interrupted;
@@ -173,13 +200,25 @@ static int on_token(void *user, int32_t tok) {
  * --help was printed. A seed not given comes from the clock. */
 static int parse_generate(int argc, char **argv, gen_opts *o) {
     cli_common_init(&o->c);
-    enum { O_JSON = 1000, O_STOP };
-    static const struct option own[] = {
-        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},  {"n-predict", required_argument, 0, 'n'},
-        {"seed", required_argument, 0, 's'},  {"ctx-size", required_argument, 0, 'c'},
-        {"json", no_argument, 0, O_JSON},     {"stop", required_argument, 0, O_STOP},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    enum { O_JSON = 1000, O_STOP, O_PRES, O_FREQ, O_REP, O_REP_N, O_BIAS, O_NO_EOS, O_MIN_TOK };
+    static const struct option own[] = {{"model", required_argument, 0, 'm'},
+                                        {"prompt", required_argument, 0, 'p'},
+                                        {"file", required_argument, 0, 'f'},
+                                        {"n-predict", required_argument, 0, 'n'},
+                                        {"seed", required_argument, 0, 's'},
+                                        {"ctx-size", required_argument, 0, 'c'},
+                                        {"json", no_argument, 0, O_JSON},
+                                        {"stop", required_argument, 0, O_STOP},
+                                        {"presence-penalty", required_argument, 0, O_PRES},
+                                        {"frequency-penalty", required_argument, 0, O_FREQ},
+                                        {"repeat-penalty", required_argument, 0, O_REP},
+                                        {"repeat-last-n", required_argument, 0, O_REP_N},
+                                        {"logit-bias", required_argument, 0, O_BIAS},
+                                        {"ignore-eos", no_argument, 0, O_NO_EOS},
+                                        {"min-tokens", required_argument, 0, O_MIN_TOK},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+    long v;
     struct option *lo = cli_common_options(own);
     int c;
     argc = cli_common_argv("generate", argc, argv, "m:p:f:n:t:c:s:h", lo);
@@ -220,6 +259,45 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
                 cli_die_usage("generate", "--stop needs a text of 1..1024 bytes");
             o->stops[o->n_stops++] = optarg;
             break;
+        case O_PRES:
+            o->c.sp.presence_penalty =
+                cli_parse_float("generate", "--presence-penalty", optarg, -2, 2);
+            break;
+        case O_FREQ:
+            o->c.sp.frequency_penalty =
+                cli_parse_float("generate", "--frequency-penalty", optarg, -2, 2);
+            break;
+        case O_REP:
+            o->c.sp.repeat_penalty = cli_parse_float("generate", "--repeat-penalty", optarg, 0, 10);
+            break;
+        case O_REP_N:
+            cli_parse_int("generate", "--repeat-last-n", optarg, -1, INT32_MAX, &v);
+            o->c.sp.repeat_last_n = (int32_t)v;
+            o->repeat_off = v == 0;
+            break;
+        case O_BIAS: {
+            const char *eq = strchr(optarg, '=');
+            char id[32];
+            if (!eq || eq == optarg || (size_t)(eq - optarg) >= sizeof id)
+                cli_die_usage("generate", "--logit-bias needs ID=BIAS (a token id and a bias)");
+            memcpy(id, optarg, (size_t)(eq - optarg));
+            id[eq - optarg] = 0;
+            if (o->c.sp.n_logit_bias == ST_MAX_LOGIT_BIAS)
+                cli_die_usage("generate", "too many --logit-bias flags");
+            cli_parse_int("generate", "--logit-bias", id, 0, INT32_MAX, &v);
+            o->bias[o->c.sp.n_logit_bias] = (st_logit_bias){
+                (int32_t)v, cli_parse_float("generate", "--logit-bias", eq + 1, -100, 100)};
+            o->c.sp.n_logit_bias++;
+            o->c.sp.logit_bias = o->bias;
+            break;
+        }
+        case O_NO_EOS:
+            o->c.sp.ignore_eos = 1;
+            break;
+        case O_MIN_TOK:
+            cli_parse_int("generate", "--min-tokens", optarg, 0, INT32_MAX, &v);
+            o->c.sp.min_tokens = (int32_t)v;
+            break;
         case 'h':
             fputs(generate_help, stdout);
             fputs(cli_common_help, stdout);
@@ -245,6 +323,8 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
     if (o->prompt && o->prompt_file)
         cli_die_usage("generate", "give the prompt with -p or with -f, not both");
     cli_common_check("generate", &o->c);
+    if (o->repeat_off)
+        o->c.sp.repeat_penalty = 1.0f;
     if (!o->seed_set) { /* nanoseconds and the process id: two runs never share a seed */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

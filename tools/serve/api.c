@@ -240,7 +240,7 @@ static int get_stops(const json_t *v, const char *name, srv_request *r, char *er
 
 /* Fields that do not change this server's answer at the values it accepts: metadata about the
  * request (user, metadata, store, service_tier), options of features it does not have at their
- * "off" value (no tools, plain text, no bias, one choice, no penalties, no echo or suffix).
+ * "off" value (no tools, plain text, one choice, no echo or suffix).
  * Values that would change the answer, and that the server does not implement, are refused
  * with a message naming the field: never silently ignored. null is every field's default.
  * Returns 1 when k is none of these fields, 0 when v is accepted, -1 when refused. */
@@ -248,14 +248,7 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
     static const char *const any_chat[] = {"parallel_tool_calls", "response_format", "tools",
                                            "tool_choice", "modalities"};
     static const char *const any_completion[] = {"echo", "suffix", "best_of"};
-    static const char *const both[] = {"user",
-                                       "metadata",
-                                       "store",
-                                       "service_tier",
-                                       "logit_bias",
-                                       "n",
-                                       "presence_penalty",
-                                       "frequency_penalty"};
+    static const char *const both[] = {"user", "metadata", "store", "service_tier", "n"};
     int known = 0;
     for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
         known |= !strcmp(k, both[i]);
@@ -302,21 +295,6 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
                         (long long)i);
         return 0;
     }
-    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
-        double d;
-        if (get_number(v, k, -2, 2, &d, err, param))
-            return -1;
-        if (d != 0)
-            return fail(err, param, k, "'%s' is not supported by this server (only 0)", k);
-        return 0;
-    }
-    if (!strcmp(k, "logit_bias")) {
-        if (!json_is_object(v))
-            return fail(err, param, k, "'logit_bias' must be an object, not %s", type_name(v));
-        if (json_object_size(v) > 0)
-            return fail(err, param, k, "'logit_bias' is not supported by this server (only {})");
-        return 0;
-    }
     if (!strcmp(k, "tools")) {
         if (!json_is_array(v))
             return fail(err, param, k, "'tools' must be an array, not %s", type_name(v));
@@ -358,20 +336,136 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
     return 0;
 }
 
+/* One logit_bias entry: token id key (a decimal string, or an integer in the list form) and
+ * its bias (a number in [-100, 100]; false, in llama.cpp's list form, bans: -100). */
+static int bias_entry(const json_t *id, const json_t *b, const char *name, srv_request *r,
+                      char *err, char *param) {
+    long long t = -1;
+    if (json_is_string(id)) {
+        const char *str = json_string_value(id);
+        char *end = NULL;
+        if (*str >= '0' && *str <= '9')
+            t = strtoll(str, &end, 10);
+        if (!end || *end || t > INT32_MAX)
+            return fail(err, param, name, "'%s' keys must be token ids, not \"%.40s\"", name, str);
+    } else if (json_is_integer(id) && json_integer_value(id) >= 0 &&
+               json_integer_value(id) <= INT32_MAX) {
+        t = json_integer_value(id);
+    } else {
+        return fail(err, param, name, "'%s' token ids must be integers >= 0", name);
+    }
+    double d = -100.0;
+    if (!json_is_false(b)) {
+        if (!json_is_number(b))
+            return fail(err, param, name, "'%s' of token %lld must be a number, not %s", name, t,
+                        type_name(b));
+        d = json_number_value(b);
+        if (!isfinite(d) || d < -100 || d > 100)
+            return fail(err, param, name, "'%s' of token %lld must be in [-100, 100], got %g", name,
+                        t, d);
+    }
+    r->bias[r->sp.n_logit_bias++] = (st_logit_bias){(int32_t)t, (float)d};
+    return 0;
+}
+
+/* logit_bias: OpenAI's {"ID": BIAS, ...} or llama.cpp's [[ID, BIAS], ...]; {} and [] are none. */
+static int get_logit_bias(const json_t *v, const char *name, srv_request *r, char *err,
+                          char *param) {
+    if (!json_is_object(v) && !json_is_array(v))
+        return fail(err, param, name, "'%s' must be an object of token id: bias, not %s", name,
+                    type_name(v));
+    const size_t n = json_is_object(v) ? json_object_size(v) : json_array_size(v);
+    if (n > ST_MAX_LOGIT_BIAS)
+        return fail(err, param, name, "'%s' has %zu entries, at most %d", name, n,
+                    ST_MAX_LOGIT_BIAS);
+    free(r->bias);
+    r->sp.n_logit_bias = 0;
+    r->sp.logit_bias = r->bias = n ? malloc(n * sizeof *r->bias) : NULL;
+    if (n && !r->bias)
+        return fail(err, param, NULL, "out of memory");
+    if (json_is_object(v)) {
+        const char *k;
+        const json_t *b;
+        json_object_foreach((json_t *)v, k, b) {
+            json_t *id = json_string(k);
+            const int rc = id ? bias_entry(id, b, name, r, err, param) : -1;
+            json_decref(id);
+            if (rc)
+                return id ? -1 : fail(err, param, NULL, "out of memory");
+        }
+        return 0;
+    }
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_array(e) || json_array_size(e) != 2)
+            return fail(err, param, name, "'%s' as a list holds [token id, bias] pairs", name);
+        if (bias_entry(json_array_get(e, 0), json_array_get(e, 1), name, r, err, param))
+            return -1;
+    }
+    return 0;
+}
+
 /* A sampling field: key k (the OpenAI name), shown as name in messages and param. Returns 1
- * when k is not one, 0 when read into r, -1 when refused. null is the field's default. */
+ * when k is not one, 0 when read into r, -1 when refused. null is the field's default. The
+ * penalties' names: OpenAI's presence_penalty and frequency_penalty; vLLM's and SGLang's
+ * repetition_penalty, min_tokens and ignore_eos; llama.cpp's repeat_penalty and repeat_last_n
+ * (also penalty_last_n; 0 turns the repetition penalty off, -1 is the whole context). */
 static int sampling_field(const char *k, const char *name, const json_t *v, srv_request *r,
                           char *err, char *param) {
     double d;
     json_int_t i;
     if (!strcmp(k, "stop"))
         return get_stops(v, name, r, err, param);
-    if (strcmp(k, "max_tokens") && strcmp(k, "temperature") && strcmp(k, "top_p") &&
-        strcmp(k, "min_p") && strcmp(k, "top_k") && strcmp(k, "seed"))
+    static const char *const fields[] = {"max_tokens",
+                                         "temperature",
+                                         "top_p",
+                                         "min_p",
+                                         "top_k",
+                                         "seed",
+                                         "presence_penalty",
+                                         "frequency_penalty",
+                                         "repetition_penalty",
+                                         "repeat_penalty",
+                                         "repeat_last_n",
+                                         "penalty_last_n",
+                                         "logit_bias",
+                                         "ignore_eos",
+                                         "min_tokens"};
+    size_t f = 0;
+    while (f < sizeof fields / sizeof fields[0] && strcmp(k, fields[f]))
+        f++;
+    if (f == sizeof fields / sizeof fields[0])
         return 1;
     if (json_is_null(v))
         return 0;
-    if (!strcmp(k, "max_tokens")) {
+    if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
+        if (get_number(v, name, -2, 2, &d, err, param))
+            return -1;
+        *(k[0] == 'p' ? &r->sp.presence_penalty : &r->sp.frequency_penalty) = (float)d;
+    } else if (!strcmp(k, "repetition_penalty") || !strcmp(k, "repeat_penalty")) {
+        if (get_number(v, name, 0, 10, &d, err, param))
+            return -1;
+        if (d == 0)
+            return fail(err, param, name, "'%s' must be > 0 (1: off), got 0", name);
+        r->sp.repeat_penalty = (float)d;
+    } else if (!strcmp(k, "repeat_last_n") || !strcmp(k, "penalty_last_n")) {
+        if (get_int(v, name, -1, INT32_MAX, &i, err, param))
+            return -1;
+        r->sp.repeat_last_n = (int32_t)i;
+        r->repeat_off = i == 0;
+    } else if (!strcmp(k, "logit_bias")) {
+        return get_logit_bias(v, name, r, err, param);
+    } else if (!strcmp(k, "ignore_eos")) {
+        int b;
+        if (get_bool(v, name, &b, err, param))
+            return -1;
+        r->sp.ignore_eos = b;
+    } else if (!strcmp(k, "min_tokens")) {
+        if (get_int(v, name, 0, INT32_MAX, &i, err, param))
+            return -1;
+        r->sp.min_tokens = (int32_t)i;
+    } else if (!strcmp(k, "max_tokens")) {
         if (get_int(v, name, 1, INT32_MAX, &i, err, param))
             return -1;
         r->max_tokens = i;
@@ -461,6 +555,8 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     if (!have_input)
         return fail(err, param, chat ? "messages" : "prompt", "'%s' is required",
                     chat ? "messages" : "prompt");
+    if (r->repeat_off)
+        r->sp.repeat_penalty = 1.0f;
     if (chat && top_given && r->top_logprobs > 0 && !r->logprobs)
         return fail(err, param, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
     if (stream_options && !json_is_null(stream_options)) {
@@ -532,11 +628,6 @@ static const struct {
     double value;
 } sglang_neutral[] = {
     {"n", 'i', 1},
-    {"presence_penalty", 'n', 0},
-    {"frequency_penalty", 'n', 0},
-    {"repetition_penalty", 'n', 1},
-    {"min_new_tokens", 'i', 0},
-    {"ignore_eos", 'b', 0},
     {"no_stop_trim", 'b', 0},
     {"skip_special_tokens", 'b', 1},
     {"spaces_between_special_tokens", 'b', 1},
@@ -552,10 +643,13 @@ static int sglang_sampling(const json_t *sp, srv_request *r, char *err, char *pa
     json_object_foreach((json_t *)sp, k, v) {
         char name[96];
         snprintf(name, sizeof name, "sampling_params.%.60s", k);
-        const char *as = !strcmp(k, "max_new_tokens")  ? "max_tokens"
-                         : !strcmp(k, "sampling_seed") ? "seed"
-                                                       : k;
-        int sf = strcmp(k, "max_tokens") && strcmp(k, "seed")
+        const char *as = !strcmp(k, "max_new_tokens")   ? "max_tokens"
+                         : !strcmp(k, "sampling_seed")  ? "seed"
+                         : !strcmp(k, "min_new_tokens") ? "min_tokens"
+                                                        : k;
+        int sf = strcmp(k, "max_tokens") && strcmp(k, "seed") && strcmp(k, "min_tokens") &&
+                         strcmp(k, "repeat_penalty") && strcmp(k, "repeat_last_n") &&
+                         strcmp(k, "penalty_last_n")
                      ? sampling_field(as, name, v, r, err, param)
                      : 1;
         if (sf < 0)
@@ -672,6 +766,7 @@ void srv_request_free(srv_request *r) {
     free(r->msgs);
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
+    free(r->bias);
     memset(r, 0, sizeof *r);
 }
 
@@ -733,6 +828,8 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
     if (n)
         memcpy(s->hold + s->n_hold, txt, n);
     s->n_hold += n;
+    s->n_in += n;
+    const size_t at = s->n_in - s->n_hold; /* hold[0]'s place in the text */
     *out_ptr = s->hold ? s->hold : "";
     size_t cut = s->n_hold; /* bytes safe to release */
     size_t first = SIZE_MAX;
@@ -740,7 +837,7 @@ int srv_stop_add(srv_stopper *s, const char *txt, size_t n, int final, const cha
         const char *st = s->stops[i];
         size_t ls = strlen(st);
         for (size_t j = 0; j + ls <= s->n_hold && j < first; j++)
-            if (memcmp(s->hold + j, st, ls) == 0) {
+            if (memcmp(s->hold + j, st, ls) == 0 && at + j + ls > s->min_end) {
                 first = j;
                 s->matched = i;
                 break;

@@ -57,9 +57,11 @@ typedef struct srv_request {
     int64_t n_prompt_ids;
     srv_msg *msgs; /* chat */
     int n_msgs;
-    int64_t max_tokens; /* -1: not given */
-    st_sampler_params sp;
-    unsigned given; /* SRV_GIVEN_* */
+    int64_t max_tokens;   /* -1: not given */
+    st_sampler_params sp; /* sp.logit_bias points at bias */
+    st_logit_bias *bias;  /* (sp.n_logit_bias) logit_bias, owned */
+    int repeat_off;       /* repeat_last_n 0 (llama.cpp: the repetition penalty off) */
+    unsigned given;       /* SRV_GIVEN_* */
     int seed_set;
     char *stops[SRV_MAX_STOPS];
     int n_stops;
@@ -81,8 +83,9 @@ int srv_request_parse(const char *body, size_t len, int chat, srv_request *r, ch
 void srv_request_free(srv_request *r);
 
 /* Parses and checks a body for SGLang's /generate: {"text": STRING} or {"input_ids": [ids]},
- * "sampling_params" (max_new_tokens, temperature, top_p, top_k, min_p, stop, sampling_seed; the
- * penalties, n and the token options only at their defaults), "rid", "return_logprob" with
+ * "sampling_params" (max_new_tokens, temperature, top_p, top_k, min_p, stop, sampling_seed,
+ * presence_penalty, frequency_penalty, repetition_penalty, min_new_tokens, ignore_eos,
+ * logit_bias; n and the token options only at their defaults), "rid", "return_logprob" with
  * "top_logprobs_num" and "return_text_in_logprobs" ("logprob_start_len" only -1: no prompt
  * logprobs); "stream" only false. Into a completion request (sglang set); errors as
  * srv_request_parse's, param naming sampling fields as "sampling_params.NAME". */
@@ -129,7 +132,10 @@ typedef struct srv_stopper {
     size_t n_hold, cap;
     size_t n_drop; /* bytes at the start of hold released by the last call */
     int stopped;
-    int matched; /* with stopped: the index of the stop string that matched */
+    int matched;    /* with stopped: the index of the stop string that matched */
+    size_t n_in;    /* bytes added so far */
+    size_t min_end; /* a stop string matches only where it ends past this many bytes of the
+                     * text (min_tokens: the text of the tokens before the min_tokens-th) */
 } srv_stopper;
 
 /* Adds n bytes. Writes the bytes now safe to emit to *out_len bytes at *out_ptr (pointing into

@@ -55,6 +55,8 @@ static int job_append(srv_job *j, const char *t, size_t n) {
 static int job_text(srv_job *j, const char *t, size_t n, int final) {
     const char *out;
     size_t n_out;
+    if (j->n_gen < j->req.sp.min_tokens) /* min_tokens: no stop string ends in this text */
+        j->stopper.min_end = j->stopper.n_in + n;
     if (srv_stop_add(&j->stopper, t, n, final, &out, &n_out) || job_append(j, out, n_out)) {
         j->oom = 1;
         return 1;

@@ -425,6 +425,14 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char
     unsigned code = j->tok_buf ? build_prompt(s, j, err, param) : 500;
     if (code == 500 && !err[0])
         snprintf(err, SRV_ERR_CAP, "out of memory");
+    for (int32_t i = 0; !code && i < j->req.sp.n_logit_bias; i++)
+        if (j->req.bias[i].token >= st_tokenizer_n_vocab(s->tok)) {
+            const char *lf = j->req.sglang ? "sampling_params.logit_bias" : "logit_bias";
+            snprintf(err, SRV_ERR_CAP, "'%s' has token %d, not a token id (< %d)", lf,
+                     j->req.bias[i].token, st_tokenizer_n_vocab(s->tok));
+            snprintf(param, SRV_ERR_CAP, "%s", lf);
+            code = 400;
+        }
     if (!code) {
         st_detok_init(&j->detok, s->tok);
         st_detok_set_prev(&j->detok, j->prompt[j->n_prompt - 1]);
