@@ -313,6 +313,8 @@ static void kqp_matmul(tile_fn tile, st_matmul_q8p_fn avx2, float *y, int64_t ld
         avx2(y, ldy, wp, rb, rows, x, ldx, K, M, e, r1);
 }
 
+/* Tile widths up to KQP_TT (a constant in each instantiation). */
+#define KQP_T(n) ((n) < KQP_TT ? (n) : KQP_TT)
 #define KQP_DRIVER(name, tile)                                                                     \
     static void name##_tile_any(float *y, int64_t ldy, const uint8_t *gp, size_t gs, int64_t nb,   \
                                 const st_block_q8k *x, int64_t ldx, int T, st_pf pf) {             \
@@ -321,10 +323,22 @@ static void kqp_matmul(tile_fn tile, st_matmul_q8p_fn avx2, float *y, int64_t ld
             tile(y, ldy, gp, gs, nb, x, ldx, 1, pf);                                               \
             break;                                                                                 \
         case 2:                                                                                    \
-            tile(y, ldy, gp, gs, nb, x, ldx, 2, pf);                                               \
+            tile(y, ldy, gp, gs, nb, x, ldx, KQP_T(2), pf);                                        \
             break;                                                                                 \
         case 3:                                                                                    \
-            tile(y, ldy, gp, gs, nb, x, ldx, 3, pf);                                               \
+            tile(y, ldy, gp, gs, nb, x, ldx, KQP_T(3), pf);                                        \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            tile(y, ldy, gp, gs, nb, x, ldx, KQP_T(4), pf);                                        \
+            break;                                                                                 \
+        case 5:                                                                                    \
+            tile(y, ldy, gp, gs, nb, x, ldx, KQP_T(5), pf);                                        \
+            break;                                                                                 \
+        case 6:                                                                                    \
+            tile(y, ldy, gp, gs, nb, x, ldx, KQP_T(6), pf);                                        \
+            break;                                                                                 \
+        case 7:                                                                                    \
+            tile(y, ldy, gp, gs, nb, x, ldx, KQP_T(7), pf);                                        \
             break;                                                                                 \
         default:                                                                                   \
             tile(y, ldy, gp, gs, nb, x, ldx, KQP_TT, pf);                                          \
