@@ -273,9 +273,55 @@ static void test_quantize_q8k(void **state) {
     }
 }
 
+/* Every table's quantize_q8k against st_quantize_q8k, bitwise, on blocks that exercise its edge
+ * cases: random values, a zero block, an infinity, NaNs beside numbers, the largest magnitude
+ * twice with opposite signs (the first decides the sign of the scale), products that round to
+ * even (x * iscale = k + 0.5), tiny and huge magnitudes. */
+static void test_quantize_q8k_tables(void **state) {
+    (void)state;
+    enum { NB = 9 };
+    float *x = malloc(sizeof(float) * NB * ST_QK_K);
+    for (int i = 0; i < NB * ST_QK_K; i++)
+        x[i] = frand();
+    for (int e = 0; e < ST_QK_K; e++)
+        x[ST_QK_K + e] = 0.0f;     /* block 1: zeros */
+    x[2 * ST_QK_K + 9] = INFINITY; /* block 2: an infinity */
+    x[3 * ST_QK_K + 4] = NAN;      /* block 3: NaNs among numbers */
+    x[3 * ST_QK_K + 200] = -NAN;
+    x[4 * ST_QK_K + 30] = 5.0f; /* block 4: +5 first, then -5 */
+    x[4 * ST_QK_K + 31] = -5.0f;
+    x[5 * ST_QK_K + 7] = -5.0f; /* block 5: -5 first, then +5 */
+    x[5 * ST_QK_K + 100] = 5.0f;
+    for (int e = 0; e < ST_QK_K; e++) /* block 6: max 127, values k + 0.5 */
+        x[6 * ST_QK_K + e] = e == 0 ? -127.0f : (float)(e % 120) + 0.5f;
+    for (int e = 0; e < ST_QK_K; e++) { /* blocks 7, 8: tiny and huge */
+        x[7 * ST_QK_K + e] *= 1e-38f;
+        x[8 * ST_QK_K + e] *= 3e38f;
+    }
+    st_block_q8k *a = malloc(sizeof(st_block_q8k) * NB), *b = malloc(sizeof(st_block_q8k) * NB);
+    st_quantize_q8k(a, x, NB * ST_QK_K);
+    assert_true(a[4].d < 0.0f && a[5].d > 0.0f); /* the first largest magnitude counts */
+    const st_kernels *tabs[3] = {st_kernels_ref(), st_kernels_avx2(), st_kernels_avx512()};
+    int checked = 0;
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t])
+            continue;
+        memset(b, 0x5a, sizeof(st_block_q8k) * NB);
+        tabs[t]->quantize_q8k(b, x, NB * ST_QK_K);
+        for (int k = 0; k < NB; k++)
+            if (memcmp(&a[k], &b[k], sizeof a[k]))
+                fail_msg("%s quantize_q8k: block %d differs from st_quantize_q8k", tabs[t]->name,
+                         k);
+        checked++;
+    }
+    print_message("quantize_q8k: %d tables checked\n", checked);
+    free(x), free(a), free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_q8k),
+        cmocka_unit_test(test_quantize_q8k_tables),
         cmocka_unit_test(test_unpack),
         cmocka_unit_test(test_matmul_kquant),
         cmocka_unit_test(test_matmul_kquant_packed),

@@ -134,6 +134,8 @@ typedef struct st_kernels {
     void (*silu_mul)(float *g, const float *u, int64_t n);
     /* Quantizes K floats (K a multiple of 32) into K/32 blocks: d = max|x|/127, q = round(x/d). */
     void (*quantize_q8x)(st_block_q8x *y, const float *x, int64_t K);
+    /* st_quantize_q8k (kquant.h), bitwise: the K-quants' activations. */
+    void (*quantize_q8k)(st_block_q8k *y, const float *x, int64_t K);
     /* y[i] = x[i] as float for i < n (exact; an f16 KV cache's rows for the attention kernels). */
     void (*f16_to_f32)(float *y, const uint16_t *x, int64_t n);
 } st_kernels;

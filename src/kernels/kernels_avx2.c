@@ -847,6 +847,7 @@ static const st_kernels st_kernels_avx2_table = {
     .softmax = softmax_avx2,
     .silu_mul = silu_mul_avx2,
     .quantize_q8x = quantize_q8x_avx2,
+    .quantize_q8k = st_quantize_q8k_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
 };
 

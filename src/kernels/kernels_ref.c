@@ -303,6 +303,7 @@ static const st_kernels st_kernels_ref_table = {
     .softmax = softmax_ref,
     .silu_mul = silu_mul_ref,
     .quantize_q8x = quantize_q8x_ref,
+    .quantize_q8k = st_quantize_q8k,
     .f16_to_f32 = f16_to_f32_ref,
 };
 

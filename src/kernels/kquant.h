@@ -109,6 +109,8 @@ void st_matmul_kq_ggml(uint32_t type, float *y, int64_t ldy, const void *w, size
  * maps to -127 (llama.cpp's Q8_K rule: iscale = -127 / max, q = round(x * iscale) capped at
  * 127, d = 1 / iscale). Every kernel table uses this one function. */
 void st_quantize_q8k(st_block_q8k *y, const float *x, int64_t K);
+/* The same, eight elements per step (the AVX2 and AVX-512 tables' quantize_q8k). */
+void st_quantize_q8k_avx2(st_block_q8k *y, const float *x, int64_t K);
 
 /* Dequantizes n elements (a multiple of 256) of a K-quant row (gguf-py's arithmetic, so the
  * values match its float32 results bit for bit). Returns 0 if type is not a K-quant. */

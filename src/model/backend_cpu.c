@@ -314,7 +314,7 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
                 s->kern->quantize_q8x(s->xq + m * (K / ST_QK), x + m * K, K);
         if (a == ACT_Q8K && !done[a])
             for (int64_t m = 0; m < M; m++)
-                st_quantize_q8k(s->xk + m * (K / ST_QK_K), x + m * K, K);
+                s->kern->quantize_q8k(s->xk + m * (K / ST_QK_K), x + m * K, K);
         done[a] = true;
         j.x[i] = a == ACT_Q8 ? (const void *)s->xq : a == ACT_Q8K ? (const void *)s->xk : x;
         j.ldx[i] = a == ACT_Q8 ? K / ST_QK : a == ACT_Q8K ? K / ST_QK_K : K;
