@@ -290,12 +290,16 @@ static void matmuls(st_session *s, int n_mat, const st_wt *const *w, float *cons
         rows += w[i]->n_out;
     }
     /* About 8 chunks per thread, a multiple of the kernels' 8-row tiles (16-row blocks of
-     * packed weights; pairs of them for packed Q8_0, whose AMX kernel shares each token tile
-     * between two blocks: 1024 x 768, 8 tokens, in 48-row chunks 31.0 us, 64-row 28.5). */
+     * packed weights, packed K-quants included: the AVX-512 kernel takes two 8-row groups at a
+     * time and leaves an odd one to the AVX2 kernel; pairs of them for packed Q8_0, whose AMX
+     * kernel shares each token tile between two blocks: 1024 x 768, 8 tokens, in 48-row chunks 31.0
+     * us, 64-row 28.5). */
     const int nth = rows * w[0]->n_in * M < ST_MIN_PARALLEL_MACS ? 1 : st_pool_size(s->pool);
     int64_t tile = 8;
     for (int i = 0; i < n_mat; i++) {
-        const int64_t t = w[i]->q8p ? 2 * ST_PACK_ROWS : w[i]->packed ? ST_PACK_ROWS : 8;
+        const int64_t t = w[i]->q8p                   ? 2 * ST_PACK_ROWS
+                          : w[i]->packed || w[i]->kqp ? ST_PACK_ROWS
+                                                      : 8;
         tile = t > tile ? t : tile;
     }
     j.chunk = nth == 1 ? rows : (rows / (8 * nth) + tile - 1) & ~(tile - 1);
