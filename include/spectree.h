@@ -942,6 +942,15 @@ typedef struct st_request_params {
      * tokens are the same either way. */
     st_request_logprobs_fn on_logprobs;
     int32_t top_logprobs;
+    /* Prompt log-probabilities, opt-in (OpenAI's echo with logprobs, for scoring a text): with
+     * on_prompt_logprobs set, each prompt token after the first is handed, in order during the
+     * prefill, the log-softmax of the target's logits at the position before it (the model's
+     * own distribution: no penalties, biases or temperature), with the top_logprobs most likely
+     * tokens; then, with n_predict > 0, the generated tokens follow as above. The values are
+     * bitwise those a plain decode of the prompt computes at those positions. Such a request
+     * takes nothing from the prefix cache or a kept slot (their rows' logits were never
+     * computed): its whole prompt is evaluated, bs tokens per forward pass. */
+    st_request_logprobs_fn on_prompt_logprobs;
 } st_request_params;
 
 /* The engine's defaults: its gen.n_predict and gen.sampler, no log-probabilities. */

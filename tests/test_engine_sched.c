@@ -8,7 +8,8 @@
  * advance every step, drafters reset on join, finish called exactly once, the KV accounting
  * back at zero, and st_engine_free with requests pending; reuse_prefix (a slot's kept KV
  * prefix) leaves the tokens unchanged; opt-in log-probabilities are bitwise the same with and
- * without speculation and those of the session's logits.
+ * without speculation and those of the session's logits; so are the prompt's (echo), which
+ * reuse nothing.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -806,6 +807,129 @@ static void test_logprobs(void **state) {
     st_engine_free(e);
 }
 
+/* What an echo-with-logprobs request saw: the generated tokens' records first (rec_logprobs and
+ * rec_emit read it as an lp_rec), then the prompt's and its stats. */
+typedef struct echo_rec {
+    lp_rec gen;
+    st_token_logprobs plp[64];
+    int n_plp;
+    int n_gen_at_prompt; /* generated tokens seen when the last prompt record came */
+    st_request_stats st;
+} echo_rec;
+
+static void rec_prompt_logprobs(void *user, const st_token_logprobs *lp) {
+    echo_rec *r = user;
+    if (r->n_plp < 64)
+        r->plp[r->n_plp++] = *lp;
+    r->n_gen_at_prompt = r->gen.n_toks;
+}
+
+static void echo_finish(void *user, const st_request_stats *st) {
+    echo_rec *r = user;
+    r->st = *st;
+}
+
+/* Prompt i's log-probabilities under configuration cfg from an engine whose prefix cache (and
+ * kept slot) already hold the prompt: a request before it prefilled it. */
+static void run_echo(int cfg, int i, int64_t n_predict, echo_rec *out) {
+    st_engine_params ep = st_engine_default_params();
+    ep.gen.spec = spec_of(cfg);
+    ep.gen.n_ctx = CTX;
+    ep.max_running = 2;
+    ep.prefill_chunk = 7;
+    ep.reuse_prefix = 1;
+    ep.prefix_cache_bytes = (size_t)8 << 20;
+    ep.prefix_cache_block = 4;
+    st_engine *e;
+    assert_int_equal(st_engine_create(model, &ep, &e), ST_OK);
+    st_request_params rp = req_params(i, 0);
+    rp.n_predict = 6;
+    assert_int_equal(st_engine_submit(e, prompts[i], n_prompts[i], &rp, NULL, NULL, NULL, NULL),
+                     ST_OK);
+    while (st_engine_running(e) + st_engine_queued(e) > 0)
+        assert_int_equal(st_engine_step(e), ST_OK);
+    rp.n_predict = n_predict;
+    rp.on_prompt_logprobs = rec_prompt_logprobs;
+    rp.on_logprobs = rec_logprobs;
+    rp.top_logprobs = 3;
+    memset(out, 0, sizeof *out);
+    out->gen.with = 1;
+    assert_int_equal(
+        st_engine_submit(e, prompts[i], n_prompts[i], &rp, rec_emit, echo_finish, out, NULL),
+        ST_OK);
+    while (st_engine_running(e) + st_engine_queued(e) > 0)
+        assert_int_equal(st_engine_step(e), ST_OK);
+    st_engine_free(e);
+}
+
+/* Prompt log-probabilities: one per prompt token after the first, in order, before any
+ * generated token; nothing reused from the cache or the slot; bitwise the log-softmax of the
+ * logits a plain session computes token by token (st_token_logprobs' formula), and the same
+ * bits under NGRAM and EAGLE; the generated tokens and their records as without them. */
+static void test_prompt_logprobs(void **state) {
+    (void)state;
+    st_session_params sp = st_session_default_params();
+    sp.n_ctx = CTX;
+    st_session *s;
+    assert_int_equal(st_session_create(model, &sp, &s), ST_OK);
+    const int32_t V = st_model_get_hparams(model)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    assert_non_null(lg);
+    static echo_rec got, zero, ref;
+    static lp_rec plain[LP_REQ];
+    int64_t spec = 0;
+    run_logprobs(0, 1, 3, plain, &spec);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st_session_seq_reset(s, 0), ST_OK);
+        const int cfgs[] = {0, 2, 5};
+        for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+            run_echo(cfgs[c], i, 40, &got);
+            assert_int_equal(got.st.reused_tokens, 0);
+            assert_int_equal(got.n_plp, n_prompts[i] - 1);
+            assert_int_equal(got.n_gen_at_prompt, 0);
+            /* the generated tokens: those of the same request without prompt records */
+            assert_int_equal(got.gen.n_toks, plain[i].n_toks);
+            assert_memory_equal(got.gen.toks, plain[i].toks, sizeof(int32_t) * got.gen.n_toks);
+            for (int t = 0; t < got.gen.n; t++)
+                assert_memory_equal(&got.gen.lp[t].logprob, &plain[i].lp[t].logprob, sizeof(float));
+            run_echo(cfgs[c], i, 0, &zero); /* scoring alone */
+            assert_int_equal(zero.gen.n_toks, 0);
+            assert_int_equal(zero.st.stop_reason, ST_STOP_LENGTH);
+            assert_int_equal(zero.n_plp, n_prompts[i] - 1);
+            for (int t = 0; t + 1 < n_prompts[i]; t++) {
+                const st_token_logprobs *a = &got.plp[t];
+                assert_int_equal(a->token, prompts[i][t + 1]);
+                assert_int_equal(a->n_top, 3);
+                assert_memory_equal(&zero.plp[t].logprob, &a->logprob, sizeof(float));
+                if (c > 0)
+                    continue;
+                assert_int_equal(st_session_eval(s, 0, &prompts[i][t], 1, lg, 1), ST_OK);
+                float mx = lg[0];
+                for (int32_t v = 0; v < V; v++)
+                    mx = lg[v] > mx ? lg[v] : mx;
+                double sum = 0.0;
+                for (int32_t v = 0; v < V; v++)
+                    sum += exp((double)lg[v] - (double)mx);
+                const double lse = (double)mx + log(sum);
+                const float want = (float)((double)lg[a->token] - lse);
+                assert_memory_equal(&a->logprob, &want, sizeof want);
+                const float top0 = (float)((double)lg[a->top_token[0]] - lse);
+                assert_memory_equal(&a->top_logprob[0], &top0, sizeof top0);
+            }
+            if (c == 0)
+                memcpy(&ref, &got, sizeof got); /* the plain run's, for the others */
+            else
+                for (int t = 0; t + 1 < n_prompts[i]; t++) {
+                    assert_memory_equal(&got.plp[t].logprob, &ref.plp[t].logprob, sizeof(float));
+                    assert_memory_equal(got.plp[t].top_token, ref.plp[t].top_token,
+                                        3 * sizeof(int32_t));
+                }
+        }
+    }
+    free(lg);
+    st_session_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_staggered_equals_generate),
@@ -817,6 +941,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_free_pending),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_prompt_logprobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

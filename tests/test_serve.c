@@ -64,6 +64,20 @@ static void test_parse_full(void **state) {
     assert_string_equal(r.prompt, "abc");
     srv_request_free(&r);
 
+    /* choices and echo: n alone (best_of follows it), best_of above it, max_tokens 0 with echo */
+    assert_int_equal(parse("{\"prompt\": \"x\", \"n\": 3}", 0, &r, err, param), 0);
+    assert_true(r.n == 3 && r.best_of == 3 && !r.echo);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"prompt\": \"x\", \"best_of\": 5, \"n\": 2, \"echo\": true, "
+                           "\"max_tokens\": 0}",
+                           0, &r, err, param),
+                     0);
+    assert_true(r.n == 2 && r.best_of == 5 && r.echo && r.max_tokens == 0);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"prompt\": \"x\"}", 0, &r, err, param), 0);
+    assert_true(r.n == 1 && r.best_of == 1);
+    srv_request_free(&r);
+
     /* logprobs: completions' N alternatives, chat's boolean and top_logprobs */
     assert_int_equal(parse("{\"prompt\": \"x\", \"logprobs\": 3}", 0, &r, err, param), 0);
     assert_true(r.logprobs && r.top_logprobs == 3);
@@ -122,7 +136,12 @@ static void test_parse_errors(void **state) {
         {0, "{\"prompt\": \"x\", \"bogus\": 1}", "unknown field 'bogus'", "bogus"},
         {0, "{\"prompt\": \"x\", \"messages\": []}", "unknown field 'messages'", "messages"},
         {0, "{\"prompt\": \"x\", \"max_tokens\": -1}", "'max_tokens' must be in", "max_tokens"},
-        {0, "{\"prompt\": \"x\", \"max_tokens\": 0}", "'max_tokens' must be in", "max_tokens"},
+        {0, "{\"prompt\": \"x\", \"max_tokens\": 0}", "only with \"echo\"", "max_tokens"},
+        {0, "{\"prompt\": \"x\", \"max_tokens\": -1}", "'max_tokens' must be in", "max_tokens"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"max_completion_tokens\": 0}",
+         "'max_completion_tokens' must be at least 1", "max_completion_tokens"},
         {0, "{\"prompt\": \"x\", \"max_tokens\": 1.5}", "must be an integer", "max_tokens"},
         {0, "{\"prompt\": \"x\", \"max_tokens\": \"5\"}", "must be an integer", "max_tokens"},
         {0, "{\"prompt\": \"x\", \"max_tokens\": 99999999999}", "must be in", "max_tokens"},
@@ -154,10 +173,13 @@ static void test_parse_errors(void **state) {
          "only allowed with", "stream_options"},
         {0, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"x\": 1}}",
          "unknown field 'stream_options.x'", "stream_options"},
-        {0, "{\"prompt\": \"x\", \"n\": 2}", "one choice", "n"},
+        {0, "{\"prompt\": \"x\", \"n\": 17}", "'n' must be in [1, 16]", "n"},
         {0, "{\"prompt\": \"x\", \"n\": 0}", "'n' must be in", "n"},
-        {0, "{\"prompt\": \"x\", \"best_of\": 3}", "one choice", "best_of"},
-        {0, "{\"prompt\": \"x\", \"echo\": true}", "not supported", "echo"},
+        {0, "{\"prompt\": \"x\", \"best_of\": 3, \"n\": 4}", "at least 'n'", "best_of"},
+        {0, "{\"prompt\": \"x\", \"best_of\": 3, \"stream\": true}", "cannot be streamed",
+         "best_of"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"best_of\": 2}",
+         "unknown field 'best_of'", "best_of"},
         {0, "{\"prompt\": \"x\", \"echo\": 1}", "must be a boolean", "echo"},
         {0, "{\"prompt\": \"x\", \"suffix\": \"end\"}", "not supported", "suffix"},
         {0, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", "must be in", "presence_penalty"},
@@ -212,8 +234,8 @@ static void test_parse_errors(void **state) {
          "must be [\"text\"]", "modalities"},
         {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": false}",
          "unknown field 'echo'", "echo"},
-        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 4}", "one choice",
-         "n"},
+        {1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 40}",
+         "must be in [1, 16]", "n"},
         {0, "{\"prompt\": \"x\", \"model\": 1}", "'model' must be a string", "model"},
         {1, "{\"prompt\": \"x\"}", "unknown field 'prompt'", "prompt"},
         {1, "{\"messages\": []}", "must not be empty", "messages"},

@@ -101,6 +101,10 @@ void st_gen_free(st_gen *g);
  * there with the slot's sampler (greedy is st_sample at temp 0). The request's penalties and
  * biases change lg in place. When the request asks for log-probabilities, they are written to
  * *lp (from lg as the penalties left it). */
+/* The log-softmax of logits lg over the tokenizer's tokens at token tok, with the n most
+ * likely (st_token_logprobs' values; a prompt token's). */
+void st_gen_logprobs(const st_gen *g, const float *lg, int32_t tok, int32_t n,
+                     st_token_logprobs *lp);
 st_status st_gen_target_token(st_gen *g, int32_t b, float *lg, int64_t pos, const int32_t *path,
                               int64_t n_path, int32_t *out, st_token_logprobs *lp);
 

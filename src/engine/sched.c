@@ -422,8 +422,10 @@ static void admit(st_engine *e) {
         int32_t b = 0;
         while (g->req[b])
             b++;
+        /* prompt log-probabilities need every prompt position's logits: nothing is reused */
+        const int reuse = !r->rp.on_prompt_logprobs;
         int64_t keep = 0; /* reuse_prefix: the free slot that shares the longest prefix */
-        for (int32_t i = b; e->reuse_prefix && i < g->bs; i++) {
+        for (int32_t i = b; reuse && e->reuse_prefix && i < g->bs; i++) {
             const int64_t L = st_session_seq_len(g->s, i);
             int64_t k = 0;
             while (!g->req[i] && k < L && k < r->n_prompt - 1 && g->hist[i][k] == r->prompt[k])
@@ -445,7 +447,7 @@ static void admit(st_engine *e) {
         if (g->dr[b])
             g->dr[b]->reset(g->dr[b]);
         int64_t cached = 0;
-        if (e->pfx)
+        if (e->pfx && reuse)
             keep = pfx_admit(e, r, b, keep, &cached);
         r->n_prefilled = keep;
         r->st.reused_tokens = keep;
@@ -479,17 +481,29 @@ static st_status prefill(st_engine *e, int *ran) {
         if (b < 0)
             return ST_OK;
         st_req *r = g->req[b];
-        const int64_t left = r->n_prompt - r->n_prefilled, c = left < budget ? left : budget;
+        const int64_t left = r->n_prompt - r->n_prefilled;
+        /* prompt log-probabilities: every token's logits, as many as g->logits has rows */
+        const int all = r->rp.on_prompt_logprobs != NULL;
+        const int64_t most = all && budget > g->bs ? g->bs : budget;
+        const int64_t c = left < most ? left : most;
         const int last = c == left;
+        const int32_t n_lg = all ? (int32_t)c : last ? 1 : 0;
         st_drafter *d = g->dr[b] && g->dr[b]->observe ? g->dr[b] : NULL;
         const double t0 = st_time_now();
-        st_status rc = st_session_eval_states(g->s, b, r->prompt + r->n_prefilled, (int32_t)c,
-                                              last ? g->logits : NULL, last ? 1 : 0,
-                                              d ? observe_prompt : NULL, d);
+        st_status rc =
+            st_session_eval_states(g->s, b, r->prompt + r->n_prefilled, (int32_t)c,
+                                   n_lg ? g->logits : NULL, n_lg, d ? observe_prompt : NULL, d);
         *ran = 1;
+        /* row t predicts prompt token n_prefilled + t + 1 (the first token has none) */
+        for (int64_t t = 0; !rc && all && t < c && r->n_prefilled + t + 1 < r->n_prompt; t++) {
+            st_gen_logprobs(g, g->logits + (size_t)t * (size_t)g->V,
+                            r->prompt[r->n_prefilled + t + 1], r->rp.top_logprobs, g->lps);
+            r->rp.on_prompt_logprobs(r->user, g->lps);
+        }
+        float *lg = g->logits + (size_t)(n_lg > 0 ? n_lg - 1 : 0) * (size_t)g->V;
         int32_t next = 0;
         if (!rc && last && r->rp.n_predict > 0)
-            rc = st_gen_target_token(g, b, g->logits, r->n_prompt, NULL, 0, &next, g->lps);
+            rc = st_gen_target_token(g, b, lg, r->n_prompt, NULL, 0, &next, g->lps);
         e->prefill_s += st_time_now() - t0;
         if (rc) {
             req_finish(e, r, rc);

@@ -40,6 +40,11 @@ static void logprobs(const float *lg, int32_t V, int32_t tok, int32_t n, st_toke
         lp->top_logprob[j] = (float)((double)lg[lp->top_token[j]] - lse);
 }
 
+void st_gen_logprobs(const st_gen *g, const float *lg, int32_t tok, int32_t n,
+                     st_token_logprobs *lp) {
+    logprobs(lg, g->n_tok, tok, n, lp);
+}
+
 st_status st_gen_target_token(st_gen *g, int32_t b, float *lg, int64_t pos, const int32_t *path,
                               int64_t n_path, int32_t *out, st_token_logprobs *lp) {
     /* Only ids with a token are candidates: an output layer padded past the tokenizer (published

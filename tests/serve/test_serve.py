@@ -319,9 +319,9 @@ NEUTRAL_CHAT = [("parallel_tool_calls", True), ("response_format", {"type": "tex
                 ("tools", []), ("tool_choice", "none"), ("tool_choice", "auto"),
                 ("modalities", ["text"]), ("logprobs", False)]
 # Values that would change the answer and are not implemented: 400 naming the field
-REFUSED_BOTH = [("n", 2), ("presence_penalty", 2.5), ("frequency_penalty", -3),
+REFUSED_BOTH = [("n", 17), ("n", 0), ("max_tokens", 0), ("presence_penalty", 2.5), ("frequency_penalty", -3),
                 ("logit_bias", {"42": 500}), ("logit_bias", {"999999": 1}), ("min_tokens", -1)]
-REFUSED_COMPLETION = [("echo", True), ("suffix", " The end."), ("best_of", 2)]
+REFUSED_COMPLETION = [("echo", 1), ("suffix", " The end."), ("best_of", 17)]
 REFUSED_CHAT = [("response_format", {"type": "json_object"}),
                 ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
                 ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),

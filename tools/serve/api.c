@@ -240,15 +240,15 @@ static int get_stops(const json_t *v, const char *name, srv_request *r, char *er
 
 /* Fields that do not change this server's answer at the values it accepts: metadata about the
  * request (user, metadata, store, service_tier), options of features it does not have at their
- * "off" value (no tools, plain text, one choice, no echo or suffix).
+ * "off" value (no tools, plain text, no suffix).
  * Values that would change the answer, and that the server does not implement, are refused
  * with a message naming the field: never silently ignored. null is every field's default.
  * Returns 1 when k is none of these fields, 0 when v is accepted, -1 when refused. */
 static int neutral_field(const char *k, const json_t *v, int chat, char *err, char *param) {
     static const char *const any_chat[] = {"parallel_tool_calls", "response_format", "tools",
                                            "tool_choice", "modalities"};
-    static const char *const any_completion[] = {"echo", "suffix", "best_of"};
-    static const char *const both[] = {"user", "metadata", "store", "service_tier", "n"};
+    static const char *const any_completion[] = {"suffix"};
+    static const char *const both[] = {"user", "metadata", "store", "service_tier"};
     int known = 0;
     for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
         known |= !strcmp(k, both[i]);
@@ -265,13 +265,9 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
             return fail(err, param, k, "'%s' must be a string, not %s", k, type_name(v));
         return 0;
     }
-    if (!strcmp(k, "store") || !strcmp(k, "parallel_tool_calls") || !strcmp(k, "echo")) {
+    if (!strcmp(k, "store") || !strcmp(k, "parallel_tool_calls")) {
         int b = 0;
-        if (get_bool(v, k, &b, err, param))
-            return -1;
-        if (b && !strcmp(k, "echo"))
-            return fail(err, param, k, "'echo' is not supported by this server (only false)");
-        return 0;
+        return get_bool(v, k, &b, err, param);
     }
     if (!strcmp(k, "metadata")) {
         const char *mk;
@@ -283,16 +279,6 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
                 return fail(err, param, k, "metadata values must be strings ('%s' is %s)", mk,
                             type_name(mv));
         }
-        return 0;
-    }
-    if (!strcmp(k, "n") || !strcmp(k, "best_of")) {
-        json_int_t i;
-        if (get_int(v, k, 1, 128, &i, err, param))
-            return -1;
-        if (i != 1)
-            return fail(err, param, k,
-                        "'%s' is %lld: this server returns one choice per request (only 1)", k,
-                        (long long)i);
         return 0;
     }
     if (!strcmp(k, "tools")) {
@@ -466,8 +452,10 @@ static int sampling_field(const char *k, const char *name, const json_t *v, srv_
             return -1;
         r->sp.min_tokens = (int32_t)i;
     } else if (!strcmp(k, "max_tokens")) {
-        if (get_int(v, name, 1, INT32_MAX, &i, err, param))
+        if (get_int(v, name, 0, INT32_MAX, &i, err, param)) /* 0: echo only (checked after) */
             return -1;
+        if (i == 0)
+            snprintf(r->zero_max, sizeof r->zero_max, "%s", name);
         r->max_tokens = i;
     } else if (!strcmp(k, "temperature")) {
         if (get_number(v, name, 0, 100, &d, err, param))
@@ -505,7 +493,7 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     const char *k;
     json_t *v;
     const json_t *stream_options = NULL;
-    int have_input = 0, top_given = 0;
+    int have_input = 0, top_given = 0, best_of = 0;
     json_object_foreach(root, k, v) {
         int sf = 1;
         if (!strcmp(k, "model")) {
@@ -530,6 +518,16 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
                 return -1;
         } else if (!strcmp(k, "stream_options")) {
             stream_options = v;
+        } else if (!strcmp(k, "n") || (!chat && !strcmp(k, "best_of"))) {
+            json_int_t i;
+            if (json_is_null(v))
+                continue;
+            if (get_int(v, k, 1, SRV_MAX_CHOICES, &i, err, param))
+                return -1;
+            *(!strcmp(k, "n") ? &r->n : &best_of) = (int)i;
+        } else if (!chat && !strcmp(k, "echo")) {
+            if (!json_is_null(v) && get_bool(v, k, &r->echo, err, param))
+                return -1;
         } else if (!strcmp(k, "logprobs") && chat) { /* chat: a boolean, top_logprobs N */
             if (!json_is_null(v) && get_bool(v, k, &r->logprobs, err, param))
                 return -1;
@@ -557,6 +555,15 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
                     chat ? "messages" : "prompt");
     if (r->repeat_off)
         r->sp.repeat_penalty = 1.0f;
+    if (best_of && best_of < r->n)
+        return fail(err, param, "best_of", "'best_of' (%d) must be at least 'n' (%d)", best_of,
+                    r->n);
+    r->best_of = best_of ? best_of : r->n;
+    if (r->max_tokens == 0 && !r->echo)
+        return fail(err, param, r->zero_max, "'%s' must be at least 1%s", r->zero_max,
+                    chat ? "" : " (0 only with \"echo\": true)");
+    if (r->best_of > r->n && r->stream) /* OpenAI's rule: the best are known only at the end */
+        return fail(err, param, "best_of", "'best_of' > 'n' cannot be streamed");
     if (chat && top_given && r->top_logprobs > 0 && !r->logprobs)
         return fail(err, param, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
     if (stream_options && !json_is_null(stream_options)) {
@@ -586,6 +593,7 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
 static json_t *request_begin(const char *body, size_t len, srv_request *r, char *err, char *param) {
     memset(r, 0, sizeof *r);
     r->max_tokens = -1;
+    r->n = r->best_of = 1;
     r->sp = st_sampler_default_params();
     r->sp.temp = 1.0f;
     r->sp.top_k = 0;
@@ -744,6 +752,8 @@ int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, 
     }
     if (!rc && !have_input)
         rc = fail(err, param, "text", "'text' (or 'input_ids') is required");
+    if (!rc && r->max_tokens == 0)
+        rc = fail(err, param, r->zero_max, "'%s' must be at least 1", r->zero_max);
     json_decref(root);
     if (rc) {
         char e[SRV_ERR_CAP], p[SRV_ERR_CAP];

@@ -364,22 +364,24 @@ static int sse_add(srv_job *j, json_t *v) {
     return 0;
 }
 
-/* A chunk of a stream: its text, and the log-probabilities of the tokens it completes (with
- * the request's logprobs: records [j->n_lp_sent, lp_to), which it then counts as sent; null
- * when there are none). */
-static json_t *chunk(srv_job *j, json_t *delta_or_text, const char *finish, int64_t lp_to) {
+/* A chunk of a stream: choice c's text, and the log-probabilities of the tokens it completes
+ * (with the request's logprobs: records [c->n_lp_sent, lp_to), which it then counts as sent;
+ * null when there are none); the echoed prompt's chunk (prompt) carries the prompt's. */
+static json_t *chunk_lp(srv_job *c, json_t *delta_or_text, const char *finish, int64_t lp_to,
+                        int prompt) {
+    srv_job *j = c->lead ? c->lead : c;
     json_t *choice, *lp = json_null();
-    if (j->req.logprobs && lp_to > j->n_lp_sent) {
+    if (j->req.logprobs && (lp_to > c->n_lp_sent || (prompt && j->plps))) {
         json_decref(lp);
-        lp = srv_logprobs_json(j->srv, j, j->n_lp_sent, lp_to);
-        j->n_lp_sent = lp_to;
+        lp = srv_logprobs_json(j->srv, c, c->n_lp_sent, lp_to, prompt);
+        c->n_lp_sent = lp_to;
     }
     if (j->req.chat)
-        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", 0, "delta", delta_or_text, "logprobs", lp,
-                           "finish_reason", finish);
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", c->index, "delta", delta_or_text,
+                           "logprobs", lp, "finish_reason", finish);
     else
-        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", 0, "text", delta_or_text, "logprobs", lp,
-                           "finish_reason", finish);
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", c->index, "text", delta_or_text,
+                           "logprobs", lp, "finish_reason", finish);
     json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object",
                           j->req.chat ? "chat.completion.chunk" : "text_completion", "created",
                           (json_int_t)j->created, "model", j->srv->model_name, "choices", choice);
@@ -388,42 +390,70 @@ static json_t *chunk(srv_job *j, json_t *delta_or_text, const char *finish, int6
     return v;
 }
 
+static json_t *chunk(srv_job *c, json_t *delta_or_text, const char *finish, int64_t lp_to) {
+    return chunk_lp(c, delta_or_text, finish, lp_to, 0);
+}
+
 static json_t *text_piece(const srv_job *j, const char *t, size_t n) {
     return j->req.chat ? json_pack("{s:o}", "content", srv_text_str(t, n)) : srv_text_str(t, n);
+}
+
+/* Adds choice c's events that are due to the lead j's stream (s->mu held): its role (chat),
+ * its echoed prompt, its new text, and once it is done its last chunk (finish_reason). */
+static int sse_choice(srv_job *j, srv_job *c) {
+    int rc = 0;
+    if (j->req.chat && !c->sent_role) {
+        rc |= sse_add(j, chunk(c, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL,
+                               c->n_lp_sent));
+        c->sent_role = 1;
+    }
+    if (c->n_echo && !c->sent_echo && (!j->plps || j->n_plps == j->n_prompt || j->done)) {
+        /* once the prompt's log-probabilities are all in */
+        rc |= sse_add(j, chunk_lp(c, srv_text_str(c->echo, c->n_echo), NULL, c->n_lp_sent, 1));
+        c->sent_echo = 1;
+    }
+    if (c->n_echo && !c->sent_echo)
+        return rc;
+    size_t avail =
+        c->text ? c->n_sent + srv_utf8_valid_prefix(c->text + c->n_sent, c->n_text - c->n_sent) : 0;
+    if (avail > c->n_sent) {
+        int64_t to = j->req.logprobs ? srv_logprobs_upto(c, avail) : 0;
+        if (c->done && to > srv_logprobs_kept(c))
+            to = srv_logprobs_kept(c);
+        rc |= sse_add(j, chunk(c, text_piece(j, c->text + c->n_sent, avail - c->n_sent), NULL,
+                               to > c->n_lp_sent ? to : c->n_lp_sent));
+        c->n_sent = avail;
+    }
+    if (c->done && !c->sent_finish && c->status == ST_OK && !j->cut) {
+        const int64_t kept = j->req.logprobs ? srv_logprobs_kept(c) : 0;
+        json_t *last = chunk(c, j->req.chat ? json_object() : json_string(""), srv_finish_reason(c),
+                             kept > c->n_lp_sent ? kept : c->n_lp_sent);
+        if (last)
+            json_object_set_new(last, "meta_info", srv_spec_info(c));
+        rc |= sse_add(j, last);
+        c->sent_finish = 1;
+    }
+    return rc;
 }
 
 /* Fills j->sse with the events that are due (s->mu held); 1 when the stream is complete. */
 static int sse_fill(srv_job *j) {
     int rc = 0;
-    if (j->req.chat && !j->sent_role) {
-        rc |= sse_add(j, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL,
-                               j->n_lp_sent));
-        j->sent_role = 1;
-    }
-    size_t avail =
-        j->text ? j->n_sent + srv_utf8_valid_prefix(j->text + j->n_sent, j->n_text - j->n_sent) : 0;
-    if (avail > j->n_sent) {
-        int64_t to = j->req.logprobs ? srv_logprobs_upto(j, avail) : 0;
-        if (j->done && to > srv_logprobs_kept(j))
-            to = srv_logprobs_kept(j);
-        rc |= sse_add(j, chunk(j, text_piece(j, j->text + j->n_sent, avail - j->n_sent), NULL,
-                               to > j->n_lp_sent ? to : j->n_lp_sent));
-        j->n_sent = avail;
-    }
-    if ((!j->done && !j->cut) || rc)
+    for (int i = 0; i <= j->n_more; i++)
+        rc |= sse_choice(j, srv_choice(j, i));
+    const srv_job *bad = NULL;
+    for (int i = 0; i <= j->n_more; i++)
+        if (srv_choice(j, i)->done && srv_choice(j, i)->status != ST_OK && !bad)
+            bad = srv_choice(j, i);
+    if ((!srv_group_done(j) && !j->cut && !bad) || rc)
         return rc ? -1 : 0;
     if (j->cut) {
         rc |= sse_add(j, cut_error(j->srv));
-    } else if (j->status != ST_OK) {
-        json_t *e = srv_error_obj(j->status == ST_ERR_BUSY ? 503 : 500, j->error, NULL);
+    } else if (bad) {
+        json_t *e = srv_error_obj(bad->status == ST_ERR_BUSY ? 503 : 500, bad->error, NULL);
         rc |= sse_add(j, e);
+        srv_job_cancel(j->srv, j);
     } else {
-        const int64_t kept = j->req.logprobs ? srv_logprobs_kept(j) : 0;
-        json_t *last = chunk(j, j->req.chat ? json_object() : json_string(""), srv_finish_reason(j),
-                             kept > j->n_lp_sent ? kept : j->n_lp_sent);
-        if (last)
-            json_object_set_new(last, "meta_info", srv_spec_info(j));
-        rc |= sse_add(j, last);
         if (j->req.include_usage) {
             json_t *u = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", j->id, "object",
                                   j->req.chat ? "chat.completion.chunk" : "text_completion",
@@ -458,7 +488,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     j->n_sse = j->sse_off = 0;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        if (s->cut && !j->done && !j->cut)
+        if (s->cut && !srv_group_done(j) && !j->cut)
             cut_job(s, j);
         int r = sse_fill(j), probe = 0;
         if (r < 0 || j->n_sse > 0)
@@ -491,7 +521,7 @@ static void stream_free(void *cls) {
     srv_job *j = cls;
     srv *s = j->srv;
     pthread_mutex_lock(&s->mu);
-    if (!j->done)
+    if (!srv_group_done(j))
         srv_job_cancel(s, j);
     free(j->sse);
     j->sse = NULL;
@@ -556,7 +586,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         }
         wait_news(s, j);
     }
-    if (!j->done && s->cut)
+    if (!srv_group_done(j) && s->cut)
         cut_job(s, j);
     if (j->req.stream && !j->refused && !j->cut) {
         j->refs++; /* the response's, released by stream_free */
@@ -578,7 +608,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         count_code(s, 200);
         return rc;
     }
-    while (!j->done && !j->cut) {
+    while (!srv_group_done(j) && !j->cut) {
         if (s->cut) {
             cut_job(s, j);
             break;
@@ -593,22 +623,28 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     }
     json_t *v = NULL;
     code = 200;
+    srv_job *e = j; /* the choice whose failure answers (the lead's first) */
+    for (int i = j->n_more; i >= 0; i--) {
+        srv_job *ch = srv_choice(j, i);
+        if (ch->status != ST_OK || ch->oom)
+            e = ch;
+    }
     if (j->cut) {
         code = 503;
         v = cut_error(s);
-    } else if (j->status == ST_ERR_BUSY) {
+    } else if (e->status == ST_ERR_BUSY) {
         code = 503;
-        v = srv_error_obj(code, j->error, NULL);
-    } else if (j->refused && j->status == ST_ERR_RANGE) {
+        v = srv_error_obj(code, e->error, NULL);
+    } else if (e->refused && e->status == ST_ERR_RANGE) {
         /* it fits the context (checked above) but not the KV budget (--max-total-tokens) */
         code = 503;
-        v = srv_error_obj(code, j->error, NULL);
-    } else if (j->refused && j->status == ST_ERR_INVALID) {
+        v = srv_error_obj(code, e->error, NULL);
+    } else if (e->refused && e->status == ST_ERR_INVALID) {
         code = 400;
-        v = srv_error_obj(code, j->error, NULL);
-    } else if (j->status != ST_OK || j->oom) {
+        v = srv_error_obj(code, e->error, NULL);
+    } else if (e->status != ST_OK || e->oom) {
         code = 500;
-        v = srv_error_obj(code, j->oom ? "out of memory" : j->error, NULL);
+        v = srv_error_obj(code, e->oom ? "out of memory" : e->error, NULL);
     } else {
         v = srv_full_response(j);
     }

@@ -22,6 +22,16 @@ void srv_job_release(srv *s, srv_job *j) {
     /* called with s->mu held */
     if (--j->refs > 0)
         return;
+    for (int i = 0; j->wake_pending && i < s->n_wake; i++) /* a sibling's news, due to it */
+        if (s->wake[i] == j)
+            s->wake[i] = s->wake[--s->n_wake];
+    for (int i = 0; i < j->n_more; i++) {
+        j->more[i]->lead = NULL;
+        srv_job_release(s, j->more[i]);
+    }
+    free(j->echo);
+    free(j->plps);
+    free(j->ptext);
     free(j->prompt);
     free(j->text);
     free(j->lps);
@@ -50,6 +60,9 @@ static int job_append(srv_job *j, const char *t, size_t n) {
     j->text[j->n_text] = 0;
     return 0;
 }
+
+/* The job whose connection waits for a choice's news: its lead's. */
+static srv_job *waiter(srv_job *j) { return j->lead ? j->lead : j; }
 
 /* Text through the stop-string matcher into the job's text; 1 when a stop string matched. */
 static int job_text(srv_job *j, const char *t, size_t n, int final) {
@@ -87,6 +100,15 @@ static void on_logprobs(void *user, const st_token_logprobs *lp) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Engine thread, during the prefill of an echo with logprobs: prompt token n_plps's. */
+static void on_prompt_logprobs(void *user, const st_token_logprobs *lp) {
+    srv_job *j = user;
+    pthread_mutex_lock(&j->srv->mu);
+    if (j->n_plps < j->n_prompt)
+        j->plps[j->n_plps++].lp = *lp;
+    pthread_mutex_unlock(&j->srv->mu);
+}
+
 /* Engine thread, inside st_engine_step. */
 static int on_emit(void *user, int32_t token) {
     srv_job *j = user;
@@ -105,15 +127,16 @@ static int on_emit(void *user, int32_t token) {
         } else if (nb) {
             stop = job_text(j, j->tok_buf, nb, 0);
         }
-        if (j->req.logprobs && j->n_lps == j->n_gen)
+        if (j->collect_lp && j->n_lps == j->n_gen)
             j->lps[j->n_lps - 1].len = nb;
         j->n_raw += nb;
         j->last_tok = token;
-        if (!j->wake_pending && s->n_wake < SRV_MAX_WAKE) { /* woken after the step */
-            s->wake[s->n_wake++] = j;
-            j->wake_pending = 1;
-        } else if (!j->wake_pending) {
-            pthread_cond_broadcast(&j->cv);
+        srv_job *w = waiter(j);
+        if (!w->wake_pending && s->n_wake < SRV_MAX_WAKE) { /* woken after the step */
+            s->wake[s->n_wake++] = w;
+            w->wake_pending = 1;
+        } else if (!w->wake_pending) {
+            pthread_cond_broadcast(&w->cv);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -200,9 +223,12 @@ static void on_finish(void *user, const st_request_stats *st) {
     srv_metrics_finish(s, j);
     if (s->o.log_level >= SRV_LOG_INFO)
         log_request(s, j);
-    pthread_cond_broadcast(&j->cv);
+    srv_job *lead = j->lead;
+    pthread_cond_broadcast(&waiter(j)->cv);
     s->n_in_engine--;
     srv_job_release(s, j);
+    if (lead) /* the sibling's hold on it */
+        srv_job_release(s, lead);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -215,9 +241,37 @@ void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg) {
     snprintf(j->error, sizeof j->error, "%s", msg);
     j->done = 1;
     j->refused = 1;
-    pthread_cond_broadcast(&j->cv);
+    srv_job *lead = j->lead;
+    pthread_cond_broadcast(&waiter(j)->cv);
     s->n_in_engine--;
     srv_job_release(s, j);
+    if (lead)
+        srv_job_release(s, lead);
+}
+
+/* With s->mu held, after a step: the held siblings whose lead has its first token (its prompt
+ * is then in the prefix cache) or has ended go to the pending list; those of a lead that
+ * failed end with its error. */
+static void release_held(srv *s) {
+    srv_job **link = &s->held;
+    while (*link) {
+        srv_job *j = *link, *l = j->lead;
+        if (!(l->n_gen > 0 || l->done || j->cancelled)) {
+            link = &j->next;
+            continue;
+        }
+        *link = j->next;
+        j->next = NULL;
+        if (l->done && l->status != ST_OK) {
+            srv_job_refuse(s, j, l->status, l->error);
+            continue;
+        }
+        j->next = s->pending;
+        s->pending = j;
+        if (!s->pending_tail)
+            s->pending_tail = j;
+        s->n_pending++;
+    }
 }
 
 /* With s->mu held, after a step: auto's drafting state when it changes (once known), with the
@@ -240,8 +294,14 @@ void *srv_engine_main(void *arg) {
     for (;;) {
         while (!s->pending && !s->n_cancels && s->engine_busy == 0 && !s->stop_engine)
             pthread_cond_wait(&s->engine_cv, &s->mu);
-        if (s->stop_engine) /* what is left is cancelled by st_engine_free */
+        if (s->stop_engine) { /* what is left is cancelled by st_engine_free */
+            while (s->held) {
+                srv_job *j = s->held;
+                s->held = j->next;
+                srv_job_refuse(s, j, ST_ERR_BUSY, "the server shut down");
+            }
             break;
+        }
         srv_job *pend = s->pending;
         s->pending = s->pending_tail = NULL;
         s->n_pending = 0;
@@ -256,18 +316,26 @@ void *srv_engine_main(void *arg) {
             pend = j->next;
             st_request_params rp = {.n_predict = j->n_predict,
                                     .sampler = j->req.sp,
-                                    .on_logprobs = j->req.logprobs ? on_logprobs : NULL,
-                                    .top_logprobs = j->req.top_logprobs};
+                                    .on_logprobs = j->collect_lp ? on_logprobs : NULL,
+                                    .top_logprobs = j->req.top_logprobs,
+                                    .on_prompt_logprobs = j->plps ? on_prompt_logprobs : NULL};
             uint64_t id = 0;
             st_status rc = st_engine_submit(s->engine, j->prompt, j->n_prompt, &rp, on_emit,
                                             on_finish, j, &id);
             const char *msg = rc != ST_OK ? st_last_error() : "";
             pthread_mutex_lock(&s->mu);
+            for (int i = 0; i < j->n_more; i++) { /* its siblings wait for its prefill */
+                srv_job *m = j->more[i];
+                if (rc != ST_OK)
+                    srv_job_refuse(s, m, rc, msg);
+                else
+                    m->next = s->held, s->held = m;
+            }
             if (rc != ST_OK)
                 srv_job_refuse(s, j, rc, msg);
             else {
                 j->engine_id = id;
-                pthread_cond_broadcast(&j->cv);
+                pthread_cond_broadcast(&waiter(j)->cv);
                 if (j->cancelled && !j->done) /* cancelled before it reached the engine */
                     st_engine_cancel(s->engine, id);
             }
@@ -287,6 +355,7 @@ void *srv_engine_main(void *arg) {
             pthread_cond_broadcast(&s->wake[i]->cv);
         }
         s->n_wake = 0;
+        release_held(s);
         s->engine_busy = st_engine_running(s->engine) + st_engine_queued(s->engine);
         s->gauge_running = st_engine_running(s->engine);
         s->gauge_queued = st_engine_queued(s->engine);
@@ -298,10 +367,15 @@ void *srv_engine_main(void *arg) {
     return NULL;
 }
 
-/* Hands a job to the engine thread. With s->mu held. */
+/* Hands a job (and its siblings) to the engine thread. With s->mu held. */
 void srv_job_submit(srv *s, srv_job *j) {
     j->refs++; /* the engine's */
     s->n_in_engine++;
+    for (int i = 0; i < j->n_more; i++) {
+        j->more[i]->refs++;
+        j->refs++; /* the sibling's hold on its lead */
+        s->n_in_engine++;
+    }
     if (s->pending_tail)
         s->pending_tail->next = j;
     else
@@ -311,18 +385,26 @@ void srv_job_submit(srv *s, srv_job *j) {
     pthread_cond_signal(&s->engine_cv);
 }
 
-/* Asks the engine to drop a job (its client went away, or the drain timed out). With s->mu
- * held. */
-void srv_job_cancel(srv *s, srv_job *j) {
+static void cancel_one(srv *s, srv_job *j) {
     if (j->done || j->cancelled)
         return;
     j->cancelled = 1;
-    if (!j->cut)
-        s->metrics.cancelled++;
     if (j->engine_id && s->n_cancels < SRV_MAX_CANCELS) {
         s->cancels[s->n_cancels++] = j->engine_id;
         pthread_cond_signal(&s->engine_cv);
     }
-    /* else: still pending (the engine thread cancels it once submitted), or the list is full
-     * (on_emit stops it at its next token) */
+    /* else: still pending or held (the engine thread cancels it once submitted), or the list
+     * is full (on_emit stops it at its next token) */
+}
+
+/* Asks the engine to drop a job and its siblings (its client went away, or the drain timed
+ * out). With s->mu held. */
+void srv_job_cancel(srv *s, srv_job *j) {
+    if (srv_group_done(j) || j->cancelled)
+        return;
+    if (!j->cut)
+        s->metrics.cancelled++;
+    for (int i = 0; i <= j->n_more; i++)
+        cancel_one(s, srv_choice(j, i));
+    j->cancelled = 1;
 }

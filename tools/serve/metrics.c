@@ -41,7 +41,8 @@ void srv_metrics_init(srv_metrics *m) {
 void srv_metrics_finish(srv *s, const srv_job *j) {
     srv_metrics *m = &s->metrics;
     const st_request_stats *st = &j->stats;
-    m->prompt_tokens += st->prompt_tokens;
+    if (j->index == 0) /* a request's prompt counts once, whatever its choices */
+        m->prompt_tokens += st->prompt_tokens;
     m->gen_tokens += st->gen_tokens;
     int k = st->status != ST_OK                  ? 3
             : st->stop_reason == ST_STOP_CANCEL  ? 2

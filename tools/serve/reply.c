@@ -42,12 +42,25 @@ json_t *srv_spec_info(const srv_job *j) {
         "e2e_latency", (j->t_done - j->t_submit));
 }
 
+srv_job *srv_choice(srv_job *lead, int i) { return i == 0 ? lead : lead->more[i - 1]; }
+
+int srv_group_done(const srv_job *lead) {
+    int done = lead->done;
+    for (int i = 0; i < lead->n_more; i++)
+        done &= lead->more[i]->done;
+    return done;
+}
+
 json_t *srv_usage_obj(const srv_job *j) {
-    /* prompt_tokens_details.cached_tokens: OpenAI's count of prompt tokens not recomputed */
+    /* prompt_tokens_details.cached_tokens: OpenAI's count of prompt tokens not recomputed (the
+     * lead's: the prompt counts once); completion_tokens: every choice's, best_of's all */
+    int64_t gen = j->stats.gen_tokens;
+    for (int i = 0; i < j->n_more; i++)
+        gen += j->more[i]->stats.gen_tokens;
     return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)j->n_prompt,
-                     "completion_tokens", (json_int_t)j->stats.gen_tokens, "total_tokens",
-                     (json_int_t)(j->n_prompt + j->stats.gen_tokens), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)j->stats.reused_tokens);
+                     "completion_tokens", (json_int_t)gen, "total_tokens",
+                     (json_int_t)(j->n_prompt + gen), "prompt_tokens_details", "cached_tokens",
+                     (json_int_t)j->stats.reused_tokens);
 }
 
 /* A JSON string of valid UTF-8 (the detokenizer writes only valid UTF-8; this is a guard). */
@@ -146,7 +159,34 @@ static void sglang_logprobs(const srv_job *j, json_t *mi) {
     json_object_set_new(mi, "output_top_logprobs", tops ? tops : json_null());
 }
 
-json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to) {
+/* Completions' echo with logprobs: the prompt's records into the arrays (the first token's
+ * logprob and top_logprobs null, as OpenAI's). */
+static void prompt_records(const srv *s, const srv_job *lead, char *buf, size_t cap, json_t *tokens,
+                           json_t *lps, json_t *tops, json_t *offs) {
+    for (int64_t i = 0; i < lead->n_plps; i++) {
+        const srv_lp *r = &lead->plps[i];
+        json_array_append_new(tokens, srv_text_str(lead->ptext + r->off, r->len));
+        json_array_append_new(offs, json_integer((json_int_t)r->off));
+        if (i == 0) {
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_array_append_new(lps, json_real((double)r->lp.logprob));
+        json_t *top = json_object();
+        for (int k = 0; top && k < r->lp.n_top; k++) {
+            const size_t nb = alt_text(s, r->prev, r->lp.top_token[k], buf, cap);
+            json_t *key = lossy_str(buf, nb);
+            if (key && !json_object_get(top, json_string_value(key)))
+                json_object_set_new(top, json_string_value(key),
+                                    json_real((double)r->lp.top_logprob[k]));
+            json_decref(key);
+        }
+        json_array_append_new(tops, top);
+    }
+}
+
+json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to, int prompt) {
     const int chat = j->req.chat;
     const size_t cap = st_detok_max_bytes(s->tok) + 4;
     char *buf = malloc(cap);
@@ -154,11 +194,14 @@ json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t 
            *tops = json_array(), *offs = json_array();
     if (!buf || !content || !tokens || !lps || !tops || !offs)
         goto fail;
+    const srv_job *lead = j->lead ? j->lead : j;
+    if (prompt && !chat && lead->plps)
+        prompt_records(s, lead, buf, cap, tokens, lps, tops, offs);
     for (int64_t i = from; i < to; i++) {
         const srv_lp *r = &j->lps[i];
         size_t len;
         const char *t = record_text(j, r, &len);
-        const size_t off = (size_t)(t - (j->text ? j->text : t));
+        const size_t off = (size_t)(t - (j->text ? j->text : t)) + j->n_echo;
         json_t *top = chat ? json_array() : json_object();
         for (int k = 0; top && k < r->lp.n_top; k++) {
             const size_t nb = alt_text(s, r->prev, r->lp.top_token[k], buf, cap);
@@ -227,23 +270,68 @@ static json_t *sglang_response(const srv_job *j) {
                      "meta_info", mi);
 }
 
+/* The sum of the log-probabilities of a choice's kept tokens (best_of's score). */
+static double cumulative_logprob(const srv_job *j) {
+    double sum = 0;
+    const int64_t n = srv_logprobs_kept(j);
+    for (int64_t i = 0; i < n; i++)
+        sum += j->lps[i].lp.logprob;
+    return sum;
+}
+
+/* A choice's text: the echoed prompt, then what it generated (stop strings cut). */
+json_t *srv_choice_text(const srv_job *c, const char *t, size_t n, int with_echo) {
+    if (!with_echo || !c->n_echo)
+        return srv_text_str(t, n);
+    char *b = malloc(c->n_echo + n + 1);
+    if (!b)
+        return NULL;
+    memcpy(b, c->echo, c->n_echo);
+    memcpy(b + c->n_echo, t, n);
+    json_t *v = srv_text_str(b, c->n_echo + n);
+    free(b);
+    return v;
+}
+
 json_t *srv_full_response(const srv_job *j) {
     if (j->req.sglang)
         return sglang_response(j);
-    json_t *choice;
-    json_t *lp =
-        j->req.logprobs ? srv_logprobs_json(j->srv, j, 0, srv_logprobs_kept(j)) : json_null();
-    if (j->req.chat)
-        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", 0, "message", "role", "assistant",
-                           "content", srv_text_str(j->text ? j->text : "", j->n_text), "logprobs",
-                           lp, "finish_reason", srv_finish_reason(j));
-    else
-        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text",
-                           srv_text_str(j->text ? j->text : "", j->n_text), "logprobs", lp,
-                           "finish_reason", srv_finish_reason(j));
-    return json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:o}", "id", j->id, "object",
+    /* the choices answered: all n in order, or best_of's n highest cumulative log-probabilities
+     * (ties: the lower choice first), numbered in that order */
+    const srv_job *order[SRV_MAX_CHOICES];
+    double score[SRV_MAX_CHOICES];
+    const int total = j->n_more + 1;
+    for (int i = 0; i < total; i++) {
+        const srv_job *c = srv_choice((srv_job *)j, i);
+        double sc = j->req.best_of > j->req.n ? cumulative_logprob(c) : -(double)i;
+        int k = i;
+        while (k > 0 && score[k - 1] < sc) {
+            order[k] = order[k - 1];
+            score[k] = score[k - 1];
+            k--;
+        }
+        order[k] = c;
+        score[k] = sc;
+    }
+    json_t *choices = json_array();
+    for (int i = 0; choices && i < j->req.n; i++) {
+        const srv_job *c = order[i];
+        json_t *lp = j->req.logprobs ? srv_logprobs_json(c->srv, c, 0, srv_logprobs_kept(c), 1)
+                                     : json_null();
+        json_t *text = srv_choice_text(c, c->text ? c->text : "", c->n_text, 1);
+        if (j->req.chat)
+            json_array_append_new(choices,
+                                  json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", i, "message",
+                                            "role", "assistant", "content", text, "logprobs", lp,
+                                            "finish_reason", srv_finish_reason(c)));
+        else
+            json_array_append_new(choices,
+                                  json_pack("{s:i,s:o,s:o,s:s}", "index", i, "text", text,
+                                            "logprobs", lp, "finish_reason", srv_finish_reason(c)));
+    }
+    return json_pack("{s:s,s:s,s:I,s:s,s:o,s:o,s:o}", "id", j->id, "object",
                      j->req.chat ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)j->created, "model", j->srv->model_name, "choices", choice,
+                     (json_int_t)j->created, "model", j->srv->model_name, "choices", choices,
                      "usage", srv_usage_obj(j), "meta_info", srv_spec_info(j));
 }
 
@@ -367,7 +455,7 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
         return too_long(s, j->n_prompt, err);
     }
     int64_t room = s->n_ctx - j->n_prompt;
-    if (r->max_tokens > 0) {
+    if (r->max_tokens >= 0) { /* 0: echo alone */
         if (r->max_tokens > s->o.max_tokens_limit) {
             snprintf(err, SRV_ERR_CAP, "%s is %" PRId64 "; this server allows at most %ld", mf,
                      r->max_tokens, s->o.max_tokens_limit);
@@ -394,6 +482,126 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
         j->n_predict = d;
     }
     return 0;
+}
+
+/* The prompt's text for echo: as sent, or its token ids detokenized; with logprobs the records
+ * of its tokens too (their text pieces: the prompt detokenized token by token, the bytes a
+ * token leaves pending going to the one that completes them). 0, or -1 out of memory. */
+static int echo_text(const srv *s, srv_job *j) {
+    const int lp = j->req.logprobs;
+    if (lp && !(j->plps = calloc((size_t)j->n_prompt, sizeof *j->plps)))
+        return -1;
+    st_detok d;
+    st_detok_init(&d, s->tok);
+    size_t cap = 64, n = 0, nb = 0;
+    char *t = malloc(cap);
+    for (int64_t i = 0; t && i <= j->n_prompt; i++) {
+        if (n + j->tok_cap > cap) {
+            cap = (n + j->tok_cap) * 2;
+            char *b = realloc(t, cap);
+            if (!b)
+                break;
+            t = b;
+        }
+        st_status rc = i < j->n_prompt ? st_detok_push(&d, j->prompt[i], t + n, cap - n, &nb)
+                                       : st_detok_flush(&d, t + n, cap - n, &nb);
+        nb = rc == ST_OK ? nb : 0;
+        if (lp && i < j->n_prompt)
+            j->plps[i] = (srv_lp){.lp = {.token = j->prompt[i]},
+                                  .prev = i > 0 ? j->prompt[i - 1] : -1,
+                                  .off = n,
+                                  .len = nb};
+        else if (lp && j->n_prompt > 0)
+            j->plps[j->n_prompt - 1].len += nb;
+        n += nb;
+        if (i < j->n_prompt)
+            continue;
+        if (lp) {
+            j->ptext = t;
+            j->n_plps = 1; /* the first token's record; the engine's follow */
+        }
+        if (j->req.prompt) { /* as sent */
+            if (!lp)
+                free(t);
+            j->echo = malloc(j->req.prompt_len + 1);
+            if (!j->echo)
+                return -1;
+            memcpy(j->echo, j->req.prompt, j->req.prompt_len);
+            j->n_echo = j->req.prompt_len;
+        } else if (lp) {
+            j->echo = malloc(n + 1);
+            if (!j->echo)
+                return -1;
+            memcpy(j->echo, t, n);
+            j->n_echo = n;
+        } else {
+            j->echo = t;
+            j->n_echo = n;
+        }
+        return 0;
+    }
+    free(t);
+    return -1;
+}
+
+/* Choice i of lead's request: a job of its own with the lead's prompt and fields, seeded with
+ * the lead's seed + i (so a seeded request's choices are each reproducible). NULL out of
+ * memory. */
+static srv_job *job_sibling(srv *s, srv_job *lead, int i) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->srv = s;
+    j->refs = 1; /* the lead's */
+    j->req = lead->req;
+    j->req.prompt = NULL, j->req.prompt_ids = NULL, j->req.msgs = NULL, j->req.n_msgs = 0;
+    j->req.bias = NULL, j->req.sp.logit_bias = NULL;
+    j->req.n_stops = 0;
+    pthread_cond_init(&j->cv, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->live_jobs++;
+    pthread_mutex_unlock(&s->mu);
+    int ok = 1;
+    for (int k = 0; k < lead->req.n_stops; k++) {
+        j->req.stops[k] = strdup(lead->req.stops[k]);
+        ok &= j->req.stops[k] != NULL;
+        j->req.n_stops++;
+    }
+    const size_t nb = (size_t)lead->req.sp.n_logit_bias * sizeof *j->req.bias;
+    if (nb && (j->req.bias = malloc(nb)) != NULL)
+        memcpy(j->req.bias, lead->req.bias, nb);
+    ok &= !nb || j->req.bias;
+    j->req.sp.logit_bias = j->req.bias;
+    j->req.sp.seed = lead->req.sp.seed + (uint64_t)i;
+    j->n_prompt = lead->n_prompt;
+    j->prompt = malloc((size_t)j->n_prompt * sizeof *j->prompt);
+    if (j->prompt)
+        memcpy(j->prompt, lead->prompt, (size_t)j->n_prompt * sizeof *j->prompt);
+    if (lead->n_echo && (j->echo = malloc(lead->n_echo)) != NULL) {
+        memcpy(j->echo, lead->echo, lead->n_echo);
+        j->n_echo = lead->n_echo;
+    }
+    j->n_predict = lead->n_predict;
+    memcpy(j->id, lead->id, sizeof j->id);
+    j->created = lead->created;
+    j->t_submit = lead->t_submit;
+    j->tok_cap = lead->tok_cap;
+    j->tok_buf = malloc(j->tok_cap);
+    j->stopper.stops = (const char *const *)j->req.stops;
+    j->stopper.n_stops = j->req.n_stops;
+    j->index = i;
+    j->lead = lead;
+    j->collect_lp = lead->collect_lp;
+    st_detok_init(&j->detok, s->tok);
+    st_detok_set_prev(&j->detok, j->prompt ? j->prompt[j->n_prompt - 1] : 0);
+    j->last_tok = j->prompt ? j->prompt[j->n_prompt - 1] : 0;
+    if (!ok || !j->prompt || !j->tok_buf || (lead->n_echo && !j->echo)) {
+        pthread_mutex_lock(&s->mu);
+        srv_job_release(s, j);
+        pthread_mutex_unlock(&s->mu);
+        return NULL;
+    }
+    return j;
 }
 
 /* Creates a job from a checked request (moved into it); 0, or an HTTP status with err. */
@@ -443,6 +651,18 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char
             j->req.sp.seed = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
                              (seq * 0x9E3779B97F4A7C15ull);
         }
+        j->collect_lp = j->req.logprobs || j->req.best_of > j->req.n;
+        if (j->req.echo && echo_text(s, j))
+            code = 500;
+        for (int i = 1; !code && i < j->req.best_of; i++) {
+            j->more[j->n_more] = job_sibling(s, j, i);
+            if (!j->more[j->n_more])
+                code = 500;
+            else
+                j->n_more++;
+        }
+        if (code == 500)
+            snprintf(err, SRV_ERR_CAP, "out of memory");
     }
     *out = j;
     return code;

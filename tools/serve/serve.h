@@ -86,6 +86,24 @@ typedef struct srv_job {
     uint64_t engine_id;
     char id[48]; /* "cmpl-..." / "chatcmpl-..." */
     int64_t created;
+    /* choices: a request with n or best_of > 1 is a lead job (choice 0, the one its connection
+     * holds) and siblings (choices 1..), each a sequence of its own in the engine. The lead
+     * holds a reference on each sibling; a sibling in the engine holds one on its lead, so the
+     * lead outlives every callback of the group. Siblings reach the engine once the lead's
+     * prompt is prefilled (and in the prefix cache: they copy its KV rows). */
+    int index;                                 /* its choice: 0 .. best_of - 1 */
+    int n_more;                                /* lead: siblings */
+    struct srv_job *more[SRV_MAX_CHOICES - 1]; /* lead: (n_more) the siblings */
+    struct srv_job *lead;                      /* sibling: its lead (NULL for a lead) */
+    int collect_lp; /* log-probabilities computed: the request's, or best_of's ranking */
+    char *echo;     /* completions' echo: the prompt's text, before each choice's */
+    size_t n_echo;
+    /* lead, echo with logprobs: the prompt's tokens (n_prompt), their text pieces (off, len in
+     * ptext, the prompt detokenized) and, from the engine, the log-probabilities of tokens
+     * 1 .. n_plps - 1 (the first has none) */
+    srv_lp *plps;
+    int64_t n_plps;
+    char *ptext;
     /* output, under srv.mu */
     st_detok detok;
     char *tok_buf;
@@ -109,7 +127,7 @@ typedef struct srv_job {
     /* streaming state (connection thread only) */
     size_t n_sent;
     int64_t n_lp_sent; /* log-probabilities streamed */
-    int sent_role, sent_final;
+    int sent_role, sent_final, sent_finish, sent_echo;
     char *sse;
     size_t n_sse, sse_off;
     void *conn; /* struct MHD_Connection * */
@@ -138,6 +156,7 @@ struct srv {
     pthread_cond_t engine_cv, drain_cv;
     srv_job *pending, *pending_tail;
     int n_pending;
+    srv_job *held; /* engine thread: siblings waiting for their lead's prefill */
     uint64_t cancels[SRV_MAX_CANCELS];
     int n_cancels;
     /* jobs whose text grew in the engine step under way: their connections are woken once,
@@ -188,6 +207,11 @@ json_t *srv_spec_info(const srv_job *j);
 json_t *srv_usage_obj(const srv_job *j);
 json_t *srv_text_str(const char *t, size_t n);
 json_t *srv_full_response(const srv_job *j);
+/* With s->mu held: the group's choice i (0: the lead itself); 1 when every choice is done. */
+srv_job *srv_choice(srv_job *lead, int i);
+int srv_group_done(const srv_job *lead);
+/* A choice's text (t, n bytes of it) as its answer shows it: with_echo, after the prompt's. */
+json_t *srv_choice_text(const srv_job *c, const char *t, size_t n, int with_echo);
 /* With s->mu held: the log-probabilities the answer keeps (a stop string drops the tokens whose
  * text starts at or after it), those whose text starts before byte `upto` and ends by it, and
  * the "logprobs" object
@@ -195,7 +219,7 @@ json_t *srv_full_response(const srv_job *j);
  * "top_logprobs", "text_offset"}. */
 int64_t srv_logprobs_kept(const srv_job *j);
 int64_t srv_logprobs_upto(const srv_job *j, size_t upto);
-json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to);
+json_t *srv_logprobs_json(const srv *s, const srv_job *j, int64_t from, int64_t to, int prompt);
 
 /* compat.c: the answers of the routes of other servers (status in *code; 400 names the field) */
 json_t *srv_model_obj(const srv *s);
