@@ -684,7 +684,7 @@ typedef struct st_spec_params {
     int32_t draft_uncoupled;     /* 0 (default): STANDALONE, EAGLE and EAGLE3 pick each draft
                                   * node's first candidate with the target's sampler and the
                                   * uniform of its position (seed-coupled drafting, TREE_SPEC
-                                  * §8); nonzero: their own top-K only. Output is the same
+                                  * §9); nonzero: their own top-K only. Output is the same
                                   * either way; acceptance when sampling is not */
 } st_spec_params;
 

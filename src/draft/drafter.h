@@ -12,7 +12,7 @@
 
 typedef struct st_drafter st_drafter;
 
-/* Seed-coupled drafting (TREE_SPEC §8): what the target's sampler does at the positions a
+/* Seed-coupled drafting (TREE_SPEC §9): what the target's sampler does at the positions a
  * proposal drafts, so that a drafter with a distribution of its own can pick each node's first
  * candidate with the target's rule (st_sample_penalize, then st_sample with the uniform of the
  * candidate's absolute position) applied to its own logits. */

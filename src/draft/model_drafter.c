@@ -16,7 +16,7 @@
  *   positions, but a committed row reads three of the target's layers (fused by its fc), a
  *   draft node reads its parent's pre-norm output, and the head's logits cover its own draft
  *   vocabulary, whose ids d2t maps to target ids before they enter the pool.
- * Seed-coupled drafting (TREE_SPEC §8): when the engine hands over the request's sampler, each
+ * Seed-coupled drafting (TREE_SPEC §9): when the engine hands over the request's sampler, each
  * expanded node's first candidate is the token the target's sampler would pick from the draft's
  * logits at that candidate's position (the same uniform), its siblings the draft's top-K.
  */
