@@ -681,6 +681,11 @@ typedef struct st_spec_params {
     int32_t ngram_min_match;     /* NGRAM: shortest suffix matched (default 1) */
     int32_t ngram_max_match;     /* NGRAM: longest suffix matched (default 8) */
     int32_t ngram_breadth;       /* NGRAM: most matches merged (default 8) */
+    int32_t draft_uncoupled;     /* 0 (default): STANDALONE, EAGLE and EAGLE3 pick each draft
+                                  * node's first candidate with the target's sampler and the
+                                  * uniform of its position (seed-coupled drafting, TREE_SPEC
+                                  * §9); nonzero: their own top-K only. Output is the same
+                                  * either way; acceptance when sampling is not */
 } st_spec_params;
 
 st_spec_params st_spec_default_params(void);

@@ -848,6 +848,77 @@ static void test_penalties_lossless(void **state) {
     assert_true(accepted > 0);
 }
 
+/* Seed-coupled drafting (TREE_SPEC §8), on and off: STANDALONE (the model drafting for itself),
+ * the trained EAGLE and EAGLE-3 heads of models/ and the reduced-vocabulary EAGLE-3 head, three
+ * seeds, temperatures 0.3, 0.8 and 1.2 with varied filters, one with penalties and a bias:
+ * token for token plain decoding either way. The model drafting for itself with K = 1 has the
+ * target's logits at every draft node, so coupled, its chain is accepted whole at every step
+ * (the drafter applied the target's own rule at the right positions and paths), which the
+ * uncoupled chain is not. */
+static void test_coupled_lossless(void **state) {
+    (void)state;
+    st_model *eagle = NULL, *eagle3 = NULL;
+    assert_int_equal(st_eagle_head_load(tu_data("models/eagle-stories260K"), model, &eagle), ST_OK);
+    assert_int_equal(st_eagle_head_load(tu_data("models/eagle3-stories260K"), model, &eagle3),
+                     ST_OK);
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    const float temps[3] = {0.3f, 0.8f, 1.2f};
+    const st_logit_bias bias[1] = {{261, 1.5f}};
+    const int shapes[3][3] = {{1, 4, 5}, {2, 3, 6}, {4, 6, 16}};
+    int runs = 0;
+    int64_t all_on = 0, steps_on = 0, all_off = 0, steps_off = 0;
+    for (int seed = 0; seed < 3; seed++)
+        for (int ti = 0; ti < 4; ti++) {
+            st_sampler_params sp = {.temp = temps[ti % 3], .seed = 500 + (uint64_t)seed};
+            sp.top_k = ti == 1 ? 0 : 40;
+            sp.top_p = ti == 2 ? 1.0f : 0.9f;
+            sp.min_p = ti == 0 ? 0.05f : 0.0f;
+            if (ti == 3) { /* penalties and a bias, whose history includes the draft path */
+                sp.repeat_penalty = 1.3f, sp.repeat_last_n = 16, sp.presence_penalty = 0.4f;
+                sp.frequency_penalty = 0.3f, sp.logit_bias = bias, sp.n_logit_bias = 1;
+            }
+            st_spec_params none = st_spec_default_params();
+            rec plain, got;
+            st_gen_stats gs;
+            run(prompt, 5, &sp, &none, 1, &plain, &gs);
+            for (int algo = 0; algo < 4; algo++)
+                for (int sh = 0; sh < 3; sh++)
+                    for (int off = 0; off < 2; off++) {
+                        st_spec_params spec = st_spec_default_params();
+                        spec.algo = algo == 0   ? ST_SPEC_STANDALONE
+                                    : algo == 1 ? ST_SPEC_EAGLE
+                                                : ST_SPEC_EAGLE3;
+                        spec.draft_model = algo == 0   ? model
+                                           : algo == 1 ? eagle
+                                           : algo == 2 ? eagle3
+                                                       : head3r;
+                        spec.topk = shapes[sh][0];
+                        spec.num_steps = shapes[sh][1];
+                        spec.num_draft_tokens = shapes[sh][2];
+                        spec.draft_uncoupled = off;
+                        run(prompt, 5, &sp, &spec, 1 + (sh + off) % 2, &got, &gs);
+                        if (!same(&got, &plain))
+                            fail_msg("coupled %s: mismatch: seed %d temp config %d algo %d "
+                                     "shape %d",
+                                     off ? "off" : "on", seed, ti, algo, sh);
+                        assert_true(gs.spec_steps > 0);
+                        if (algo == 0 && sh == 0) {
+                            *(off ? &all_off : &all_on) += gs.accept_hist[4];
+                            *(off ? &steps_off : &steps_on) += gs.spec_steps;
+                        }
+                        runs++;
+                    }
+        }
+    print_message("%d coupled/uncoupled speculative runs matched plain decoding; self-draft chain "
+                  "accepted whole in %lld of %lld steps coupled, %lld of %lld uncoupled\n",
+                  runs, (long long)all_on, (long long)steps_on, (long long)all_off,
+                  (long long)steps_off);
+    assert_int_equal(all_on, steps_on);
+    assert_true(all_off < steps_off);
+    st_model_free(eagle3);
+    st_model_free(eagle);
+}
+
 /* Batches with penalties: each sequence equals its own plain decoding with them. */
 static void test_penalties_batch(void **state) {
     (void)state;
@@ -1003,6 +1074,7 @@ int main(void) {
         cmocka_unit_test(test_padded_vocab),
         cmocka_unit_test(test_penalties_lossless),
         cmocka_unit_test(test_penalties_batch),
+        cmocka_unit_test(test_coupled_lossless),
         cmocka_unit_test(test_penalties_mixed),
         cmocka_unit_test(test_eos_bans),
     };

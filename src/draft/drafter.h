@@ -12,6 +12,18 @@
 
 typedef struct st_drafter st_drafter;
 
+/* Seed-coupled drafting (TREE_SPEC §9): what the target's sampler does at the positions a
+ * proposal drafts, so that a drafter with a distribution of its own can pick each node's first
+ * candidate with the target's rule (st_sample_penalize, then st_sample with the uniform of the
+ * candidate's absolute position) applied to its own logits. */
+typedef struct st_draft_coupling {
+    const st_sampler_params *sampler; /* the request's (borrowed for the call) */
+    const int32_t *eog;               /* (n_eog) end-of-generation ids (ignore_eos, min_tokens) */
+    int32_t n_eog;
+    int32_t n_tok;    /* the target samples ids [0, n_tok) */
+    int64_t n_prompt; /* the history's first n_prompt tokens are the prompt's */
+} st_draft_coupling;
+
 struct st_drafter {
     /* Proposes draft results for the step whose root is hist[n_hist-1] at position n_hist-1
      * (all earlier tokens are committed). Writes scores (M), tokens (M) and level_parents
@@ -20,6 +32,10 @@ struct st_drafter {
      * (the engine verifies at most that many drafted nodes). */
     st_status (*propose)(st_drafter *d, const int32_t *hist, int64_t n_hist, int64_t K, int64_t S,
                          float *scores, int32_t *tokens, int64_t *level_parents, int64_t *n_real);
+    /* Set by the engine for each propose: the request's sampler, to which drafters with a draft
+     * distribution couple each node's first candidate (the others stay their top-K); NULL: the
+     * draft's own top-K only (drafters without a distribution always ignore it). */
+    const st_draft_coupling *coupling;
     /* The target's final-normed state (n_embd) at committed position pos, called by the engine
      * for every committed position in increasing order (the prompt's after prefill, then each
      * step's), before the next target forward pass; NULL for drafters that read no states. */

@@ -16,6 +16,9 @@
  *   positions, but a committed row reads three of the target's layers (fused by its fc), a
  *   draft node reads its parent's pre-norm output, and the head's logits cover its own draft
  *   vocabulary, whose ids d2t maps to target ids before they enter the pool.
+ * Seed-coupled drafting (TREE_SPEC §9): when the engine hands over the request's sampler, each
+ * expanded node's first candidate is the token the target's sampler would pick from the draft's
+ * logits at that candidate's position (the same uniform), its siblings the draft's top-K.
  */
 #include "draft/drafter.h"
 
@@ -54,6 +57,13 @@ typedef struct mdraft {
     int32_t *eoff;                   /* (max_k + 1) */
     int32_t *erow;                   /* (max_k, max_s + 1) */
     int64_t *pick;                   /* (max_k) expanded candidates of a level */
+    int32_t *ptok;                   /* (max_k, max_s) tokens of each expanded node's path below
+                                      * the root, the node's own last (nanc[k] + 1 of them) */
+    int32_t *ptok2;                  /* (max_k, max_s) next level's */
+    int32_t n_tgt;                   /* coupling: the target's ids [0, n_tgt) */
+    float *clog;                     /* (n_tgt) coupling: draft logits as target ids */
+    int32_t *counts;                 /* (n_tgt) coupling: st_sample_penalize's counts */
+    void *sscratch;                  /* coupling: st_sample's scratch for n_tgt */
     void *mem;                       /* the one allocation all the arrays above live in */
 
     /* EAGLE-3: logits cover the draft vocabulary (n_vocab = its size); d2t maps its ids */
@@ -148,6 +158,50 @@ static void map_ids(const mdraft *g, int32_t *ids, int64_t n) {
         ids[i] = g->d2t[ids[i]];
 }
 
+/* Seed coupling of one node's K candidates ids (target ids, the draft's top-K by probability
+ * p_out, descending) from its draft logits lg: the token the target's sampler would pick at
+ * position pos after hist and path, with the draft's logits in place of the target's, becomes
+ * the first candidate with the best score, the rest keep their order. */
+static st_status couple(mdraft *g, const st_draft_coupling *cp, const float *lg,
+                        const int32_t *hist, int64_t n_hist, const int32_t *path, int64_t n_path,
+                        int64_t pos, int64_t K, int32_t *ids, float *p_out) {
+    const st_sampler_params *sp = cp->sampler;
+    const int pen = st_sampler_penalized(sp);
+    if (sp->temp == 0.0f && !pen)
+        return ST_OK; /* the argmax: the draft's top-1 already */
+    const int32_t V = cp->n_tok < g->n_tgt ? cp->n_tok : g->n_tgt;
+    if (g->d2t) {
+        for (int32_t i = 0; i < V; i++)
+            g->clog[i] = -INFINITY;
+        for (int32_t i = 0; i < g->n_cand; i++)
+            if (g->d2t[i] < V)
+                g->clog[g->d2t[i]] = lg[i];
+    } else {
+        for (int32_t i = 0; i < V; i++)
+            g->clog[i] = i < g->n_cand ? lg[i] : -INFINITY;
+    }
+    st_status st;
+    if (pen) {
+        const st_sample_history h = {hist, n_hist, cp->n_prompt, path, n_path};
+        if ((st = st_sample_penalize(g->clog, V, sp, &h, cp->eog, cp->n_eog, g->counts)))
+            return st;
+    }
+    int32_t t;
+    if ((st = st_sample(g->clog, V, sp, pos, g->sscratch, &t)))
+        return st;
+    int64_t j = 0; /* where t is among the top-K, or K - 1 (dropped) */
+    while (j < K - 1 && ids[j] != t)
+        j++;
+    const float best = p_out[0];
+    for (int64_t q = j; q > 0; q--) {
+        ids[q] = ids[q - 1];
+        p_out[q] = p_out[q - 1];
+    }
+    ids[0] = t;
+    p_out[0] = best;
+    return ST_OK;
+}
+
 /* A pool with no drafts (every score -INFINITY), as the engine expects one laid out. */
 static void no_drafts(mdraft *g, int64_t K, int64_t S, float *scores, int32_t *tokens,
                       int64_t *level_parents) {
@@ -192,14 +246,18 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         scores[i] = -INFINITY;
         tokens[i] = 0;
     }
+    const st_draft_coupling *cp = d->coupling;
     topk_probs(g->logits, g->n_cand, K, g->probs, tokens, scores);
     map_ids(g, tokens, K);
+    if (cp && (st = couple(g, cp, g->logits, hist, n_hist, NULL, 0, n_hist, K, tokens, scores)))
+        return st;
     level_parents[0] = -1;
     for (int64_t c = 0; c < K; c++) {
         level_parents[1 + c] = c;
         g->score[c] = scores[c];
         g->tok[c] = tokens[c];
         g->nanc[c] = 0;
+        g->ptok[c * g->max_s] = tokens[c];
     }
     /* the draft rows follow the committed ones; level i's nodes share position first + i - 1 */
     const int32_t first = g->valid;
@@ -242,6 +300,12 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
             topk_probs(g->logits + p * V, g->n_cand, K, g->probs, tokens + base + p * K,
                        scores + base + p * K);
             map_ids(g, tokens + base + p * K, K);
+            /* level i's candidates sit at position n_hist + i, after their parent's path */
+            if (cp && g->score[p] != -INFINITY &&
+                (st = couple(g, cp, g->logits + p * V, hist, n_hist, g->ptok + p * g->max_s,
+                             g->nanc[p] + 1, n_hist + i, K, tokens + base + p * K,
+                             scores + base + p * K)))
+                return st;
             for (int64_t c = 0; c < K; c++)
                 scores[base + p * K + c] =
                     g->score[p] == -INFINITY ? -INFINITY : scores[base + p * K + c] * g->score[p];
@@ -253,6 +317,10 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
                    (size_t)g->nanc[p] * sizeof *g->anc);
             g->anc2[k * g->max_s + g->nanc[p]] = g->row[p];
             g->nanc2[k] = g->nanc[p] + 1;
+            memcpy(g->ptok2 + k * g->max_s, g->ptok + p * g->max_s,
+                   (size_t)g->nanc2[k] * sizeof *g->ptok);
+            if (g->nanc2[k] < g->max_s)
+                g->ptok2[k * g->max_s + g->nanc2[k]] = tokens[base + best];
             g->score[k] = g->pick[k] >= 0 ? scores[base + best] : -INFINITY;
             g->tok[k] = tokens[base + best];
             if (g->eagle)
@@ -262,6 +330,7 @@ static st_status mdraft_propose(st_drafter *d, const int32_t *hist, int64_t n_hi
         /* level_parents slots past the last needed level are never read */
         memcpy(g->anc, g->anc2, (size_t)(K * g->max_s) * sizeof *g->anc);
         memcpy(g->nanc, g->nanc2, (size_t)K * sizeof *g->nanc);
+        memcpy(g->ptok, g->ptok2, (size_t)(K * g->max_s) * sizeof *g->ptok);
         next_row += (int32_t)K;
         lp += K;
     }
@@ -355,6 +424,11 @@ static void mdraft_layout(mdraft *g, st_plan *p) {
     g->eoff = st_plan_take(p, K + 1, sizeof *g->eoff);
     g->erow = st_plan_take(p, K * (S + 1), sizeof *g->erow);
     g->pick = st_plan_take(p, K, sizeof *g->pick);
+    g->ptok = st_plan_take(p, K * S, sizeof *g->ptok);
+    g->ptok2 = st_plan_take(p, K * S, sizeof *g->ptok2);
+    g->clog = st_plan_take(p, (size_t)g->n_tgt, sizeof *g->clog);
+    g->counts = st_plan_take(p, (size_t)g->n_tgt, sizeof *g->counts);
+    g->sscratch = st_plan_take(p, st_sample_scratch_size(g->n_tgt), 1);
 }
 
 /* Width of the target state an EAGLE head reads per position (0: a draft model reads none). */
@@ -397,6 +471,9 @@ static st_status mdraft_new(const st_model *draft, int eagle, int32_t n_ctx, st_
     const int32_t n_tok =
         st_tokenizer_n_vocab(st_model_tokenizer(draft->target ? draft->target : draft));
     g->n_cand = draft->eagle3 || n_tok > g->n_vocab ? g->n_vocab : n_tok;
+    /* the engine's sampled ids: the tokenizer's, within the target's output layer */
+    const int64_t n_out = draft->target ? draft->target->output.n_out : draft->output.n_out;
+    g->n_tgt = n_tok < n_out ? n_tok : (int32_t)n_out;
     g->n_embd = draft->hp.n_embd;
     g->feat_w = state_width(draft);
     g->base.state = eagle ? eagle_state : NULL;

@@ -214,7 +214,12 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int6
         int32_t *tok = g->cand_tokens + a * M;
         int64_t *lp = g->level_parents + a * LPW;
         st_drafter *d = g->dr[b];
-        if ((rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real)))
+        const st_req *r = g->req[b];
+        const st_draft_coupling cp = {&r->rp.sampler, g->eog, g->n_eog, g->n_tok, r->n_prompt};
+        d->coupling = g->p.spec.draft_uncoupled ? NULL : &cp;
+        rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real);
+        d->coupling = NULL;
+        if (rc)
             return rc;
         if (d->evals > 0)
             st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->catch_rows, d->levels_s);

@@ -32,6 +32,7 @@ enum {
     O_NG_MIN,
     O_NG_MAX,
     O_NG_BREADTH,
+    O_DRAFT_COUPLED,
     O_MODEL_DRAFT,
     O_DRAFT_MAX,
     O_DRAFT_MIN,
@@ -75,6 +76,7 @@ static const struct option common_lo[] = {
     {"speculative-ngram-min-match-window-size", required_argument, 0, O_NG_MIN},
     {"speculative-ngram-max-match-window-size", required_argument, 0, O_NG_MAX},
     {"ngram-breadth", required_argument, 0, O_NG_BREADTH},
+    {"draft-coupled", required_argument, 0, O_DRAFT_COUPLED},
     {"model-draft", required_argument, 0, O_MODEL_DRAFT},
     {"draft-max", required_argument, 0, O_DRAFT_MAX},
     {"draft", required_argument, 0, O_DRAFT_MAX},
@@ -157,6 +159,10 @@ const char cli_common_help[] =
     "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
     "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 8, 8);\n"
     "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n"
+    "      --draft-coupled {on,off}   STANDALONE, EAGLE, EAGLE3: each draft node's first\n"
+    "                       candidate is what the target's sampler (this seed, that position)\n"
+    "                       would pick from the draft's logits (default on); off: the draft's\n"
+    "                       top-K only. The output is the same; acceptance when sampling is not\n"
     "\n"
     "llama.cpp's names:\n"
     "  -md, --model-draft PATH   a draft model: STANDALONE unless --speculative-algorithm says\n"
@@ -432,6 +438,13 @@ int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o) {
     case O_NG_BREADTH:
         cli_parse_int(cmd, "--ngram-breadth", arg, 1, ST_NGRAM_MAX_BREADTH, &v);
         o->spec.ngram_breadth = (int32_t)v;
+        break;
+    case O_DRAFT_COUPLED:
+        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
+            fprintf(stderr, "spectree %s: --draft-coupled takes on or off, got '%s'\n", cmd, arg);
+            exit(2);
+        }
+        o->spec.draft_uncoupled = !strcmp(arg, "off");
         break;
     default:
         return 0;
