@@ -659,10 +659,12 @@ st_status st_sample_penalize(float *logits, int32_t n_vocab, const st_sampler_pa
  * \UHHHHHHHH), [a-z0-9_] and [^"\\] classes over code points, `.` (any code point), rule
  * names and ( groups ), each optionally followed by * + ? {m} {m,} {m,n} (m, n <= 1000);
  * `#` comments to the end of the line; a newline ends a rule except inside parentheses or
- * after `::=` and `|`. Matching is over the UTF-8 bytes of the output. Refused with a message
- * naming line and column: syntax errors, undefined rules, a rule defined twice, no `root`,
- * left recursion (a rule that reaches itself without consuming input, including a repetition
- * of something that can be empty), token references <...>.
+ * after `::=` and `|`. Matching is over the output's bytes: the generated tokens' decoded bytes
+ * (the pieces with "▁" as a space and <0xHH> as the byte; one exception: after a prompt of BOS
+ * alone, the detokenizer drops a leading space of the first token, which the grammar did see).
+ * Refused with a message naming line and column: syntax errors, undefined rules, a rule
+ * defined twice, no `root`, left recursion (a rule that reaches itself without consuming
+ * input, including a repetition of something that can be empty), token references <...>.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct st_grammar st_grammar;
@@ -681,15 +683,17 @@ const char *st_grammar_json_object(void);
 /* GBNF for the JSON texts valid against a JSON schema (schema: len bytes of JSON). Supported:
  * type (string, number, integer, boolean, null, object, array, or a list of them), properties
  * with required (properties are written in their order, required ones always, the others
- * optionally), additionalProperties (false, true or a schema; default false: OpenAI's strict
- * mode), items, prefixItems, minItems, maxItems, enum, const, anyOf, oneOf (as anyOf), allOf with
- * one member, $ref to "#/$defs/..." or "#/definitions/...", minLength and maxLength (<= 1000),
- * pattern (a regex subset: literals, escapes, ., [classes], \d \w \s, groups, |, * + ? {m,n},
- * anchored at both ends; no backreferences, lookaround or lazy quantifiers), format date,
- * time, date-time, uuid; and the annotations title, description, default, examples, $schema,
- * $id, strict. Anything else (minimum, multipleOf, patternProperties, not, if/then, ...) is
- * refused with ST_ERR_UNSUPPORTED naming the keyword and where it is ("minimum at
- * /properties/age"), never ignored. Whitespace between tokens: none (compact JSON). *out: a
+ * optionally), additionalProperties (extra keys are never written, except in an object without
+ * properties, whose values then follow it), items, prefixItems, minItems, maxItems, enum, const,
+ * anyOf, oneOf (as anyOf: a text matching two branches is not excluded), allOf with one member,
+ * $ref to "#/$defs/..." or "#/definitions/...", minLength and maxLength (<= 1000), pattern (a
+ * regex subset: literals, escapes, ., [classes], \d \w \s, groups, |, * + ? {m,n}; ^ and $
+ * only at the ends, an unanchored end matching anything; no backreferences, lookaround or lazy
+ * quantifiers), format date, time, date-time, uuid; and the annotations title, description,
+ * default, examples, $schema, $id, $comment, strict. Anything else (minimum, multipleOf,
+ * patternProperties, not, if/then, ...) is refused with ST_ERR_UNSUPPORTED naming the keyword
+ * and where it is ("'minimum' at /properties/age"), never ignored. Whitespace: at most one
+ * space between tokens; integers: at most 16 digits. *out: a
  * NUL-terminated string to release with st_grammar_text_free. */
 st_status st_json_schema_to_gbnf(const char *schema, size_t len, char **out);
 void st_grammar_text_free(char *text);
