@@ -91,6 +91,14 @@ static void test_gbnf_match(void **state) {
     assert_int_equal(match(g, "(()"), 0);
     assert_int_equal(match(g, "())"), -1);
     st_grammar_free(g);
+
+    /* 2^40 ways through empty rules: bounded work, still the right answer */
+    g = parse_ok(
+        "root ::= x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x x "
+        "x x \"b\"\nx ::= \"\" | \"\"\n");
+    assert_int_equal(match(g, "b"), 1);
+    assert_int_equal(match(g, "a"), -1);
+    st_grammar_free(g);
 }
 
 static void test_gbnf_errors(void **state) {

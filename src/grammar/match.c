@@ -13,9 +13,10 @@
 #include <math.h>
 #include <string.h>
 
-#define MAX_DEPTH 1024  /* entries of one stack; deeper stacks are dropped (nesting that deep) */
-#define MAX_STACKS 1024 /* stacks of one state; more are dropped (a grammar that ambiguous) */
-#define CACHE_N 64      /* cached masks per matcher */
+#define MAX_DEPTH 1024   /* entries of one stack; deeper stacks are dropped (nesting that deep) */
+#define MAX_STACKS 1024  /* stacks of one state; more are dropped (a grammar that ambiguous) */
+#define CACHE_N 64       /* cached masks per matcher */
+#define MAX_EXPAND 65536 /* expansion steps per advanced byte (2^n ways through n empty rules) */
 
 void st_gstate_free(st_gstate *st) {
     if (!st)
@@ -68,14 +69,16 @@ static int add_stack(st_gstate *out, const int32_t *w, int32_t d) {
 
 /* Adds every stack stack w[0..d) becomes once its top is a byte set (or it is empty). w has
  * room for MAX_DEPTH + 1 entries and is restored before returning. Terminates because the
- * grammar has no left recursion. */
-static int expand(const st_grammar *g, st_gstate *out, int32_t *w, int32_t d) {
+ * grammar has no left recursion; *budget bounds the steps (deterministically). */
+static int expand(const st_grammar *g, st_gstate *out, int32_t *w, int32_t d, int64_t *budget) {
+    if (--*budget < 0)
+        return 0; /* a grammar that ambiguous: the rest of the ways are dropped */
     if (d == 0)
         return add_stack(out, w, 0);
     const int32_t p = w[d - 1];
     const st_gel e = g->el[p];
     if (e.kind == ST_GEL_END)
-        return expand(g, out, w, d - 1);
+        return expand(g, out, w, d - 1, budget);
     if (e.kind == ST_GEL_SET)
         return add_stack(out, w, d);
     const int32_t saved = w[d - 1];
@@ -88,7 +91,7 @@ static int expand(const st_grammar *g, st_gstate *out, int32_t *w, int32_t d) {
     if (nd < MAX_DEPTH)
         for (int32_t a = g->alt_off[e.arg]; a < g->alt_off[e.arg + 1] && !rc; a++) {
             w[nd] = g->alts[a];
-            rc = expand(g, out, w, nd + 1);
+            rc = expand(g, out, w, nd + 1, budget);
         }
     w[d - 1] = saved;
     return rc;
@@ -98,9 +101,10 @@ st_status st_gstate_start(const st_grammar *g, st_gstate *out) {
     clear(out);
     int32_t *w = st_malloc((MAX_DEPTH + 1) * sizeof *w);
     int rc = !w;
+    int64_t budget = MAX_EXPAND;
     for (int32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1] && !rc; a++) {
         w[0] = g->alts[a];
-        rc = expand(g, out, w, 1);
+        rc = expand(g, out, w, 1, &budget);
     }
     st_free(w);
     return rc ? st_fail(ST_ERR_NOMEM, "grammar: out of memory") : ST_OK;
@@ -110,6 +114,7 @@ st_status st_gstate_start(const st_grammar *g, st_gstate *out) {
 static int advance_w(const st_grammar *g, const st_gstate *st, uint8_t c, st_gstate *out,
                      int32_t *w) {
     clear(out);
+    int64_t budget = MAX_EXPAND;
     for (int64_t i = 0; i < st->n; i += 1 + st->buf[i]) {
         const int32_t d = st->buf[i];
         if (d == 0)
@@ -119,7 +124,7 @@ static int advance_w(const st_grammar *g, const st_gstate *st, uint8_t c, st_gst
             continue;
         memcpy(w, st->buf + i + 1, (size_t)d * sizeof *w);
         w[d - 1] = p + 1;
-        if (expand(g, out, w, d))
+        if (expand(g, out, w, d, &budget))
             return -1;
     }
     return 0;
