@@ -583,6 +583,16 @@ typedef struct st_sampler_params {
     int32_t min_tokens; /* >= 0: EOS is banned until this many tokens were generated (stop
                          * strings are the caller's: the server and generate hold them back
                          * as long) */
+    /* Structured output: GBNF text (see "Grammars" below), borrowed, NUL-terminated; NULL or
+     * "" (the default): none. st_engine_submit (and st_generate) compile it, ST_ERR_INVALID
+     * with the parse error otherwise. Each generated token is then chosen among the tokens
+     * whose bytes keep the output a prefix of a sentence of the grammar (the other logits set
+     * to -inf after the penalties), end-of-generation only where the output is a whole
+     * sentence (or where no other token can follow). Like the penalties, the mask depends only
+     * on the tokens along the sequence's own path, so speculative decoding stays exact; the
+     * drafted tree nodes the grammar rejects are pruned before verification. n_predict can
+     * still cut the output short (ST_STOP_LENGTH). */
+    const char *grammar;
 } st_sampler_params;
 
 #define ST_MAX_LOGIT_BIAS 1024 /* most entries of st_sampler_params.logit_bias */
@@ -640,6 +650,53 @@ size_t st_sample_penalty_scratch_size(int32_t n_vocab);
 st_status st_sample_penalize(float *logits, int32_t n_vocab, const st_sampler_params *p,
                              const st_sample_history *h, const int32_t *eog, int32_t n_eog,
                              int32_t *counts);
+
+/* ---------------------------------------------------------------------------------------------
+ * Grammars (structured output)
+ *
+ * GBNF as llama.cpp's users write it: rules `name ::= alternatives` (the start rule is `root`),
+ * `|` between alternatives, items "literal" (escapes \n \r \t \\ \" \xHH \uHHHH
+ * \UHHHHHHHH), [a-z0-9_] and [^"\\] classes over code points, `.` (any code point), rule
+ * names and ( groups ), each optionally followed by * + ? {m} {m,} {m,n} (m, n <= 1000);
+ * `#` comments to the end of the line; a newline ends a rule except inside parentheses or
+ * after `::=` and `|`. Matching is over the output's bytes: the generated tokens' decoded bytes
+ * (the pieces with "▁" as a space and <0xHH> as the byte; one exception: after a prompt of BOS
+ * alone, the detokenizer drops a leading space of the first token, which the grammar did see).
+ * Refused with a message naming line and column: syntax errors, undefined rules, a rule
+ * defined twice, no `root`, left recursion (a rule that reaches itself without consuming
+ * input, including a repetition of something that can be empty), token references <...>.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct st_grammar st_grammar;
+
+/* Compiles len bytes of GBNF text. ST_ERR_INVALID with the reason in st_last_error(). */
+st_status st_grammar_parse(const char *text, size_t len, st_grammar **out);
+void st_grammar_free(st_grammar *g);
+
+/* Matches n bytes against g: *result 1 when they are a sentence of the grammar, 0 when they are
+ * a proper prefix of one, -1 when no sentence starts with them. */
+st_status st_grammar_match(const st_grammar *g, const char *s, size_t n, int *result);
+
+/* GBNF for any JSON object (OpenAI's response_format json_object), NUL-terminated, static. */
+const char *st_grammar_json_object(void);
+
+/* GBNF for the JSON texts valid against a JSON schema (schema: len bytes of JSON). Supported:
+ * type (string, number, integer, boolean, null, object, array, or a list of them), properties
+ * with required (properties are written in their order, required ones always, the others
+ * optionally), additionalProperties (extra keys are never written, except in an object without
+ * properties, whose values then follow it), items, prefixItems, minItems, maxItems, enum, const,
+ * anyOf, oneOf (as anyOf: a text matching two branches is not excluded), allOf with one member,
+ * $ref to "#/$defs/..." or "#/definitions/...", minLength and maxLength (<= 1000), pattern (a
+ * regex subset: literals, escapes, ., [classes], \d \w \s, groups, |, * + ? {m,n}; ^ and $
+ * only at the ends, an unanchored end matching anything; no backreferences, lookaround or lazy
+ * quantifiers), format date, time, date-time, uuid; and the annotations title, description,
+ * default, examples, $schema, $id, $comment, strict. Anything else (minimum, multipleOf,
+ * patternProperties, not, if/then, ...) is refused with ST_ERR_UNSUPPORTED naming the keyword
+ * and where it is ("'minimum' at /properties/age"), never ignored. Whitespace: at most one
+ * space between tokens; integers: at most 16 digits. *out: a
+ * NUL-terminated string to release with st_grammar_text_free. */
+st_status st_json_schema_to_gbnf(const char *schema, size_t len, char **out);
+void st_grammar_text_free(char *text);
 
 #include "spectree_tree.h" /* draft trees, verification, attention backends */
 

@@ -17,13 +17,13 @@ out=build-fuzz
 CC=clang cmake -S . -B $out -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_FUZZ=ON -DST_SANITIZE=ON \
     -DST_WERROR=ON >/dev/null
 cmake --build $out -j"$jobs" --target fuzz_gguf fuzz_tokenize fuzz_safetensors \
-    fuzz_serve_request fuzz_hf_tokenizer fuzz_eagle3 >/dev/null
+    fuzz_serve_request fuzz_hf_tokenizer fuzz_eagle3 fuzz_grammar >/dev/null
 
 rm -rf $out/seeds
 mkdir -p $out/seeds/gguf $out/seeds/tokenize $out/seeds/safetensors $out/corpus/gguf \
     $out/corpus/tokenize $out/corpus/safetensors $out/crashes $out/seeds/serve_request \
     $out/corpus/serve_request $out/seeds/hf_tokenizer $out/corpus/hf_tokenizer $out/seeds/eagle3 \
-    $out/corpus/eagle3
+    $out/corpus/eagle3 $out/seeds/grammar $out/corpus/grammar
 cp models/stories260K.gguf tests/data/tokenizer/*.gguf $out/seeds/gguf/
 head -c 4096 models/stories260K.gguf >$out/seeds/gguf/stories260K-head.gguf
 if [ -x build/spectree-mkmodel ]; then # small whole models, one per weight type
@@ -48,6 +48,13 @@ for pre in llama3 qwen2; do # small byte-level tokenizer.json files (tests/oracl
     rm -rf $out/seeds/hf_tokenizer/$pre
 done
 
+# Grammars (first byte 0: GBNF, a NUL, a subject) and JSON schemas (first byte 1).
+printf '0root ::= "a" [0-9]+ ("x" | "yz")? # c\n\0a12yz' >$out/seeds/grammar/g1
+printf '0root ::= list\nlist ::= "(" list ")" list | ""\n\0(()())' >$out/seeds/grammar/g2
+printf '0root ::= [^"\\\\]{2,4} . [a-z]*\n\0ab\xce\xb1' >$out/seeds/grammar/g3
+printf '1{"type":"object","properties":{"a":{"type":"array","items":{"enum":[1,"x"]},"maxItems":3},"b":{"type":"string","pattern":"^[a-z]{1,4}(x|y)?$"}},"required":["a"]}' >$out/seeds/grammar/s1
+printf '1{"$defs":{"n":{"anyOf":[{"type":"integer"},{"type":"array","items":{"$ref":"#/$defs/n"}}]}},"$ref":"#/$defs/n"}' >$out/seeds/grammar/s2
+
 # Texts past 4 KiB add little to the tokenizers' coverage and slow each run down.
 # HTTP bodies: the first byte picks the endpoint (even: completions, odd: chat).
 for f in tests/serve/bodies/*.json; do
@@ -56,9 +63,9 @@ for f in tests/serve/bodies/*.json; do
 done
 
 declare -A max_len=([gguf]=0 [tokenize]=4096 [safetensors]=65536 [serve_request]=8192
-    [hf_tokenizer]=131072 [eagle3]=0)
+    [hf_tokenizer]=131072 [eagle3]=0 [grammar]=4096)
 pids=()
-for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3; do
+for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3 grammar; do
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         $out/fuzz_$t -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
         -max_len=${max_len[$t]} -artifact_prefix=$out/crashes/$t- $out/corpus/$t $out/seeds/$t \
@@ -67,7 +74,7 @@ for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3; do
 done
 rc=0
 i=0
-for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3; do
+for t in gguf tokenize safetensors serve_request hf_tokenizer eagle3 grammar; do
     if wait "${pids[$i]}"; then
         echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' $out/fuzz_$t.log |
             grep -o '[0-9]*$') runs in ${secs}s, corpus $(ls $out/corpus/$t | wc -l) inputs"

@@ -222,8 +222,25 @@ static void test_parse_errors(void **state) {
          "no tools", "tool_choice"},
         {1,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"xml\"}}",
+         "type 'xml' is not supported", "response_format"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"schema\": "
+         "{\"type\": \"object\", \"properties\": {\"age\": {\"type\": \"integer\", "
+         "\"minimum\": 0}}}}}}",
+         "'minimum' at /properties/age is not supported", "response_format.json_schema.schema"},
+        {1,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+         "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\"}}}",
+         "is required", "response_format.json_schema.schema"},
+        {0, "{\"prompt\": \"x\", \"grammar\": \"root ::= item\"}", "undefined rule 'item'",
+         "grammar"},
+        {0,
+         "{\"prompt\": \"x\", \"grammar\": \"root ::= \\\"a\\\"\", \"response_format\": "
          "{\"type\": \"json_object\"}}",
-         "{\"type\": \"json_object\"} is not supported", "response_format"},
+         "give one of 'grammar' and 'response_format'", "response_format"},
+        {0, "{\"prompt\": \"x\", \"regex\": \"a+\"}", "'regex' is not supported", "regex"},
         {1,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
          "\"text\"}",

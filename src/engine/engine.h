@@ -10,6 +10,7 @@
 
 #include "ctl/ctl.h"
 #include "draft/drafter.h"
+#include "grammar/grammar.h"
 
 /* One request: queued (slot -1), then holding a slot until it finishes. */
 typedef struct st_req st_req;
@@ -26,6 +27,8 @@ struct st_req {
     int64_t spec_emitted; /* tokens of its speculative steps (accepted drafts + bonus) */
     int32_t slot;         /* -1 while queued */
     int cancelled;        /* st_engine_cancel was called: finishes at the next step */
+    st_grammar *grammar;  /* rp.sampler.grammar compiled (NULL: none), and its matcher: the */
+    st_gmatcher *gm;      /* state after the committed generated tokens */
     st_req *next;         /* the queue, in submission order */
     int64_t n_prompt;
     int32_t prompt[]; /* (n_prompt) */

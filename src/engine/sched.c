@@ -193,6 +193,8 @@ static void req_finish(st_engine *e, st_req *r, st_status status) {
     e->finished++;
     if (r->finish)
         r->finish(r->user, st);
+    st_gmatcher_free(r->gm);
+    st_grammar_free(r->grammar);
     st_free(r);
 }
 
@@ -329,14 +331,27 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
                        (long long)reserve, (long long)e->kv_budget);
     if (e->n_queued >= e->max_queued)
         return st_fail(ST_ERR_BUSY, "engine: the queue is full (%d requests waiting)", e->n_queued);
+    /* the grammar, compiled with the matcher of its tokens */
+    st_grammar *gr = NULL;
+    st_gmatcher *gm = NULL;
+    if (r.sampler.grammar && r.sampler.grammar[0] &&
+        ((rc = st_grammar_parse(r.sampler.grammar, strlen(r.sampler.grammar), &gr)) ||
+         (rc = st_gmatcher_create(gr, st_model_tokenizer(e->g.m), e->g.n_tok, &gm)))) {
+        st_grammar_free(gr);
+        return rc;
+    }
     /* the prompt, then a copy of the logit biases (the caller's are borrowed) */
     const size_t n_bias = (size_t)r.sampler.n_logit_bias;
     st_req *q =
         st_malloc(sizeof *q + (size_t)n_prompt * sizeof(int32_t) + n_bias * sizeof(st_logit_bias));
-    if (!q)
+    if (!q) {
+        st_gmatcher_free(gm);
+        st_grammar_free(gr);
         return st_fail(ST_ERR_NOMEM, "engine: out of memory for a request of %lld tokens",
                        (long long)n_prompt);
+    }
     memset(q, 0, sizeof *q);
+    q->grammar = gr, q->gm = gm;
     memcpy(q->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     q->n_prompt = n_prompt;
     q->id = e->next_id++;
@@ -348,6 +363,7 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
     } else {
         q->rp.sampler.logit_bias = NULL;
     }
+    q->rp.sampler.grammar = NULL; /* borrowed: the compiled copy above is used */
     q->emit = emit;
     q->finish = finish;
     q->user = user;

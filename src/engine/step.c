@@ -20,6 +20,8 @@ static void logprobs(const float *lg, int32_t V, int32_t tok, int32_t n, st_toke
     int32_t k = 0; /* entries of the top list so far */
     for (int32_t i = 0; i < V; i++) {
         mx = lg[i] > mx ? lg[i] : mx;
+        if (lg[i] == -INFINITY) /* banned (ignore_eos, a grammar): never among the likely */
+            continue;
         if (k == n &&
             (n == 0 || !st_ranks_before(lg[i], i, lg[lp->top_token[n - 1]], lp->top_token[n - 1])))
             continue;
@@ -79,6 +81,9 @@ st_status st_gen_target_token(st_gen *g, int32_t b, float *lg, int64_t pos, cons
         if ((rc = st_sample_penalize(lg, g->n_tok, &rp->sampler, &h, g->eog, g->n_eog, g->counts)))
             return rc;
     }
+    /* the grammar's mask after the committed tokens and the path: -inf where it forbids */
+    if (r->gm && (rc = st_gmatcher_mask(r->gm, path, n_path, lg)))
+        return rc;
     rc = st_sample(lg, g->n_tok, &rp->sampler, pos, g->scratch, out);
     if (rc == ST_OK && rp->on_logprobs && lp)
         logprobs(lg, g->n_tok, *out, rp->top_logprobs, lp);
@@ -97,6 +102,8 @@ int st_gen_push(st_gen *g, int32_t b, int32_t tok, const st_token_logprobs *lp) 
     if (st_tokenizer_is_eog(g->m->tok, tok))
         return finish(g, b, ST_STOP_EOS);
     g->hist[b][g->n_hist[b]++] = tok;
+    if (r->gm)
+        (void)st_gmatcher_accept(r->gm, tok); /* on failure it allows only EOS from then on */
     g->n_gen[b]++;
     g->stats->gen_tokens++;
     r->st.gen_tokens++;
@@ -158,12 +165,42 @@ static st_status path_target(void *user, int64_t x, int32_t *token) {
         return rc;
     int32_t path[ST_SPEC_MAX_S + 1];
     int64_t n_path = 0, budget = g->n_cur;
-    if (st_sampler_penalized(&g->req[b]->rp.sampler) &&
+    if ((st_sampler_penalized(&g->req[b]->rp.sampler) || g->req[b]->gm) &&
         !node_path(g->nt + o, g->ns + o, g->tree_tokens + o, 0, x - o, 0, path, &n_path, &budget))
         return st_fail(ST_ERR_INVALID, "generate: tree node %lld is not reachable from its root",
                        (long long)(x - o));
     return st_gen_target_token(g, b, g->logits, (int64_t)g->positions[x] + 1, path, n_path, token,
                                g->lps + x);
+}
+
+/* Prunes a drafted candidate pool (K candidates per node; sc, tok: M; lp: level parents) by
+ * the request's grammar: a candidate whose path from the root the grammar rejects, and so each
+ * of its descendants, gets score -inf. st_tree_organize then keeps it only when fewer valid
+ * candidates than tree nodes remain, and the walk never accepts it (the target's masked token
+ * never equals a rejected one), so the emitted tokens are the same either way. */
+static void grammar_prune(st_gmatcher *gm, int64_t K, int64_t M, float *sc, const int32_t *tok,
+                          const int64_t *lp) {
+    int32_t up[ST_SPEC_MAX_S + 1], path[ST_SPEC_MAX_S + 1];
+    for (int64_t c = 0; c < M; c++) {
+        if (!isfinite(sc[c]))
+            continue;
+        int64_t n = 0, u = c;
+        for (;;) {
+            if (n > ST_SPEC_MAX_S)
+                break;
+            up[n++] = tok[u];
+            const int64_t slot = u / K, p = slot ? lp[slot] : -1;
+            if (slot == 0 || p < 0 || p >= u)
+                break;
+            u = p;
+        }
+        if (n > ST_SPEC_MAX_S || u / K != 0)
+            continue; /* not a path from the root: organize's business */
+        for (int64_t i = 0; i < n; i++)
+            path[i] = up[n - 1 - i];
+        if (!st_gmatcher_path_ok(gm, path, n))
+            sc[c] = -INFINITY;
+    }
 }
 
 /* Commits active sequence a after the walk: its accepted nodes' KV rows, then the accepted
@@ -221,6 +258,8 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int6
         d->coupling = NULL;
         if (rc)
             return rc;
+        if (g->req[b]->gm)
+            grammar_prune(g->req[b]->gm, K, st_tree_n_candidates(K, S), sc, tok, lp);
         if (d->evals > 0)
             st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->catch_rows, d->levels_s);
         n_real_max = n_real > n_real_max ? n_real : n_real_max;

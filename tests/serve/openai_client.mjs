@@ -122,7 +122,7 @@ check(neutralCompl.choices[0].text === want, "completion with the neutral fields
 // values that would change the answer and are not implemented, or out of range: 400 naming
 // the field
 for (const [field, value] of [["n", 17], ["presence_penalty", 2.5], ["logit_bias", { 42: 500 }],
-  ["response_format", { type: "json_object" }],
+  ["response_format", { type: "xml" }],
   ["tools", [{ type: "function", function: { name: "f", parameters: {} } }]]]) {
   const e = await expectError(() => client.chat.completions.create({
     model, messages: [{ role: "user", content: "Hi" }], max_tokens: 4, [field]: value,

@@ -11,7 +11,7 @@ official `openai` npm package (tests/serve/openai_client.mjs under Debian's node
   SGLang's /generate, /server_info and /get_model_info, each with its bad input refused;
 - the neutral fields (user, metadata, store, tools: [], n: 1, logit_bias: {}, penalties at 0,
   ...) are accepted and change nothing; values that would change the answer and are not
-  implemented (n: 2, json_object, a tool), and penalties or biases out of range, are refused
+  implemented (n: 2, an unknown response_format, a tool), and penalties or biases out of range, are refused
   with a 400 naming the field (curl and the openai npm client; the penalties themselves are
   test_serve_penalty.py's);
 - errors: malformed bodies, wrong types, unknown fields, invalid UTF-8, bad numbers, oversized
@@ -322,8 +322,8 @@ NEUTRAL_CHAT = [("parallel_tool_calls", True), ("response_format", {"type": "tex
 REFUSED_BOTH = [("n", 17), ("n", 0), ("max_tokens", 0), ("presence_penalty", 2.5), ("frequency_penalty", -3),
                 ("logit_bias", {"42": 500}), ("logit_bias", {"999999": 1}), ("min_tokens", -1)]
 REFUSED_COMPLETION = [("echo", 1), ("suffix", " The end."), ("best_of", 17)]
-REFUSED_CHAT = [("response_format", {"type": "json_object"}),
-                ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+REFUSED_CHAT = [("response_format", {"type": "xml"}),
+                ("response_format", {"type": "json_object", "strict": True}),
                 ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
                 ("tool_choice", "required"), ("modalities", ["text", "audio"])]
 

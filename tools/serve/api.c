@@ -245,8 +245,8 @@ static int get_stops(const json_t *v, const char *name, srv_request *r, char *er
  * with a message naming the field: never silently ignored. null is every field's default.
  * Returns 1 when k is none of these fields, 0 when v is accepted, -1 when refused. */
 static int neutral_field(const char *k, const json_t *v, int chat, char *err, char *param) {
-    static const char *const any_chat[] = {"parallel_tool_calls", "response_format", "tools",
-                                           "tool_choice", "modalities"};
+    static const char *const any_chat[] = {"parallel_tool_calls", "tools", "tool_choice",
+                                           "modalities"};
     static const char *const any_completion[] = {"suffix"};
     static const char *const both[] = {"user", "metadata", "store", "service_tier"};
     int known = 0;
@@ -295,17 +295,6 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
             return 0;
         return fail(err, param, k,
                     "'tool_choice' must be \"none\" or \"auto\": this server has no tools");
-    }
-    if (!strcmp(k, "response_format")) {
-        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t))
-            return fail(err, param, k, "'response_format' must be an object with a string 'type'");
-        if (strcmp(json_string_value(t), "text") != 0 || json_object_size(v) != 1)
-            return fail(err, param, k,
-                        "'response_format' {\"type\": \"%s\"} is not supported by this "
-                        "server (only {\"type\": \"text\"})",
-                        json_string_value(t));
-        return 0;
     }
     if (!strcmp(k, "modalities")) {
         const json_t *m0 = json_is_array(v) ? json_array_get(v, 0) : NULL;
@@ -392,6 +381,125 @@ static int get_logit_bias(const json_t *v, const char *name, srv_request *r, cha
     return 0;
 }
 
+/* Sets r's grammar to gbnf (owned now; from field name), checked by compiling it: a 400 naming
+ * the field and the error otherwise, also when another field already gave a grammar. */
+static int set_grammar(srv_request *r, char *gbnf, const char *name, char *err, char *param) {
+    if (r->grammar) {
+        free(gbnf);
+        return fail(err, param, name, "give one of '%s' and '%s', not both", r->grammar_from, name);
+    }
+    st_grammar *g = NULL;
+    if (st_grammar_parse(gbnf, strlen(gbnf), &g)) {
+        free(gbnf);
+        return fail(err, param, name, "'%s': %s", name, st_last_error());
+    }
+    st_grammar_free(g);
+    r->grammar = gbnf;
+    snprintf(r->grammar_from, sizeof r->grammar_from, "%s", name);
+    r->sp.grammar = gbnf;
+    return 0;
+}
+
+/* A NUL-terminated malloc'd copy of s[0..n), or NULL. */
+static char *grammar_copy(const char *s, size_t n) {
+    char *gbnf = malloc(n + 1);
+    if (gbnf) {
+        memcpy(gbnf, s, n);
+        gbnf[n] = 0;
+    }
+    return gbnf;
+}
+
+/* GBNF for a JSON schema (an object or boolean, or a string holding one: SGLang's json_schema). */
+static int schema_grammar(const json_t *schema, srv_request *r, const char *name, char *err,
+                          char *param) {
+    char *text = json_is_string(schema) ? NULL : json_dumps(schema, JSON_ENCODE_ANY);
+    const char *src = text ? text : json_string_value(schema);
+    if (!src)
+        return fail(err, param, name, "'%s' must be a JSON schema", name);
+    char *conv = NULL;
+    st_status rc = st_json_schema_to_gbnf(src, strlen(src), &conv);
+    free(text);
+    if (rc)
+        return fail(err, param, name, "'%s': %s", name, st_last_error());
+    char *gbnf = grammar_copy(conv, strlen(conv));
+    st_grammar_text_free(conv);
+    if (!gbnf)
+        return fail(err, param, NULL, "out of memory");
+    return set_grammar(r, gbnf, name, err, param);
+}
+
+/* response_format: {"type": "text"}, {"type": "json_object"} (with llama.cpp's optional
+ * "schema"), {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}}. */
+static int response_format(const json_t *v, srv_request *r, char *err, char *param) {
+    const char *k = "response_format";
+    const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    if (!json_is_string(t))
+        return fail(err, param, k, "'response_format' must be an object with a string 'type'");
+    const char *type = json_string_value(t), *f;
+    const json_t *x;
+    if (!strcmp(type, "text")) {
+        if (json_object_size(v) != 1)
+            return fail(err, param, k,
+                        "'response_format' {\"type\": \"text\"} takes no other field");
+        return 0;
+    }
+    if (!strcmp(type, "json_object")) {
+        json_object_foreach(
+            (json_t *)v, f,
+            x) if (strcmp(f, "type") &&
+                   strcmp(
+                       f,
+                       "schema")) return fail(err, param, k,
+                                              "unknown field '%s' in response_format json_object",
+                                              f);
+        const json_t *schema = json_object_get(v, "schema");
+        if (schema && !json_is_null(schema))
+            return schema_grammar(schema, r, "response_format.schema", err, param);
+        const char *obj = st_grammar_json_object();
+        char *gbnf = grammar_copy(obj, strlen(obj));
+        if (!gbnf)
+            return fail(err, param, NULL, "out of memory");
+        return set_grammar(r, gbnf, k, err, param);
+    }
+    if (!strcmp(type, "json_schema")) {
+        const json_t *js = json_object_get(v, "json_schema");
+        json_object_foreach(
+            (json_t *)v, f,
+            x) if (strcmp(f, "type") &&
+                   strcmp(f, "json_schema")) return fail(err, param, k,
+                                                         "unknown field '%s' in response_format "
+                                                         "json_schema",
+                                                         f);
+        if (!json_is_object(js))
+            return fail(err, param, "response_format.json_schema",
+                        "'response_format.json_schema' must be an object with 'name' and 'schema'");
+        json_object_foreach((json_t *)js, f, x) {
+            if (!strcmp(f, "name") || !strcmp(f, "description")) {
+                if (!json_is_string(x))
+                    return fail(err, param, "response_format.json_schema",
+                                "'response_format.json_schema.%s' must be a string", f);
+            } else if (!strcmp(f, "strict")) {
+                if (!json_is_boolean(x) && !json_is_null(x))
+                    return fail(err, param, "response_format.json_schema",
+                                "'response_format.json_schema.strict' must be a boolean");
+            } else if (strcmp(f, "schema")) {
+                return fail(err, param, "response_format.json_schema",
+                            "unknown field '%s' in response_format.json_schema", f);
+            }
+        }
+        const json_t *schema = json_object_get(js, "schema");
+        if (!schema || json_is_null(schema))
+            return fail(err, param, "response_format.json_schema.schema",
+                        "'response_format.json_schema.schema' is required");
+        return schema_grammar(schema, r, "response_format.json_schema.schema", err, param);
+    }
+    return fail(err, param, k,
+                "'response_format' type '%s' is not supported (text, json_object, json_schema)",
+                type);
+}
+
 /* A sampling field: key k (the OpenAI name), shown as name in messages and param. Returns 1
  * when k is not one, 0 when read into r, -1 when refused. null is the field's default. The
  * penalties' names: OpenAI's presence_penalty and frequency_penalty; vLLM's and SGLang's
@@ -417,7 +525,12 @@ static int sampling_field(const char *k, const char *name, const json_t *v, srv_
                                          "penalty_last_n",
                                          "logit_bias",
                                          "ignore_eos",
-                                         "min_tokens"};
+                                         "min_tokens",
+                                         "grammar",
+                                         "json_schema",
+                                         "ebnf",
+                                         "regex",
+                                         "response_format"};
     size_t f = 0;
     while (f < sizeof fields / sizeof fields[0] && strcmp(k, fields[f]))
         f++;
@@ -425,6 +538,24 @@ static int sampling_field(const char *k, const char *name, const json_t *v, srv_
         return 1;
     if (json_is_null(v))
         return 0;
+    if (!strcmp(k, "response_format"))
+        return response_format(v, r, err, param);
+    if (!strcmp(k, "json_schema")) /* llama.cpp's field, SGLang's sampling_params.json_schema */
+        return schema_grammar(v, r, name, err, param);
+    if (!strcmp(k, "regex"))
+        return fail(err, param, name,
+                    "'%s' is not supported by this server (use json_schema, ebnf or grammar)",
+                    name);
+    if (!strcmp(k, "grammar") || !strcmp(k, "ebnf")) { /* llama.cpp's GBNF; SGLang's ebnf */
+        if (!json_is_string(v))
+            return fail(err, param, name, "'%s' must be a GBNF string, not %s", name, type_name(v));
+        if (json_string_length(v) == 0)
+            return 0;
+        char *gbnf = grammar_copy(json_string_value(v), json_string_length(v));
+        if (!gbnf)
+            return fail(err, param, NULL, "out of memory");
+        return set_grammar(r, gbnf, name, err, param);
+    }
     if (!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) {
         if (get_number(v, name, -2, 2, &d, err, param))
             return -1;
@@ -777,6 +908,7 @@ void srv_request_free(srv_request *r) {
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
     free(r->bias);
+    free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 

@@ -58,11 +58,14 @@ typedef struct srv_request {
     int64_t n_prompt_ids;
     srv_msg *msgs; /* chat */
     int n_msgs;
-    int64_t max_tokens;   /* -1: not given */
-    st_sampler_params sp; /* sp.logit_bias points at bias */
-    st_logit_bias *bias;  /* (sp.n_logit_bias) logit_bias, owned */
-    int repeat_off;       /* repeat_last_n 0 (llama.cpp: the repetition penalty off) */
-    unsigned given;       /* SRV_GIVEN_* */
+    int64_t max_tokens;    /* -1: not given */
+    st_sampler_params sp;  /* sp.logit_bias points at bias */
+    st_logit_bias *bias;   /* (sp.n_logit_bias) logit_bias, owned */
+    char *grammar;         /* GBNF of grammar / response_format / json_schema / ebnf, owned
+                            * (malloc); sp.grammar points at it (NULL: unconstrained) */
+    char grammar_from[96]; /* the field it came from, for "give only one" */
+    int repeat_off;        /* repeat_last_n 0 (llama.cpp: the repetition penalty off) */
+    unsigned given;        /* SRV_GIVEN_* */
     int seed_set;
     char *stops[SRV_MAX_STOPS];
     int n_stops;
