@@ -738,11 +738,14 @@ typedef struct st_spec_params {
     int32_t ngram_min_match;     /* NGRAM: shortest suffix matched (default 1) */
     int32_t ngram_max_match;     /* NGRAM: longest suffix matched (default 8) */
     int32_t ngram_breadth;       /* NGRAM: most matches merged (default 8) */
-    int32_t draft_uncoupled;     /* 0 (default): STANDALONE, EAGLE and EAGLE3 pick each draft
-                                  * node's first candidate with the target's sampler and the
-                                  * uniform of its position (seed-coupled drafting, TREE_SPEC
-                                  * §9); nonzero: their own top-K only. Output is the same
-                                  * either way; acceptance when sampling is not */
+    int32_t draft_coupling;      /* seed-coupled drafting (TREE_SPEC §9): each draft node's first
+                                  * candidate is what the target's sampler, with the uniform of
+                                  * its position, picks from the draft's logits. 0 (default,
+                                  * auto): STANDALONE only (a draft model's distribution is
+                                  * close to the target's: tau up to 2.2x at temperature 1.2;
+                                  * the committed EAGLE heads' is not: their tau fell 0-7%);
+                                  * 1: STANDALONE, EAGLE and EAGLE3; -1: none (their own top-K).
+                                  * Output is the same either way; acceptance is not */
 } st_spec_params;
 
 st_spec_params st_spec_default_params(void);

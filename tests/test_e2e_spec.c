@@ -895,7 +895,7 @@ static void test_coupled_lossless(void **state) {
                         spec.topk = shapes[sh][0];
                         spec.num_steps = shapes[sh][1];
                         spec.num_draft_tokens = shapes[sh][2];
-                        spec.draft_uncoupled = off;
+                        spec.draft_coupling = off ? -1 : 1;
                         run(prompt, 5, &sp, &spec, 1 + (sh + off) % 2, &got, &gs);
                         if (!same(&got, &plain))
                             fail_msg("coupled %s: mismatch: seed %d temp config %d algo %d "

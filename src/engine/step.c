@@ -253,7 +253,9 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int6
         st_drafter *d = g->dr[b];
         const st_req *r = g->req[b];
         const st_draft_coupling cp = {&r->rp.sampler, g->eog, g->n_eog, g->n_tok, r->n_prompt};
-        d->coupling = g->p.spec.draft_uncoupled ? NULL : &cp;
+        const int coupled = g->p.spec.draft_coupling > 0 ||
+                            (g->p.spec.draft_coupling == 0 && g->p.spec.algo == ST_SPEC_STANDALONE);
+        d->coupling = coupled ? &cp : NULL;
         rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real);
         d->coupling = NULL;
         if (rc)

@@ -159,10 +159,11 @@ const char cli_common_help[] =
     "      --attention-backend {cascade,dense}   target-verify attention (default cascade)\n"
     "      --ngram-min-match N, --ngram-max-match N, --ngram-breadth N   NGRAM lookup (1, 8, 8);\n"
     "                       SGLang's --speculative-ngram-{min,max}-match-window-size work too\n"
-    "      --draft-coupled {on,off}   STANDALONE, EAGLE, EAGLE3: each draft node's first\n"
-    "                       candidate is what the target's sampler (this seed, that position)\n"
-    "                       would pick from the draft's logits (default on); off: the draft's\n"
-    "                       top-K only. The output is the same; acceptance when sampling is not\n"
+    "      --draft-coupled {auto,on,off}   each draft node's first candidate is what the\n"
+    "                       target's sampler (this seed, that position) would pick from the\n"
+    "                       draft's logits: auto (default) for STANDALONE draft models, on for\n"
+    "                       the EAGLE heads too, off for none (the draft's top-K). The output\n"
+    "                       is the same; acceptance when sampling is not\n"
     "\n"
     "llama.cpp's names:\n"
     "  -md, --model-draft PATH   a draft model: STANDALONE unless --speculative-algorithm says\n"
@@ -440,11 +441,12 @@ int cli_common_parse(const char *cmd, int c, const char *arg, cli_common *o) {
         o->spec.ngram_breadth = (int32_t)v;
         break;
     case O_DRAFT_COUPLED:
-        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
-            fprintf(stderr, "spectree %s: --draft-coupled takes on or off, got '%s'\n", cmd, arg);
+        if (strcmp(arg, "auto") != 0 && strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
+            fprintf(stderr, "spectree %s: --draft-coupled takes auto, on or off, got '%s'\n", cmd,
+                    arg);
             exit(2);
         }
-        o->spec.draft_uncoupled = !strcmp(arg, "off");
+        o->spec.draft_coupling = !strcmp(arg, "on") ? 1 : !strcmp(arg, "off") ? -1 : 0;
         break;
     default:
         return 0;
