@@ -22,7 +22,13 @@ static inline __attribute__((always_inline)) uint64_t fold_epi(const __m512i *v,
     PEAK_UNROLL_ALL
     for (int i = 1; i < n; i++)
         s = _mm512_xor_si512(s, v[i]);
-    return (uint64_t)_mm512_reduce_add_epi64(s);
+    /* summed as unsigned (wrapping): _mm512_reduce_add_epi64 adds signed 64-bit lanes, an
+     * overflow UBSan reports on the float bit patterns this folds */
+    uint64_t l[8], r = 0;
+    _mm512_storeu_si512(l, s);
+    for (int i = 0; i < 8; i++)
+        r += l[i];
+    return r;
 }
 
 uint64_t st_peak_avx512_fma(int64_t iters) {
