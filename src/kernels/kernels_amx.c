@@ -210,22 +210,6 @@ ST_INLINE __m512i dpbusd_bcast(__m512i s, __m512i u, const i32u *x) {
     return s;
 }
 
-/* sx[m*nb + b] = -128 * (the sum of block b's quants of token m), for m < M. */
-static void block_sums(int32_t *sx, const st_block_q8x *x, int64_t ldx, int64_t M, int64_t nb) {
-    const __m256i off = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < nb; b++) {
-            /* the bytes as q + 128 (unsigned), summed in four 64-bit lanes */
-            const __m256i u =
-                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x[m * ldx + b].q), off);
-            const __m256i s = _mm256_sad_epu8(u, zero);
-            const __m128i h =
-                _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 128 * ST_QK;
-            sx[m * nb + b] = (int32_t)(-128 * sum);
-        }
-}
-
 /* One group x T tokens (T <= VNNI_TT) with vpdpbusd. The weights go unsigned (w + 128, one xor
  * per vector for all the tokens) against the tokens' signed quants broadcast from memory, so
  * each lane gets sum((w + 128) * x) = isum + 128 * sum(x); the chains start at -128 * sum(x)
@@ -348,7 +332,7 @@ static void full_groups(float *y, int64_t ldy, const uint8_t *w, size_t gstride,
     }
 }
 
-/* Rows [r0, r1) for M tokens whose block sums are sx (block_sums). */
+/* Rows [r0, r1) for M tokens whose block sums are sx (st_q8_block_sums). */
 static void rows_tokens(float *y, int64_t ldy, const uint8_t *w, size_t rb, int64_t rows,
                         const st_block_q8x *xq, int64_t ldx, const int32_t *sx, int64_t K,
                         int64_t M, int64_t r0, int64_t r1) {
@@ -397,7 +381,7 @@ void st_matmul_q8_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t 
     }
     for (int64_t m = 0; m < M; m += chunk) {
         const int64_t mc = M - m < chunk ? M - m : chunk;
-        block_sums(sx, xq + m * ldx, ldx, mc, K / ST_QK);
+        st_q8_block_sums(sx, xq + m * ldx, ldx, mc, K / ST_QK);
         rows_tokens(y + m * ldy, ldy, wp, rb, rows, xq + m * ldx, ldx, sx, K, mc, r0, r1);
     }
     if (sx != sbuf)

@@ -6,6 +6,8 @@
 #ifndef ST_KERNELS_X86_H
 #define ST_KERNELS_X86_H
 
+#include "kernels/kernels.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -33,6 +35,24 @@ static inline st_pf pf_region(const char *p, int64_t bytes, int64_t steps) {
 ST_INLINE void pf_step(st_pf *pf) {
     for (int64_t j = 0; j < pf->per && pf->p < pf->end; j++, pf->p += 64)
         _mm_prefetch(pf->p, _MM_HINT_T0);
+}
+
+/* sx[m*nb + b] = -128 * (the sum of block b's quants of token m), for m < M: the start of the
+ * VNNI Q8_0 kernels' chains (kernels_amx.c, q8p_avxvnni.c), whose weights are made unsigned. */
+static inline void st_q8_block_sums(int32_t *sx, const st_block_q8x *x, int64_t ldx, int64_t M,
+                                    int64_t nb) {
+    const __m256i off = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            /* the bytes as q + 128 (unsigned), summed in four 64-bit lanes */
+            const __m256i u =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x[m * ldx + b].q), off);
+            const __m256i s = _mm256_sad_epu8(u, zero);
+            const __m128i h =
+                _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 128 * ST_QK;
+            sx[m * nb + b] = (int32_t)(-128 * sum);
+        }
 }
 
 static inline float hsum8(__m256 v) {

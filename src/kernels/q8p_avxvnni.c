@@ -23,21 +23,6 @@ enum { VV_TT = 4, VV_SX = 8192 };
 
 typedef int32_t i32u __attribute__((may_alias, aligned(1)));
 
-/* sx[m*nb + b] = -128 * (the sum of block b's quants of token m). */
-static void block_sums(int32_t *sx, const st_block_q8x *x, int64_t ldx, int64_t M, int64_t nb) {
-    const __m256i off = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < nb; b++) {
-            const __m256i u =
-                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x[m * ldx + b].q), off);
-            const __m256i s = _mm256_sad_epu8(u, zero);
-            const __m128i h =
-                _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 128 * ST_QK;
-            sx[m * nb + b] = (int32_t)(-128 * sum);
-        }
-}
-
 /* One group (16 rows) x T tokens, all blocks; y[t*ldy + n] for n < 16 (the float chains in y:
  * one load and one store per block and eight rows). */
 ST_INLINE void group_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb,
@@ -156,7 +141,7 @@ void st_matmul_q8_0_packed_avxvnni(float *y, int64_t ldy, const void *wp, size_t
     }
     for (int64_t m = 0; m < M; m += chunk) {
         const int64_t mc = M - m < chunk ? M - m : chunk;
-        block_sums(sx, xq + m * ldx, ldx, mc, K / ST_QK);
+        st_q8_block_sums(sx, xq + m * ldx, ldx, mc, K / ST_QK);
         rows_tokens(y + m * ldy, ldy, wp, rb, rows, xq + m * ldx, ldx, sx, K, mc, r0, r1);
     }
     if (sx != sbuf)

@@ -1,7 +1,8 @@
 /*
  * http.c: the HTTP side of `spectree serve` on libmicrohttpd (one thread per connection):
- * routing, the bearer check, body limits, connection limits, OpenAI responses and server-sent
- * events (prompts, jobs and the answers' JSON are reply.c's; the metrics' text is metrics.c's).
+ * routing, the bearer check, body limits, connection limits, OpenAI responses and the stream
+ * of server-sent events (their chunks are sse.c's; prompts, jobs and the answers' JSON are
+ * reply.c's; the metrics' text is metrics.c's).
  * A connection thread waits for its job's text with a timed wait and looks at its socket
  * between waits, so a client that goes away cancels its request within a fraction of a second.
  */
@@ -332,147 +333,6 @@ static void cut_job(srv *s, srv_job *j) {
     s->metrics.cut++;
 }
 
-static json_t *cut_error(const srv *s) {
-    char msg[128];
-    if (s->cut == SRV_CUT_SIGNAL)
-        snprintf(msg, sizeof msg,
-                 "the server shut down before this request finished (a second signal)");
-    else
-        snprintf(msg, sizeof msg,
-                 "the server shut down before this request finished (drain timeout, %ld s)",
-                 s->o.drain_s);
-    return srv_error_obj(503, msg, NULL);
-}
-
-static int sse_add(srv_job *j, json_t *v) {
-    char *txt = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!txt)
-        return -1;
-    size_t n = strlen(txt), need = j->n_sse + n + 8;
-    char *b = realloc(j->sse, need);
-    if (!b) {
-        free(txt);
-        return -1;
-    }
-    j->sse = b;
-    memcpy(j->sse + j->n_sse, "data: ", 6);
-    memcpy(j->sse + j->n_sse + 6, txt, n);
-    memcpy(j->sse + j->n_sse + 6 + n, "\n\n", 2);
-    j->n_sse += n + 8;
-    free(txt);
-    return 0;
-}
-
-/* A chunk of a stream: choice c's text, and the log-probabilities of the tokens it completes
- * (with the request's logprobs: records [c->n_lp_sent, lp_to), which it then counts as sent;
- * null when there are none); the echoed prompt's chunk (prompt) carries the prompt's. */
-static json_t *chunk_lp(srv_job *c, json_t *delta_or_text, const char *finish, int64_t lp_to,
-                        int prompt) {
-    srv_job *j = c->lead ? c->lead : c;
-    json_t *choice, *lp = json_null();
-    if (j->req.logprobs && (lp_to > c->n_lp_sent || (prompt && j->plps))) {
-        json_decref(lp);
-        lp = srv_logprobs_json(j->srv, c, c->n_lp_sent, lp_to, prompt);
-        c->n_lp_sent = lp_to;
-    }
-    if (j->req.chat)
-        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", c->index, "delta", delta_or_text,
-                           "logprobs", lp, "finish_reason", finish);
-    else
-        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", c->index, "text", delta_or_text,
-                           "logprobs", lp, "finish_reason", finish);
-    json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", j->id, "object",
-                          j->req.chat ? "chat.completion.chunk" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->srv->model_name, "choices", choice);
-    if (v && j->req.include_usage)
-        json_object_set_new(v, "usage", json_null());
-    return v;
-}
-
-static json_t *chunk(srv_job *c, json_t *delta_or_text, const char *finish, int64_t lp_to) {
-    return chunk_lp(c, delta_or_text, finish, lp_to, 0);
-}
-
-static json_t *text_piece(const srv_job *j, const char *t, size_t n) {
-    return j->req.chat ? json_pack("{s:o}", "content", srv_text_str(t, n)) : srv_text_str(t, n);
-}
-
-/* Adds choice c's events that are due to the lead j's stream (s->mu held): its role (chat),
- * its echoed prompt, its new text, and once it is done its last chunk (finish_reason). */
-static int sse_choice(srv_job *j, srv_job *c) {
-    int rc = 0;
-    if (j->req.chat && !c->sent_role) {
-        rc |= sse_add(j, chunk(c, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL,
-                               c->n_lp_sent));
-        c->sent_role = 1;
-    }
-    if (c->n_echo && !c->sent_echo && (!j->plps || j->n_plps == j->n_prompt || j->done)) {
-        /* once the prompt's log-probabilities are all in */
-        rc |= sse_add(j, chunk_lp(c, srv_text_str(c->echo, c->n_echo), NULL, c->n_lp_sent, 1));
-        c->sent_echo = 1;
-    }
-    if (c->n_echo && !c->sent_echo)
-        return rc;
-    size_t avail =
-        c->text ? c->n_sent + srv_utf8_valid_prefix(c->text + c->n_sent, c->n_text - c->n_sent) : 0;
-    if (avail > c->n_sent) {
-        int64_t to = j->req.logprobs ? srv_logprobs_upto(c, avail) : 0;
-        if (c->done && to > srv_logprobs_kept(c))
-            to = srv_logprobs_kept(c);
-        rc |= sse_add(j, chunk(c, text_piece(j, c->text + c->n_sent, avail - c->n_sent), NULL,
-                               to > c->n_lp_sent ? to : c->n_lp_sent));
-        c->n_sent = avail;
-    }
-    if (c->done && !c->sent_finish && c->status == ST_OK && !j->cut) {
-        const int64_t kept = j->req.logprobs ? srv_logprobs_kept(c) : 0;
-        json_t *last = chunk(c, j->req.chat ? json_object() : json_string(""), srv_finish_reason(c),
-                             kept > c->n_lp_sent ? kept : c->n_lp_sent);
-        if (last)
-            json_object_set_new(last, "meta_info", srv_spec_info(c));
-        rc |= sse_add(j, last);
-        c->sent_finish = 1;
-    }
-    return rc;
-}
-
-/* Fills j->sse with the events that are due (s->mu held); 1 when the stream is complete. */
-static int sse_fill(srv_job *j) {
-    int rc = 0;
-    for (int i = 0; i <= j->n_more; i++)
-        rc |= sse_choice(j, srv_choice(j, i));
-    const srv_job *bad = NULL;
-    for (int i = 0; i <= j->n_more; i++)
-        if (srv_choice(j, i)->done && srv_choice(j, i)->status != ST_OK && !bad)
-            bad = srv_choice(j, i);
-    if ((!srv_group_done(j) && !j->cut && !bad) || rc)
-        return rc ? -1 : 0;
-    if (j->cut) {
-        rc |= sse_add(j, cut_error(j->srv));
-    } else if (bad) {
-        json_t *e = srv_error_obj(bad->status == ST_ERR_BUSY ? 503 : 500, bad->error, NULL);
-        rc |= sse_add(j, e);
-        srv_job_cancel(j->srv, j);
-    } else {
-        if (j->req.include_usage) {
-            json_t *u = json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", j->id, "object",
-                                  j->req.chat ? "chat.completion.chunk" : "text_completion",
-                                  "created", (json_int_t)j->created, "model", j->srv->model_name,
-                                  "choices", "usage", srv_usage_obj(j));
-            rc |= sse_add(j, u);
-        }
-    }
-    static const char done_line[] = "data: [DONE]\n\n";
-    char *b = realloc(j->sse, j->n_sse + sizeof done_line);
-    if (!b)
-        return -1;
-    j->sse = b;
-    memcpy(j->sse + j->n_sse, done_line, sizeof done_line - 1);
-    j->n_sse += sizeof done_line - 1;
-    j->sent_final = 1;
-    return rc ? -1 : 1;
-}
-
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     srv_job *j = cls;
@@ -490,7 +350,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     for (;;) {
         if (s->cut && !srv_group_done(j) && !j->cut)
             cut_job(s, j);
-        int r = sse_fill(j), probe = 0;
+        int r = srv_sse_fill(j), probe = 0;
         if (r < 0 || j->n_sse > 0)
             break;
         if (peer_gone(j, &probe)) {
@@ -631,7 +491,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
     }
     if (j->cut) {
         code = 503;
-        v = cut_error(s);
+        v = srv_cut_error(s);
     } else if (e->status == ST_ERR_BUSY) {
         code = 503;
         v = srv_error_obj(code, e->error, NULL);

@@ -248,4 +248,10 @@ char *srv_metrics_text(srv *s, size_t *len);
 extern const unsigned char srv_page_html[];
 extern const size_t srv_page_html_len;
 
+/* sse.c: the 503 body of a request the server cut short at shutdown; the events of a streamed
+ * answer that are due, appended to j->sse (s->mu held): 1 when the stream is complete, 0 when
+ * more is to come, -1 when out of memory. */
+json_t *srv_cut_error(const srv *s);
+int srv_sse_fill(srv_job *j);
+
 #endif
