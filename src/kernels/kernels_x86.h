@@ -55,6 +55,29 @@ static inline void st_q8_block_sums(int32_t *sx, const st_block_q8x *x, int64_t 
         }
 }
 
+/* One 8-row group-block's 6-bit Q4_K/Q5_K scales and mins (kquant.h planes, at p + 32): sc[i]
+ * holds sub-block 2i's eight rows in its low 8 bytes and 2i + 1's in the high 8, mn[i] the mins
+ * alike (kqp_avx2.c, kqp_avx512.c). */
+static inline void st_k4_scales(const uint8_t *p, __m128i sc[4], __m128i mn[4]) {
+    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
+    const __m128i A = _mm_loadu_si128((const __m128i *)(p + 32));
+    const __m128i B = _mm_loadu_si128((const __m128i *)(p + 48));
+    const __m128i C = _mm_loadu_si128((const __m128i *)(p + 64));
+    const __m128i D = _mm_loadu_si128((const __m128i *)(p + 80));
+    const __m128i E = _mm_loadu_si128((const __m128i *)(p + 96));
+    const __m128i F = _mm_loadu_si128((const __m128i *)(p + 112));
+    sc[0] = _mm_and_si128(A, m63);
+    sc[1] = _mm_and_si128(B, m63);
+    sc[2] = _mm_or_si128(_mm_and_si128(E, m15), _mm_and_si128(_mm_srli_epi16(A, 2), m30));
+    sc[3] = _mm_or_si128(_mm_and_si128(F, m15), _mm_and_si128(_mm_srli_epi16(B, 2), m30));
+    mn[0] = _mm_and_si128(C, m63);
+    mn[1] = _mm_and_si128(D, m63);
+    mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(E, 4), m15),
+                         _mm_and_si128(_mm_srli_epi16(C, 2), m30));
+    mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(F, 4), m15),
+                         _mm_and_si128(_mm_srli_epi16(D, 2), m30));
+}
+
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
     __m128 hi = _mm256_extractf128_ps(v, 1);

@@ -55,29 +55,12 @@ ST_INLINE void k4_tile(float *y, int64_t ldy, const uint8_t *gp, int64_t nb, con
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
     const __m256i m4 = _mm256_set1_epi8(0xf), ones = _mm256_set1_epi16(1);
-    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
     const __m256 neg = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = gp + (size_t)b * GB;
         pf_step(&pf);
-        /* the 6-bit scales and mins of the 8 rows, one byte per row (kquant.h planes) */
-        const __m128i A = _mm_loadu_si128((const __m128i *)(p + 32));
-        const __m128i B = _mm_loadu_si128((const __m128i *)(p + 48));
-        const __m128i C = _mm_loadu_si128((const __m128i *)(p + 64));
-        const __m128i D = _mm_loadu_si128((const __m128i *)(p + 80));
-        const __m128i E = _mm_loadu_si128((const __m128i *)(p + 96));
-        const __m128i F = _mm_loadu_si128((const __m128i *)(p + 112));
         __m128i sc[4], mn[4]; /* sc[i]: sub-blocks 2i (low 8 bytes) and 2i + 1 */
-        sc[0] = _mm_and_si128(A, m63);
-        sc[1] = _mm_and_si128(B, m63);
-        sc[2] = _mm_or_si128(_mm_and_si128(E, m15), _mm_and_si128(_mm_srli_epi16(A, 2), m30));
-        sc[3] = _mm_or_si128(_mm_and_si128(F, m15), _mm_and_si128(_mm_srli_epi16(B, 2), m30));
-        mn[0] = _mm_and_si128(C, m63);
-        mn[1] = _mm_and_si128(D, m63);
-        mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(E, 4), m15),
-                             _mm_and_si128(_mm_srli_epi16(C, 2), m30));
-        mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(F, 4), m15),
-                             _mm_and_si128(_mm_srli_epi16(D, 2), m30));
+        st_k4_scales(p, sc, mn);
         __m256i Sv[KQP_TT];
         ST_UNROLL
         for (int t = 0; t < T; t++)

@@ -56,28 +56,6 @@ ST_INLINE __m256i ld16x2(const uint8_t *p, size_t gs) {
 /* ---------------------------------------------------------------------------------------- */
 /* Q4_K and Q5_K                                                                             */
 
-/* One group's 6-bit scales and mins (kquant.h planes): sc[i] holds sub-block 2i's eight rows in
- * its low 8 bytes and 2i + 1's in the high 8, mn[i] the mins alike. */
-ST_INLINE void k4_scales(const uint8_t *p, __m128i sc[4], __m128i mn[4]) {
-    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m30 = _mm_set1_epi8(0x30);
-    const __m128i A = _mm_loadu_si128((const __m128i *)(p + 32));
-    const __m128i B = _mm_loadu_si128((const __m128i *)(p + 48));
-    const __m128i C = _mm_loadu_si128((const __m128i *)(p + 64));
-    const __m128i D = _mm_loadu_si128((const __m128i *)(p + 80));
-    const __m128i E = _mm_loadu_si128((const __m128i *)(p + 96));
-    const __m128i F = _mm_loadu_si128((const __m128i *)(p + 112));
-    sc[0] = _mm_and_si128(A, m63);
-    sc[1] = _mm_and_si128(B, m63);
-    sc[2] = _mm_or_si128(_mm_and_si128(E, m15), _mm_and_si128(_mm_srli_epi16(A, 2), m30));
-    sc[3] = _mm_or_si128(_mm_and_si128(F, m15), _mm_and_si128(_mm_srli_epi16(B, 2), m30));
-    mn[0] = _mm_and_si128(C, m63);
-    mn[1] = _mm_and_si128(D, m63);
-    mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(E, 4), m15),
-                         _mm_and_si128(_mm_srli_epi16(C, 2), m30));
-    mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(F, 4), m15),
-                         _mm_and_si128(_mm_srli_epi16(D, 2), m30));
-}
-
 /* Bit `bit` of each byte of h moved to bit 4 (Q5_K's fifth bit). */
 ST_INLINE __m512i q5_bit(__m512i h, int bit) {
     const __m512i m = _mm512_set1_epi8(0x10);
@@ -102,8 +80,8 @@ ST_INLINE void k4_tile(float *y, int64_t ldy, const uint8_t *gp, size_t gs, int6
         const uint8_t *p = gp + (size_t)b * GB;
         pf_step(&pf);
         __m128i sc0[4], mn0[4], sc1[4], mn1[4];
-        k4_scales(p, sc0, mn0);
-        k4_scales(p + gs, sc1, mn1);
+        st_k4_scales(p, sc0, mn0);
+        st_k4_scales(p + gs, sc1, mn1);
         __m512i S[KQP_TT];
         ST_UNROLL
         for (int t = 0; t < T; t++)
