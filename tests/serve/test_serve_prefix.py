@@ -22,6 +22,7 @@ from serve_util import Server, check, metrics, run_tests  # noqa: E402
 BUILD, SRC = sys.argv[1:3]
 MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 EAGLE = os.path.join(SRC, "models", "eagle-stories260K")
+EAGLE3 = os.path.join(SRC, "models", "eagle3-stories260K")
 PREFIX = ("Once upon a time, there was a little girl named Lily. She liked to play with her red "
           "ball in the park. ") * 60  # 1,920 tokens
 
@@ -62,7 +63,10 @@ def ttft(port, body):
 SERVERS = [("plain", []), ("NGRAM", ["--speculative-algorithm", "NGRAM"]),
            ("EAGLE", ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", EAGLE,
                       "--speculative-eagle-topk", "2", "--speculative-num-steps", "3",
-                      "--speculative-num-draft-tokens", "8"])]
+                      "--speculative-num-draft-tokens", "8"]),
+           ("EAGLE-3", ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                        EAGLE3, "--speculative-eagle-topk", "2", "--speculative-num-steps", "3",
+                        "--speculative-num-draft-tokens", "8"])]
 
 
 def shared_prefix():

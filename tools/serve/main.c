@@ -54,8 +54,10 @@ static const char *serve_help =
     "      --max-total-tokens N       KV positions all running requests may reserve together\n"
     "                       (default: every slot a full context)\n"
     "      --prefix-cache-mb N        MB of past prompts' KV rows kept for requests that\n"
-    "                       start the same way (default 256, at most a quarter of the\n"
-    "                       available memory; 0: off)\n"
+    "                       start the same way (default 256, or one full context's KV\n"
+    "                       rows and a quarter more where that is bigger; at most a\n"
+    "                       quarter of the available memory; 0: off)\n";
+static const char *serve_help_conns =
     "      --max-connections N        open connections at once (default 256); 8 more answer\n"
     "                       only GET /health and /metrics (others: 503)\n"
     "      --max-connections-per-ip N connections one address may hold open before their\n"
@@ -336,6 +338,7 @@ static void parse_flags(int argc, char **argv, srv_opts *o) {
             break;
         case 'h':
             fputs(serve_help, stdout);
+            fputs(serve_help_conns, stdout);
             fputs(serve_help_env, stdout);
             fputs(cli_common_help, stdout);
             exit(0);
@@ -450,6 +453,12 @@ static const char *sig_name(int sig) {
 /* The start-up lines of --log-level info: the drafter and its head or draft model, the tree
  * bounds, the kernels and threads, and the memory plan (weights, the target's KV cache, the
  * drafters' context). */
+/* Bytes of the target's K and V rows per position. */
+static double kv_bytes_per_pos(const st_model_hparams *hp, const st_gen_params *g) {
+    return (double)hp->n_layer * hp->n_head_kv * hp->head_dim *
+           ((g->type_k == ST_DTYPE_F16 ? 2 : 4) + (g->type_v == ST_DTYPE_F16 ? 2 : 4));
+}
+
 static void log_startup(const srv *s) {
     const srv_opts *o = &s->o;
     const st_engine_stats *es = &s->engine_stats;
@@ -477,9 +486,7 @@ static void log_startup(const srv *s) {
     srv_log(s, SRV_LOG_INFO, "kernels %s, threads %s", st_kernels_name(), threads);
     const st_load_info *li = st_model_get_load_info(s->model);
     const st_model_hparams *hp = st_model_get_hparams(s->model);
-    const double per_pos =
-        (double)hp->n_layer * hp->n_head_kv * hp->head_dim *
-        ((o->ep.gen.type_k == ST_DTYPE_F16 ? 2 : 4) + (o->ep.gen.type_v == ST_DTYPE_F16 ? 2 : 4));
+    const double per_pos = kv_bytes_per_pos(hp, &o->ep.gen);
     char drafters[160] = "";
     if (es->draft_bytes)
         snprintf(drafters, sizeof drafters, ", drafters at most %.1f MB (committed as used)",
@@ -498,6 +505,19 @@ static void log_startup(const srv *s) {
         srv_log(s, SRV_LOG_INFO, "prefix cache: off");
 }
 
+/* --prefix-cache-mb's default: 256 MB, or more where one full context's target KV rows (plus a
+ * quarter for a drafter's rows) need more, so a long prompt is cached whole; the engine caps it
+ * at a quarter of the available memory. */
+static size_t default_prefix_cache(const st_model *m, const st_engine_params *ep) {
+    const st_model_hparams *hp = st_model_get_hparams(m);
+    int64_t n_ctx = ep->gen.n_ctx ? ep->gen.n_ctx : hp->n_ctx_train;
+    if (!ep->gen.n_ctx && n_ctx > ST_DEFAULT_N_CTX)
+        n_ctx = ST_DEFAULT_N_CTX;
+    const double ctx_bytes = 1.25 * kv_bytes_per_pos(hp, &ep->gen) * (double)n_ctx;
+    const size_t floor = (size_t)256 << 20;
+    return ctx_bytes > (double)floor ? (size_t)ctx_bytes : floor;
+}
+
 int serve_cmd(int argc, char **argv) {
     static srv s; /* one server per process; the signal thread finds it here */
     memset(&s, 0, sizeof s);
@@ -505,7 +525,7 @@ int serve_cmd(int argc, char **argv) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->ep = st_engine_default_params();
-    o->ep.prefix_cache_bytes = (size_t)256 << 20;
+    o->ep.prefix_cache_bytes = SIZE_MAX; /* not given: default_prefix_cache below */
     cli_common_init(&o->c);
     o->max_conns = 256;
     o->max_body = 1 << 20;
@@ -522,6 +542,8 @@ int serve_cmd(int argc, char **argv) {
     if (cli_common_load("serve", &o->c, o->model, &s.model, &dm) != 0 || find_template(&s))
         goto done;
     cli_common_apply(&o->c, &o->ep.gen);
+    if (o->ep.prefix_cache_bytes == SIZE_MAX)
+        o->ep.prefix_cache_bytes = default_prefix_cache(s.model, &o->ep);
     s.tok = st_model_tokenizer(s.model);
     srv_specials_find(s.tok, &s.specials);
     if (st_engine_create(s.model, &o->ep, &s.engine) != ST_OK) {
