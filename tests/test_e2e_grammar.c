@@ -123,7 +123,7 @@ static void test_exact_matrix(void **state) {
     const char *texts[2] = {"{\"name\":\"Lily\",\"age\":3,\"pet\":\"cat\"} {\"name\":\"",
                             "Once upon a time, Lily was"};
     const int shapes[3][3] = {{1, 3, 4}, {2, 3, 6}, {4, 3, 8}};
-    int runs = 0, whole = 0;
+    int runs = 0, whole = 0, by_backend[2] = {0, 0};
     int64_t accepted = 0;
     for (int gi = 0; gi < 3; gi++)
         for (int p = 0; p < 2; p++)
@@ -155,25 +155,31 @@ static void test_exact_matrix(void **state) {
                         spec.topk = shapes[sh][0];
                         spec.num_steps = shapes[sh][1];
                         spec.num_draft_tokens = shapes[sh][2];
+                        /* each grammar and drafter meets both attention backends */
+                        spec.backend = (p + smp + sh) % 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
+                        by_backend[(p + smp + sh) % 2]++;
                         run(prompt, np, &sp, &spec, 1 + (algo + sh) % 2, &got, &gs);
                         if (!same(&got, &plain))
-                            fail_msg("grammar %d prompt %d %s algo %d shape %d: speculative "
+                            fail_msg("grammar %d prompt %d %s algo %d shape %d (%s): speculative "
                                      "output differs from plain",
-                                     gi, p, smp ? "sampled" : "greedy", algo, sh);
+                                     gi, p, smp ? "sampled" : "greedy", algo, sh,
+                                     st_attn_backend_name(spec.backend));
                         for (int k = 1; k <= shapes[sh][1]; k++)
                             accepted += gs.accept_hist[k];
                         runs++;
                     }
             }
-    print_message("%d constrained speculative runs matched plain decoding (%d outputs ended as "
-                  "whole sentences); drafts accepted in %lld steps\n",
-                  runs, whole, (long long)accepted);
+    print_message("%d constrained speculative runs matched plain decoding (%d with the cascade "
+                  "backend, %d dense; %d outputs ended as whole sentences); drafts accepted in "
+                  "%lld steps\n",
+                  runs, by_backend[0], by_backend[1], whole, (long long)accepted);
     assert_true(accepted > 0);
+    assert_true(by_backend[0] > 0 && by_backend[1] > 0);
     assert_true(whole > 0);
 }
 
 /* A batch: two constrained sequences (different grammars) and two unconstrained ones share the
- * engine; each equals its own plain decoding. */
+ * engine; each equals its own plain decoding (NGRAM and STANDALONE, both attention backends). */
 static void test_exact_batch(void **state) {
     (void)state;
     const char *texts[4] = {"{\"name\":\"", "Once upon a time", "Lily and Tom", "{"};
@@ -186,12 +192,13 @@ static void test_exact_batch(void **state) {
         prompts[b] = toks[b];
     }
     for (int smp = 0; smp < 2; smp++)
-        for (int algo = 0; algo < 2; algo++) {
+        for (int algo = 0; algo < 4; algo++) {
             st_engine_params ep = st_engine_default_params();
             st_spec_params spec = st_spec_default_params();
-            spec.algo = algo ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+            spec.algo = algo & 1 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
             spec.draft_model = model, spec.ngram_min_match = 1;
             spec.topk = 2, spec.num_steps = 3, spec.num_draft_tokens = 6;
+            spec.backend = algo & 2 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
             st_sampler_params sp = st_sampler_default_params();
             sp.temp = smp ? 0.8f : 0.0f, sp.seed = 5;
             ep.gen = params(&sp, &spec, 2);
@@ -219,8 +226,9 @@ static void test_exact_batch(void **state) {
                 s1.grammar = gram[b];
                 run(prompts[b], np[b], &s1, &none, 1, &one, &gs);
                 if (!same(&got.r[b], &one))
-                    fail_msg("batch %s algo %d: sequence %d differs from plain",
-                             smp ? "sampled" : "greedy", algo, b);
+                    fail_msg("batch %s %s, %s backend: sequence %d differs from plain",
+                             smp ? "sampled" : "greedy", algo & 1 ? "STANDALONE" : "NGRAM",
+                             st_attn_backend_name(spec.backend), b);
                 if (gram[b])
                     check_valid(gram[b], prompts[b], np[b], &one);
             }

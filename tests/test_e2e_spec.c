@@ -919,7 +919,8 @@ static void test_coupled_lossless(void **state) {
     st_model_free(eagle);
 }
 
-/* Batches with penalties: each sequence equals its own plain decoding with them. */
+/* Batches with penalties: each sequence equals its own plain decoding with them (both attention
+ * backends). */
 static void test_penalties_batch(void **state) {
     (void)state;
     const int32_t p0[] = {1, 403, 407, 261, 378}, p1[] = {1, 300, 301, 302, 303, 304, 305},
@@ -927,10 +928,11 @@ static void test_penalties_batch(void **state) {
     const int32_t *prompts[4] = {p0, p1, p2, p3};
     const int64_t np[4] = {5, 7, 3, 6};
     const st_logit_bias bias[2] = {{261, -100.0f}, {300, 3.0f}};
-    for (int cfg = 0; cfg < 4; cfg++) {
-        const st_sampler_params sp = penalized(cfg == 3 ? 2 : cfg, cfg & 1, bias, 2);
+    for (int cfg = 0; cfg < 8; cfg++) {
+        const st_sampler_params sp = penalized((cfg & 3) == 3 ? 2 : cfg & 3, cfg & 1, bias, 2);
         st_spec_params spec = st_spec_default_params();
         spec.algo = cfg & 2 ? ST_SPEC_STANDALONE : ST_SPEC_NGRAM;
+        spec.backend = cfg & 4 ? ST_ATTN_DENSE : ST_ATTN_CASCADE;
         spec.draft_model = model;
         spec.ngram_min_match = 1;
         spec.topk = 2, spec.num_steps = 3, spec.num_draft_tokens = 6;
@@ -947,7 +949,8 @@ static void test_penalties_batch(void **state) {
             st_spec_params none = st_spec_default_params();
             run(prompts[b], (int)np[b], &sp, &none, 1, &one, &gs);
             if (!same(&got.r[b], &one))
-                fail_msg("penalties: batch config %d sequence %d differs from plain", cfg, b);
+                fail_msg("penalties: batch config %d (%s) sequence %d differs from plain", cfg,
+                         st_attn_backend_name(spec.backend), b);
         }
     }
 }
