@@ -13,7 +13,7 @@ on the others, so that on a small machine the client's work does not land on the
     python3 tools/serve/bench.py -m models/stories260K.gguf \\
         [--spec "--speculative-algorithm NGRAM"] [--concurrency 1,2,4,8,16,32] [--reps 3] \\
         [--max-tokens 128] [--threads N] [--per-client 4] [--min-round 16] [--pin] [--fresh] \\
-        [--trace] [--json]
+        [--trace] [--json] [--extra JSON]
 
 Prints a table: completion tokens/s of all requests together, the median request latency and
 time to first token, tau (tokens per speculative step), the share of steps that speculated,
@@ -81,10 +81,12 @@ class Srv:
 
 
 STREAM = [True]
+EXTRA = {}
 
 
 def one(port, i, max_tokens):
     body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0}
+    body.update(EXTRA)
     if STREAM[0]:
         body.update({"stream": True, "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
@@ -208,7 +210,12 @@ def round_(srv, clients, max_tokens, trace=None, per_client=4, min_round=16):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "build"))
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "..", "..",
+                                                    "build"))
+    ap.add_argument("--extra", default=None, metavar="JSON",
+                    help="a JSON object merged into every request's body, e.g. "
+                         "'{\"response_format\": {\"type\": \"json_object\"}}' or a "
+                         "json_schema: the constrained workload")
     ap.add_argument("--spec", default="--speculative-algorithm NGRAM",
                     help="the speculative server's flags (default: NGRAM, auto shape)")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
@@ -242,6 +249,13 @@ def main():
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]
     STREAM[0] = not a.no_stream
+    if a.extra:
+        try:
+            EXTRA.update(json.loads(a.extra))
+        except (ValueError, TypeError, AttributeError) as e:
+            sys.exit("serve_bench: --extra is not a JSON object: %s" % e)
+        if not isinstance(json.loads(a.extra), dict):
+            sys.exit("serve_bench: --extra must be a JSON object")
     cpus = None
     if a.pin:
         allowed = sorted(os.sched_getaffinity(0))
@@ -300,7 +314,7 @@ def main():
             s.stop()
     if a.json:
         print(json.dumps(dict(model=a.model, spec=a.spec, max_tokens=a.max_tokens, reps=a.reps,
-                              rows=rows)))
+                              extra=EXTRA, rows=rows)))
 
 
 if __name__ == "__main__":
