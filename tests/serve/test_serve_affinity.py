@@ -96,7 +96,7 @@ def conversations(port, turns, event_at=None, event=None):
     all, event() is called once. Returns (every attempt in order per session, event time)."""
     attempts = [[] for _ in range(SESSIONS)]
     lock = threading.Lock()
-    done, when = [0], [None]
+    done, when, fired = [0], [None], [False]
 
     def talk(s):
         messages = [{"role": "system", "content": "Session %d. %s" % (s, STORY * 2)}]
@@ -113,11 +113,11 @@ def conversations(port, turns, event_at=None, event=None):
             answered, failed = answered + 1, 0
             with lock:
                 done[0] += 1
-                fire = event and when[0] is None and done[0] >= event_at
-                if fire:
-                    when[0] = time.time()
+                fire = event and not fired[0] and done[0] >= event_at
+                fired[0] |= bool(fire)
             if fire:
                 event()
+                when[0] = time.time()  # turns that start later were sent after the signal
 
     ths = [threading.Thread(target=talk, args=(s,)) for s in range(SESSIONS)]
     for th in ths:
@@ -223,10 +223,11 @@ def stop_one(sig):
         late = [r for r in failed if r["t0"] >= t_stop]
         check(not late, "%d turns started after the stop failed: %s" %
               (len(late), [r["error"] for r in late[:3]]))
-        check(all(r["session"] in on_a for r in failed),
+        # a session with no answered turn yet may be on either replica
+        check(not any(r["session"] in on_b for r in failed),
               "a session of replica-b lost a turn: %s" % [r["session"] for r in failed])
-        check(len(failed) <= len(on_a), "%d turns failed for %d sessions" %
-              (len(failed), len(on_a)))
+        check(len(failed) <= SESSIONS - len(on_b), "%d turns failed for %d sessions" %
+              (len(failed), SESSIONS - len(on_b)))
         for s, att in enumerate(attempts):
             ok = [r for r in att if r["ok"]]
             check(len(ok) == turns, "session %d: %d of %d turns answered" % (s, len(ok), turns))
