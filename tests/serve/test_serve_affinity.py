@@ -26,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Nginx, Server, check, metrics, run_tests  # noqa: E402
+from serve_util import Fail, Nginx, Server, check, metrics, run_tests  # noqa: E402
 
 BUILD, SRC = sys.argv[1:3]
 MODEL = os.path.join(SRC, "models", "stories260K.gguf")
@@ -117,7 +117,7 @@ def conversations(port, turns, event_at=None, event=None):
                 fired[0] |= bool(fire)
             if fire:
                 event()
-                when[0] = time.time()  # turns that start later were sent after the signal
+                when[0] = time.time()  # turns that start later meet a stopped replica
 
     ths = [threading.Thread(target=talk, args=(s,)) for s in range(SESSIONS)]
     for th in ths:
@@ -201,13 +201,35 @@ def test_sticky():
         close(reps, ng)
 
 
+def stopped(srv, sig):
+    """Sends sig and returns once the replica runs no new request: SIGKILL, once it is gone;
+    SIGTERM, once it drains (its /health answers 503, or it takes no connection)."""
+    srv.proc.send_signal(sig)
+    if sig == signal.SIGKILL:
+        srv.proc.wait(10)
+        return
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=0.5)
+        try:
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 503:
+                return
+        except OSError:  # refused, or accepted no more
+            return
+        finally:
+            conn.close()
+        time.sleep(0.005)
+    raise Fail("the replica still serves 10 s after signal %d" % sig)
+
+
 def stop_one(sig):
     """16 sessions x 6 turns; replica-a gets sig after 32 answered turns."""
     reps, ng = setup()
     try:
         turns = 6
         a, b = reps["replica-a"], reps["replica-b"]
-        attempts, t_stop = conversations(ng.port, turns, 32, lambda: a.proc.send_signal(sig))
+        attempts, t_stop = conversations(ng.port, turns, 32, lambda: stopped(a, sig))
         check(t_stop is not None, "the signal was not sent")
         before = {s: {r["model"] for r in att if r["ok"] and r["t1"] < t_stop}
                   for s, att in enumerate(attempts)}
