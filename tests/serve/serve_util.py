@@ -4,10 +4,12 @@ text. Python 3 standard library only (Debian's python3)."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -81,6 +83,64 @@ class Server:
         if not self.log.closed:
             self.log.close()
             os.unlink(self.log_path)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Nginx:
+    """nginx in the foreground with tools/serve/nginx.conf as shipped, its replicas' server lines
+    (in every upstream) replaced by the given ports and its listen port by a free one."""
+
+    SHIPPED = ("        server 127.0.0.1:8080 max_fails=1 fail_timeout=30s;\n"
+               "        server 127.0.0.1:8081 max_fails=1 fail_timeout=30s;\n")
+
+    def __init__(self, src, ports):
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        check(os.path.exists(nginx), "nginx is not installed (scripts/deps.sh: nginx-light)")
+        self.dir = tempfile.mkdtemp(prefix="spectree-nginx-")
+        self.port = free_port()
+        with open(os.path.join(src, "tools", "serve", "nginx.conf")) as f:
+            conf = f.read()
+        servers = "".join("        server 127.0.0.1:%d max_fails=1 fail_timeout=30s;\n" % p
+                          for p in ports)
+        check(conf.count(self.SHIPPED) == 2 and "listen 127.0.0.1:8000;" in conf,
+              "tools/serve/nginx.conf layout changed")
+        conf = conf.replace(self.SHIPPED, servers)
+        conf = conf.replace("listen 127.0.0.1:8000;", "listen 127.0.0.1:%d;" % self.port)
+        d = self.dir
+        top = ("daemon off;\nmaster_process off;\nworker_processes 1;\npid %s/nginx.pid;\n"
+               "error_log %s/error.log warn;\nevents { worker_connections 1024; }\n" % (d, d))
+        paths = "".join("    %s_temp_path %s/%s;\n" % (k, d, k)
+                        for k in ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"])
+        conf = top + conf.replace("http {\n", "http {\n    access_log off;\n" + paths, 1)
+        with open(os.path.join(d, "nginx.conf"), "w") as f:
+            f.write(conf)
+        self.proc = subprocess.Popen([nginx, "-p", d, "-c", os.path.join(d, "nginx.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise Fail("nginx exited: " + self.proc.stderr.read().decode())
+                time.sleep(0.05)
+        raise Fail("nginx did not start")
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def curl(url, body=None, key=None, method=None, headers=(), raw=None, timeout=120):

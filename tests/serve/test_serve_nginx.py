@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test_serve_nginx.py: scale-out of `spectree serve` behind nginx (Debian's nginx-light) on
-loopback: two replicas and nginx with the upstream configuration README.md documents
-(tools/serve/nginx.conf).
+loopback: two replicas and nginx with the upstream configuration docs/SERVING.md documents
+(tools/serve/nginx.conf). The requests carry no session key, so nginx balances them by
+least_conn (test_serve_affinity.py covers the session-keyed hash).
 1. Load through nginx: every response complete and equal to `spectree generate`; both replicas
    serve.
 2. One replica killed (SIGKILL) mid-run: only requests that started before the kill may fail
@@ -12,78 +13,19 @@ Usage: test_serve_nginx.py BUILD_DIR SOURCE_DIR"""
 import http.client
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Fail, Server, check, generate, run_tests  # noqa: E402
+from serve_util import Nginx, Server, check, generate, run_tests  # noqa: E402
 
 BUILD, SRC = sys.argv[1:3]
 MODEL = os.path.join(SRC, "models", "stories260K.gguf")
 PROMPTS = ["Once upon a time", "The little dog", "Lily had a red ball", "The sun was hot"]
 CASES = [dict(prompt=p, temp=0.8, seed=7 + i, n=96) for i, p in enumerate(PROMPTS)]
 WANT = {}
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-class Nginx:
-    """nginx in the foreground with tools/serve/nginx.conf's upstream over the given ports."""
-
-    def __init__(self, ports):
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        check(os.path.exists(nginx), "nginx is not installed (scripts/deps.sh: nginx-light)")
-        self.dir = tempfile.mkdtemp(prefix="spectree-nginx-")
-        self.port = free_port()
-        with open(os.path.join(SRC, "tools", "serve", "nginx.conf")) as f:
-            conf = f.read()
-        servers = "".join("        server 127.0.0.1:%d max_fails=1 fail_timeout=30s;\n" % p
-                          for p in ports)
-        conf = conf.replace("        server 127.0.0.1:8080 max_fails=1 fail_timeout=30s;\n"
-                            "        server 127.0.0.1:8081 max_fails=1 fail_timeout=30s;\n",
-                            servers)
-        conf = conf.replace("listen 127.0.0.1:8000;", "listen 127.0.0.1:%d;" % self.port)
-        check(servers in conf and str(self.port) in conf, "tools/serve/nginx.conf layout changed")
-        d = self.dir
-        top = ("daemon off;\nmaster_process off;\nworker_processes 1;\npid %s/nginx.pid;\n"
-               "error_log %s/error.log warn;\nevents { worker_connections 1024; }\n" % (d, d))
-        paths = "".join("    %s_temp_path %s/%s;\n" % (k, d, k)
-                        for k in ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"])
-        conf = top + conf.replace("http {\n", "http {\n    access_log off;\n" + paths, 1)
-        with open(os.path.join(d, "nginx.conf"), "w") as f:
-            f.write(conf)
-        self.proc = subprocess.Popen([nginx, "-p", d, "-c", os.path.join(d, "nginx.conf")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise Fail("nginx exited: " + self.proc.stderr.read().decode())
-                time.sleep(0.05)
-        raise Fail("nginx did not start")
-
-    def close(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def request(port, i):
@@ -150,7 +92,7 @@ def run_load(port, n, clients, event_at=None, event=None):
 def setup():
     a = Server(BUILD, MODEL, "--max-running-requests", "8", name="replica-a")
     b = Server(BUILD, MODEL, "--max-running-requests", "8", name="replica-b")
-    return a, b, Nginx([a.port, b.port])
+    return a, b, Nginx(SRC, [a.port, b.port])
 
 
 def test_balanced():

@@ -392,6 +392,22 @@ static void stream_free(void *cls) {
 /* ---------------------------------------------------------------------------------------- */
 /* Endpoints                                                                                 */
 
+/* The key a balancer keeps a conversation on one replica by (tools/serve/nginx.conf hashes on
+ * X-Session-Id, else X-User): copied into the job and its choices for their log lines, so the
+ * replica that served each turn of a session can be told from its log. Bytes outside printable
+ * ASCII become '?' and the key is cut at SRV_SESSION_MAX bytes (a log line stays one line). */
+static void session_key(struct MHD_Connection *c, srv_job *j) {
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
+    if (!v || !v[0])
+        v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-User");
+    size_t n = 0;
+    for (; v && v[n] && n < SRV_SESSION_MAX; n++)
+        j->session[n] = v[n] > ' ' && v[n] < 127 ? v[n] : '?';
+    j->session[n] = 0;
+    for (int i = 0; i < j->n_more; i++)
+        memcpy(j->more[i]->session, j->session, sizeof j->session);
+}
+
 /* The generation routes: OpenAI's completions and chat, SGLang's /generate. */
 enum { GEN_COMPLETION, GEN_CHAT, GEN_SGLANG };
 
@@ -434,6 +450,7 @@ static enum MHD_Result generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
         s->metrics.completions++;
     j->conn = c;
     j->http11 = cc->http11;
+    session_key(c, j);
     srv_job_submit(s, j);
     /* the engine's answer first (a step or so), so that a refusal gets its own status even
      * when the response would be a stream */

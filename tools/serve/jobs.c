@@ -144,8 +144,9 @@ static int on_emit(void *user, int32_t token) {
 }
 
 /* --log-level info: one line per finished request: its id, prompt and generated tokens, time to
- * first token, decoding tokens/s, tau and finish reason (debug: its queue time and accepted
- * drafts per step too); --log-format json: those fields by name. With s->mu held. */
+ * first token, decoding tokens/s, tau, finish reason and session key if it came with one (debug:
+ * its queue time and accepted drafts per step too); --log-format json: those fields by name.
+ * With s->mu held. */
 static void log_request(const srv *s, const srv_job *j) {
     const st_request_stats *st = &j->stats;
     const double decode_s = (st->total_ms - st->ttft_ms) / 1e3;
@@ -163,6 +164,8 @@ static void log_request(const srv *s, const srv_job *j) {
                       (json_int_t)st->prompt_tokens, "cached_tokens", (json_int_t)st->reused_tokens,
                       "gen_tokens", (json_int_t)st->gen_tokens, "ttft_ms", ttft, "tok_s", tok_s,
                       "tau", st->tau, "finish", why);
+        if (v && j->session[0])
+            json_object_set_new(v, "session", json_string(j->session));
         if (v && debug) {
             json_t *h = json_array();
             for (int a = 0; a <= ST_SPEC_MAX_S; a++)
@@ -188,9 +191,9 @@ static void log_request(const srv *s, const srv_job *j) {
     }
     srv_log(s, SRV_LOG_INFO,
             "%s: prompt %" PRId64 " tokens (%" PRId64 " cached), gen %" PRId64
-            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s",
+            " tokens, ttft %.1f ms, %.1f tok/s, tau %.2f, finish %s%s%s%s",
             j->id, st->prompt_tokens, st->reused_tokens, st->gen_tokens, ttft, tok_s, st->tau, why,
-            hist);
+            j->session[0] ? ", session " : "", j->session, hist);
 }
 
 static void on_finish(void *user, const st_request_stats *st) {

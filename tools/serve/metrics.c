@@ -135,6 +135,10 @@ char *srv_metrics_text(srv *s, size_t *len) {
                "admissions that copied a cached prompt prefix", (double)es->prefix_hits);
     put_metric(f, "spectree_prefix_cache_misses_total", "counter",
                "admissions that found no cached prefix", (double)es->prefix_misses);
+    const int64_t admissions = es->prefix_hits + es->prefix_misses;
+    put_metric(f, "spectree_prefix_cache_hit_ratio", "gauge",
+               "hits / (hits + misses) since the start (0 before any admission)",
+               admissions ? (double)es->prefix_hits / (double)admissions : 0.0);
     put_metric(f, "spectree_prefix_cache_hit_tokens_total", "counter",
                "prompt tokens served from the prefix cache", (double)es->prefix_hit_tokens);
     put_metric(f, "spectree_prefix_cache_bytes", "gauge", "bytes the prefix cache holds",

@@ -18,7 +18,8 @@
 enum {
     SRV_SGLANG_MAX_NEW_TOKENS = 128, /* SGLang's max_new_tokens when /generate gives none */
     SRV_MAX_CANCELS = 1024,
-    SRV_MAX_WAKE = 64, /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
+    SRV_MAX_WAKE = 64,    /* jobs woken after a step (running requests: at most ST_GEN_MAX_BATCH) */
+    SRV_SESSION_MAX = 64, /* bytes of a session key kept for the log line */
 };
 
 enum { SRV_CUT_TIMEOUT = 1, SRV_CUT_SIGNAL }; /* why a drain was cut: --drain-timeout, signal */
@@ -85,6 +86,9 @@ typedef struct srv_job {
     int64_t n_predict;
     uint64_t engine_id;
     char id[48]; /* "cmpl-..." / "chatcmpl-..." */
+    /* the session key a balancer hashed on (X-Session-Id, else X-User), for the log line:
+     * printable ASCII, at most SRV_SESSION_MAX bytes ("" without one) */
+    char session[SRV_SESSION_MAX + 1];
     int64_t created;
     /* choices: a request with n or best_of > 1 is a lead job (choice 0, the one its connection
      * holds) and siblings (choices 1..), each a sequence of its own in the engine. The lead
