@@ -118,6 +118,9 @@ static void test_parse_calls(void **state) {
         {SRV_TMPL_MISTRAL, "[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {}]", 0, 0, "",
          ""},
         {SRV_TMPL_MISTRAL, "[TOOL_CALLS] []", 0, 0, "", ""},
+        {SRV_TMPL_MISTRAL, " [{\"name\": \"get_time\", \"arguments\": {}}]", 1, 0, "get_time",
+         "{}"}, /* [TOOL_CALLS] as a control token, which decodes to no text */
+        {SRV_TMPL_MISTRAL, "[1, 2]", 0, 0, "", ""},
         {SRV_TMPL_MISTRAL, "[TOOL_CALLS] {\"name\": \"get_time\", \"arguments\": {}}", 0, 0, "",
          ""},
         /* templates without tool calling parse nothing */
@@ -150,6 +153,8 @@ static void test_safe_prefix(void **state) {
         {SRV_TMPL_CHATML, "Hello <toy", 10}, /* cannot */
         {SRV_TMPL_CHATML, "Hi\n<tool_call>\n{", 2},
         {SRV_TMPL_MISTRAL, "Ok [TOOL_", 2},
+        {SRV_TMPL_MISTRAL, " [{", 0},
+        {SRV_TMPL_CHATML, " [{", 3},
         {SRV_TMPL_LLAMA3, "  ", 0}, /* may still become a JSON call */
         {SRV_TMPL_LLAMA3, " {\"name", 0},
         {SRV_TMPL_LLAMA3, "Once <|python", 4},

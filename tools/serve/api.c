@@ -1,8 +1,8 @@
 /*
  * api.c: request checking for `spectree serve` (api.h; the stop strings are stop.c's, the chat
- * templates tmpl.c's). Request bodies (OpenAI's completions and chat, SGLang's /generate) are
- * parsed by jansson; every field is checked for its type and range here so that the server only
- * ever sees a well-formed srv_request.
+ * templates tmpl.c's, the tool-calling fields tools.c's). Request bodies (OpenAI's completions
+ * and chat, SGLang's /generate) are parsed by jansson; every field is checked for its type and
+ * range here so that the server only ever sees a well-formed srv_request.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "api.h"

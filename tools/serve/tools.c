@@ -606,8 +606,9 @@ static int parse_mistral(calls *cs, const char *s, size_t i, size_t n, const srv
     return ok && skip_blank(s, i, n) == n;
 }
 
-/* Where a call may begin in text: its template's marker (Llama 3: <|python_tag|>, or the
- * answer's first non-blank byte when that is '{'). */
+/* Where a call may begin in text: its template's marker, or the answer's first non-blank byte
+ * when that is '{' (Llama 3) or '[' (Mistral): <|python_tag|> and [TOOL_CALLS] are control
+ * tokens in those models' vocabularies, which decode to no text. */
 static const char *marker(srv_tmpl t) {
     return t == SRV_TMPL_CHATML    ? "<tool_call>"
            : t == SRV_TMPL_MISTRAL ? "[TOOL_CALLS]"
@@ -622,9 +623,8 @@ int srv_tools_parse(srv_tmpl t, const srv_tool *tools, int n_tools, const char *
     const char *mk = marker(t);
     if (!mk || n_tools == 0)
         return 0;
-    size_t at = find(text, n, mk), body = at + strlen(mk);
-    if (at == n && t == SRV_TMPL_LLAMA3 && skip_blank(text, 0, n) < n &&
-        text[skip_blank(text, 0, n)] == '{')
+    size_t at = find(text, n, mk), body = at + strlen(mk), b = skip_blank(text, 0, n);
+    if (at == n && b < n && text[b] == (t == SRV_TMPL_LLAMA3 ? '{' : '[') && t != SRV_TMPL_CHATML)
         at = body = 0;
     if (at == n)
         return 0;
@@ -649,9 +649,9 @@ size_t srv_tools_safe_prefix(srv_tmpl t, const char *text, size_t n) {
     const char *mk = marker(t);
     if (!mk)
         return n;
-    if (t == SRV_TMPL_LLAMA3) {
+    if (t != SRV_TMPL_CHATML) {
         size_t b = skip_blank(text, 0, n);
-        if (b == n || text[b] == '{')
+        if (b == n || text[b] == (t == SRV_TMPL_LLAMA3 ? '{' : '['))
             return 0;
     }
     size_t at = find(text, n, mk), k = strlen(mk);
