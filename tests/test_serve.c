@@ -214,12 +214,12 @@ static void test_parse_errors(void **state) {
          "must be in", "top_logprobs"},
         {1,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
-         "\"function\", \"function\": {\"name\": \"f\"}}]}",
-         "not supported", "tools"},
+         "\"function\", \"function\": {\"name\": \"f g\"}}]}",
+         "must be a string of 1 to 64", "tools[0].function.name"},
         {1,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
          "\"required\"}",
-         "no tools", "tool_choice"},
+         "needs 'tools'", "tool_choice"},
         {1,
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
          "{\"type\": \"xml\"}}",
@@ -259,7 +259,9 @@ static void test_parse_errors(void **state) {
         {1, "{\"messages\": {}}", "must be an array", "messages"},
         {1, "{\"messages\": [1]}", "must be an object", "messages"},
         {1, "{\"messages\": [{\"content\": \"x\"}]}", "needs a string 'role'", "messages"},
-        {1, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "must be system",
+        {1, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}",
+         "needs 'tool_call_id'", "messages"},
+        {1, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", "must be system",
          "messages"},
         {1, "{\"messages\": [{\"role\": \"user\"}]}", "needs 'content'", "messages"},
         {1, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "must be a string or",
@@ -458,8 +460,8 @@ static void check_render(srv_tmpl t, const srv_msg *m, int n, const srv_specials
     srv_rendered_free(&r);
 }
 
-#define MSG(role, text)                                                                            \
-    { role, (char *)text, sizeof text - 1 }
+#define MSG(who, text)                                                                             \
+    { .role = who, .content = (char *)text, .len = sizeof text - 1 }
 
 static void test_render(void **state) {
     (void)state;
@@ -496,7 +498,7 @@ static void test_render(void **state) {
     assert_non_null(strstr(err, "alternating"));
     err[0] = 0;
     assert_int_equal(srv_chat_render(SRV_TMPL_MISTRAL, conv, 3, &llama, &r, err), -1);
-    assert_non_null(strstr(err, "last message must be a user message"));
+    assert_non_null(strstr(err, "last message must be a user"));
     err[0] = 0;
     assert_int_equal(srv_chat_render(SRV_TMPL_LLAMA2, conv, 1, &llama, &r, err), -1);
     assert_non_null(strstr(err, "needs a user message"));

@@ -90,7 +90,7 @@ static void add_msg(chat *c, srv_role role, const char *text, size_t len) {
     char *t = xrealloc(NULL, len + 1);
     memcpy(t, text, len);
     t[len] = 0;
-    c->msgs[c->n_msgs++] = (srv_msg){role, t, len};
+    c->msgs[c->n_msgs++] = (srv_msg){.role = role, .content = t, .len = len};
 }
 
 static void drop_msgs(chat *c, int keep) {

@@ -1,8 +1,8 @@
 /*
  * api.c: request checking for `spectree serve` (api.h; the stop strings are stop.c's, the chat
- * templates tmpl.c's). Request bodies (OpenAI's completions and chat, SGLang's /generate) are
- * parsed by jansson; every field is checked for its type and range here so that the server only
- * ever sees a well-formed srv_request.
+ * templates tmpl.c's, the tool-calling fields tools.c's). Request bodies (OpenAI's completions
+ * and chat, SGLang's /generate) are parsed by jansson; every field is checked for its type and
+ * range here so that the server only ever sees a well-formed srv_request.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "api.h"
@@ -146,13 +146,20 @@ static int get_messages(const json_t *v, srv_request *r, char *err, char *param)
         return fail(err, param, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(v, i);
+        r->n_msgs = (int)i + 1;
         if (!json_is_object(m))
             return fail(err, param, "messages", "messages[%zu] must be an object, not %s", i,
                         type_name(m));
         const char *k;
         const json_t *x;
         const json_t *role = NULL, *content = NULL;
+        srv_msg *out = &r->msgs[i];
         json_object_foreach((json_t *)m, k, x) {
+            int tf = srv_msg_tool_field(k, x, i, out, err, param);
+            if (tf < 0)
+                return -1;
+            if (tf == 0)
+                continue;
             if (!strcmp(k, "role"))
                 role = x;
             else if (!strcmp(k, "content"))
@@ -166,19 +173,36 @@ static int get_messages(const json_t *v, srv_request *r, char *err, char *param)
         if (!json_is_string(role))
             return fail(err, param, "messages", "messages[%zu] needs a string 'role'", i);
         const char *rs = json_string_value(role);
-        srv_msg *out = &r->msgs[i];
         if (!strcmp(rs, "system") || !strcmp(rs, "developer"))
             out->role = SRV_ROLE_SYSTEM;
         else if (!strcmp(rs, "user"))
             out->role = SRV_ROLE_USER;
         else if (!strcmp(rs, "assistant"))
             out->role = SRV_ROLE_ASSISTANT;
+        else if (!strcmp(rs, "tool") || !strcmp(rs, "ipython"))
+            out->role = SRV_ROLE_TOOL;
         else
             return fail(err, param, "messages",
-                        "messages[%zu].role must be system, user or assistant, not '%s'", i, rs);
+                        "messages[%zu].role must be system, user, assistant or tool, not '%s'", i,
+                        rs);
+        if ((out->n_calls || out->call_id) &&
+            (out->n_calls ? out->role != SRV_ROLE_ASSISTANT : out->role != SRV_ROLE_TOOL))
+            return fail(err, param, "messages", "messages[%zu]: '%s' belongs to %s messages", i,
+                        out->n_calls ? "tool_calls" : "tool_call_id",
+                        out->n_calls ? "assistant" : "tool");
+        if (out->role == SRV_ROLE_TOOL && !strcmp(rs, "tool") && !out->call_id)
+            return fail(err, param, "messages",
+                        "messages[%zu] (a tool message) needs "
+                        "'tool_call_id'",
+                        i);
+        if (out->n_calls && (!content || json_is_null(content))) {
+            out->content = calloc(1, 1); /* an assistant's call with null content */
+            if (!out->content)
+                return fail(err, param, NULL, "out of memory");
+            continue;
+        }
         if (!content)
             return fail(err, param, "messages", "messages[%zu] needs 'content'", i);
-        r->n_msgs = (int)i + 1;
         if (get_content(content, out, err, param))
             return -1;
     }
@@ -240,13 +264,12 @@ static int get_stops(const json_t *v, const char *name, srv_request *r, char *er
 
 /* Fields that do not change this server's answer at the values it accepts: metadata about the
  * request (user, metadata, store, service_tier), options of features it does not have at their
- * "off" value (no tools, plain text, no suffix).
+ * "off" value (plain text, no suffix).
  * Values that would change the answer, and that the server does not implement, are refused
  * with a message naming the field: never silently ignored. null is every field's default.
  * Returns 1 when k is none of these fields, 0 when v is accepted, -1 when refused. */
 static int neutral_field(const char *k, const json_t *v, int chat, char *err, char *param) {
-    static const char *const any_chat[] = {"parallel_tool_calls", "tools", "tool_choice",
-                                           "modalities"};
+    static const char *const any_chat[] = {"modalities"};
     static const char *const any_completion[] = {"suffix"};
     static const char *const both[] = {"user", "metadata", "store", "service_tier"};
     int known = 0;
@@ -265,7 +288,7 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
             return fail(err, param, k, "'%s' must be a string, not %s", k, type_name(v));
         return 0;
     }
-    if (!strcmp(k, "store") || !strcmp(k, "parallel_tool_calls")) {
+    if (!strcmp(k, "store")) {
         int b = 0;
         return get_bool(v, k, &b, err, param);
     }
@@ -280,21 +303,6 @@ static int neutral_field(const char *k, const json_t *v, int chat, char *err, ch
                             type_name(mv));
         }
         return 0;
-    }
-    if (!strcmp(k, "tools")) {
-        if (!json_is_array(v))
-            return fail(err, param, k, "'tools' must be an array, not %s", type_name(v));
-        if (json_array_size(v) > 0)
-            return fail(err, param, k, "'tools' is not supported by this server (only [])");
-        return 0;
-    }
-    if (!strcmp(k, "tool_choice")) {
-        /* with no tools, "none" and "auto" both call none */
-        if (json_is_string(v) &&
-            (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto")))
-            return 0;
-        return fail(err, param, k,
-                    "'tool_choice' must be \"none\" or \"auto\": this server has no tools");
     }
     if (!strcmp(k, "modalities")) {
         const json_t *m0 = json_is_array(v) ? json_array_get(v, 0) : NULL;
@@ -673,6 +681,9 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
             if (!chat)
                 r->logprobs = 1;
             top_given = 1;
+        } else if (chat && (sf = srv_tools_field(k, v, r, err, param)) <= 0) {
+            if (sf < 0)
+                return -1;
         } else {
             int nf = neutral_field(k, v, chat, err, param);
             if (nf < 0)
@@ -684,6 +695,8 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
     if (!have_input)
         return fail(err, param, chat ? "messages" : "prompt", "'%s' is required",
                     chat ? "messages" : "prompt");
+    if (chat && srv_tools_check(r, err, param))
+        return -1;
     if (r->repeat_off)
         r->sp.repeat_penalty = 1.0f;
     if (best_of && best_of < r->n)
@@ -725,6 +738,7 @@ static json_t *request_begin(const char *body, size_t len, srv_request *r, char 
     memset(r, 0, sizeof *r);
     r->max_tokens = -1;
     r->n = r->best_of = 1;
+    r->parallel_calls = 1;
     r->sp = st_sampler_default_params();
     r->sp.temp = 1.0f;
     r->sp.top_k = 0;
@@ -903,8 +917,9 @@ void srv_request_free(srv_request *r) {
     free(r->prompt);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_msgs; i++)
-        free(r->msgs[i].content);
+        srv_msg_free(&r->msgs[i]);
     free(r->msgs);
+    srv_tools_free(r);
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
     free(r->bias);

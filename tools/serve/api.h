@@ -40,13 +40,46 @@ const char *srv_tmpl_name(srv_tmpl t);
  * SRV_TMPL_NONE when none matches. */
 srv_tmpl srv_tmpl_detect(const char *jinja, size_t len);
 
-typedef enum srv_role { SRV_ROLE_SYSTEM, SRV_ROLE_USER, SRV_ROLE_ASSISTANT } srv_role;
+typedef enum srv_role {
+    SRV_ROLE_SYSTEM,
+    SRV_ROLE_USER,
+    SRV_ROLE_ASSISTANT,
+    SRV_ROLE_TOOL /* a tool's result ("tool", or Llama 3's "ipython") */
+} srv_role;
+
+/* A function call: an assistant message's tool_calls entry, or one parsed from an answer. */
+typedef struct srv_call {
+    char *id;   /* NULL in a parsed call (the server names it) */
+    char *name; /* NUL-terminated */
+    char *args; /* the arguments: a JSON object's text, ", " and ": " between its tokens (as the
+                 * templates' tojson writes it) */
+} srv_call;
 
 typedef struct srv_msg {
     srv_role role;
-    char *content; /* NUL-terminated, valid UTF-8 */
+    char *content; /* NUL-terminated, valid UTF-8 ("" for an assistant's null content) */
     size_t len;
+    srv_call *calls; /* (n_calls) an assistant's tool_calls, owned */
+    int n_calls;
+    char *call_id; /* a tool message's tool_call_id, owned */
 } srv_msg;
+
+/* tool_choice: what the model may do with the request's tools. */
+typedef enum srv_choice_mode {
+    SRV_TOOLS_AUTO = 0, /* call or answer, as the model writes (no constraint) */
+    SRV_TOOLS_NONE,     /* tools rendered into the prompt, no call parsed */
+    SRV_TOOLS_REQUIRED, /* at least one call, forced by a grammar */
+    SRV_TOOLS_NAMED,    /* one call of tool_named, forced by a grammar */
+} srv_choice_mode;
+
+/* One entry of a request's tools, pre-rendered in the forms the templates write it. */
+typedef struct srv_tool {
+    char *name;
+    char *json;  /* the whole entry as tojson writes it: {"type": "function", "function": {...}} */
+    char *json4; /* the same with indent=4 (Llama 3.1) */
+    char *mistral; /* Mistral v0.3's {"type": "function", "function": {"name": "...", ...}} */
+    char *params;  /* the function's parameters schema (compact JSON), NULL when not given */
+} srv_tool;
 
 /* One checked request. Strings are owned (srv_request_free). */
 typedef struct srv_request {
@@ -80,6 +113,12 @@ typedef struct srv_request {
                         * highest cumulative log-probability answered */
     int echo;          /* completions: the prompt before each choice's text */
     char zero_max[48]; /* the field that set max_tokens to 0 (as named in errors) */
+    srv_tool *tools;   /* (n_tools) chat's tools, owned */
+    int n_tools;
+    srv_choice_mode tool_choice;
+    int tool_named;         /* SRV_TOOLS_NAMED: the index of the named tool */
+    char *tool_choice_name; /* SRV_TOOLS_NAMED: its name as given, owned */
+    int parallel_calls;     /* parallel_tool_calls (default 1); 0: at most one call parsed */
 } srv_request;
 
 /* Parses and checks a request body for /v1/completions (chat 0) or /v1/chat/completions
@@ -127,7 +166,38 @@ void srv_specials_find(const st_tokenizer *tok, srv_specials *out);
  * or -1 with a message in err (roles that the template cannot render, out of memory). */
 int srv_chat_render(srv_tmpl t, const srv_msg *msgs, int n, const srv_specials *sp,
                     srv_rendered *out, char *err);
+/* The same with the request's tools rendered as the template writes them (docs/SERVING.md);
+ * llama-2 and zephyr have no tool calling: tools, tool calls and tool messages are an error. */
+int srv_chat_render_tools(srv_tmpl t, const srv_msg *msgs, int n, const srv_tool *tools,
+                          int n_tools, const srv_specials *sp, srv_rendered *out, char *err);
 void srv_rendered_free(srv_rendered *r);
+
+/* tools.c: the request side of tool calling. srv_tools_field reads k = "tools", "tool_choice"
+ * or "parallel_tool_calls" (returns 1 for any other key, 0 when read, -1 refused with the
+ * message and param as srv_request_parse's); srv_tools_check runs once the body is read (a
+ * tool_choice naming no tool, tool_choice without tools). srv_msg_tool_field reads message i's
+ * "tool_calls" and "tool_call_id" (returns as srv_tools_field). */
+int srv_tools_field(const char *k, const void *v, srv_request *r, char *err, char *param);
+int srv_tools_check(srv_request *r, char *err, char *param);
+int srv_msg_tool_field(const char *k, const void *v, size_t i, srv_msg *m, char *err, char *param);
+void srv_tools_free(srv_request *r);
+void srv_msg_free(srv_msg *m);
+
+/* The GBNF that forces template t's call syntax around arguments valid against the chosen
+ * tool's parameters (tool_choice required: any tool; named: that one), up to
+ * SRV_MAX_CALLS calls with parallel_calls, else one. *out malloc'd. 0, or -1 with err. */
+enum { SRV_MAX_CALLS = 4 };
+int srv_tools_grammar(srv_tmpl t, const srv_request *r, char **out, char *err);
+
+/* The calls in a generated answer text[0..n) as template t writes them (a call of a name not
+ * in tools is no call). *content_len: the bytes of text before the first call (trailing
+ * blanks dropped), all of n when none parsed. Returns the number of calls written to
+ * *calls (malloc'd; srv_calls_free), 0 when the text is no valid call, -1 out of memory. */
+int srv_tools_parse(srv_tmpl t, const srv_tool *tools, int n_tools, const char *text, size_t n,
+                    size_t *content_len, srv_call **calls);
+void srv_calls_free(srv_call *calls, int n);
+/* Streaming: how many bytes of text[0..n) are content for sure (no call can start in them). */
+size_t srv_tools_safe_prefix(srv_tmpl t, const char *text, size_t n);
 
 /* Length of the longest valid UTF-8 prefix of s[0..n) that ends on a character boundary. */
 size_t srv_utf8_valid_prefix(const char *s, size_t n);

@@ -35,6 +35,7 @@ void srv_job_release(srv *s, srv_job *j) {
     free(j->prompt);
     free(j->text);
     free(j->lps);
+    srv_calls_free(j->calls, j->n_calls);
     srv_stopper_free(&j->stopper);
     srv_request_free(&j->req);
     pthread_cond_destroy(&j->cv);
@@ -215,6 +216,7 @@ static void on_finish(void *user, const st_request_stats *st) {
             job_text(j, "", 0, 1);
     }
     j->t_done = st_time_seconds();
+    srv_job_calls(j);
     j->done = 1;
     if (j->wake_pending) /* woken now; it may be freed below */
         for (int i = 0; i < s->n_wake; i++)

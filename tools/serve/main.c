@@ -45,7 +45,7 @@ static const char *serve_help =
     "      --api-key KEY    require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)\n"
     "      --chat-template NAME   llama-2, llama-3, chatml, zephyr or mistral (default: detected\n"
     "                       from the GGUF's tokenizer.chat_template; chatml, with a warning,\n"
-    "                       for a model without one)\n"
+    "                       for a model without one; tools: llama-3, chatml, mistral)\n"
     "      --max-running-requests N, -np, --parallel N   sequences decoded together (default 8,\n"
     "                       <= 64)\n"
     "      --max-queued-requests N    requests waiting for a slot; beyond: 503 (default 256)\n"

@@ -13,6 +13,8 @@
 #include <string.h>
 
 const char *srv_finish_reason(const srv_job *j) {
+    if (j->n_calls)
+        return "tool_calls";
     if (j->stopper.stopped)
         return "stop";
     switch (j->stats.stop_reason) {
@@ -22,6 +24,44 @@ const char *srv_finish_reason(const srv_job *j) {
     default:
         return "stop";
     }
+}
+
+int srv_tools_active(const srv_job *j) {
+    const srv_request *r = j->lead ? &j->lead->req : &j->req;
+    return r->chat && r->n_tools > 0 && r->tool_choice != SRV_TOOLS_NONE;
+}
+
+void srv_job_calls(srv_job *j) {
+    if (!srv_tools_active(j) || j->status != ST_OK || j->n_calls)
+        return;
+    const srv_request *r = j->lead ? &j->lead->req : &j->req;
+    srv_call *calls = NULL;
+    const int n = srv_tools_parse(j->srv->tmpl, r->tools, r->n_tools, j->text ? j->text : "",
+                                  j->n_text, &j->content_len, &calls);
+    if (n <= 0)
+        return;
+    j->calls = calls;
+    j->n_calls = r->parallel_calls ? n : 1;
+    for (int k = 0; k < n; k++) {
+        char id[96];
+        snprintf(id, sizeof id, "call_%s_%d_%d", j->id + strcspn(j->id, "-") + 1, j->index, k);
+        calls[k].id = k < j->n_calls ? strdup(id) : NULL;
+    }
+    for (int k = j->n_calls; k < n; k++) { /* parallel_tool_calls false: the first only */
+        free(calls[k].name);
+        free(calls[k].args);
+    }
+}
+
+/* An answer's tool_calls array: OpenAI's [{"id", "type": "function", "function": {"name",
+ * "arguments": a string}}]. */
+static json_t *calls_json(const srv_job *c) {
+    json_t *a = json_array();
+    for (int k = 0; a && k < c->n_calls; k++)
+        json_array_append_new(a, json_pack("{s:s?,s:s,s:{s:s,s:s}}", "id", c->calls[k].id, "type",
+                                           "function", "function", "name", c->calls[k].name,
+                                           "arguments", c->calls[k].args));
+    return a;
 }
 
 /* SGLang's meta_info fields for speculative decoding, per request. */
@@ -319,7 +359,16 @@ json_t *srv_full_response(const srv_job *j) {
         json_t *lp = j->req.logprobs ? srv_logprobs_json(c->srv, c, 0, srv_logprobs_kept(c), 1)
                                      : json_null();
         json_t *text = srv_choice_text(c, c->text ? c->text : "", c->n_text, 1);
-        if (j->req.chat)
+        if (j->req.chat && c->n_calls) { /* content: the text before the calls, or null */
+            json_decref(text);
+            json_t *msg =
+                json_pack("{s:s,s:o,s:o}", "role", "assistant", "content",
+                          c->content_len ? srv_text_str(c->text, c->content_len) : json_null(),
+                          "tool_calls", calls_json(c));
+            json_array_append_new(choices,
+                                  json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg,
+                                            "logprobs", lp, "finish_reason", srv_finish_reason(c)));
+        } else if (j->req.chat)
             json_array_append_new(choices,
                                   json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", i, "message",
                                             "role", "assistant", "content", text, "logprobs", lp,
@@ -407,7 +456,8 @@ static unsigned build_prompt(srv *s, srv_job *j, char *err, char *param) {
         }
     } else {
         srv_rendered rd;
-        if (srv_chat_render(s->tmpl, r->msgs, r->n_msgs, &s->specials, &rd, err)) {
+        if (srv_chat_render_tools(s->tmpl, r->msgs, r->n_msgs, r->tools, r->n_tools, &s->specials,
+                                  &rd, err)) {
             snprintf(param, SRV_ERR_CAP, "messages");
             return 400;
         }
@@ -557,11 +607,14 @@ static srv_job *job_sibling(srv *s, srv_job *lead, int i) {
     j->req.prompt = NULL, j->req.prompt_ids = NULL, j->req.msgs = NULL, j->req.n_msgs = 0;
     j->req.bias = NULL, j->req.sp.logit_bias = NULL;
     j->req.n_stops = 0;
+    j->req.tools = NULL, j->req.n_tools = 0, j->req.tool_choice_name = NULL; /* the lead's */
+    j->req.grammar = lead->req.grammar ? strdup(lead->req.grammar) : NULL;
+    j->req.sp.grammar = j->req.grammar;
     pthread_cond_init(&j->cv, NULL);
     pthread_mutex_lock(&s->mu);
     s->live_jobs++;
     pthread_mutex_unlock(&s->mu);
-    int ok = 1;
+    int ok = !lead->req.grammar || j->req.grammar;
     for (int k = 0; k < lead->req.n_stops; k++) {
         j->req.stops[k] = strdup(lead->req.stops[k]);
         ok &= j->req.stops[k] != NULL;
@@ -604,6 +657,43 @@ static srv_job *job_sibling(srv *s, srv_job *lead, int i) {
     return j;
 }
 
+/* The request's tools on this server's template; with tool_choice required or a named
+ * function, the grammar that forces a call. 0, or an HTTP status with err and param. */
+static unsigned tools_grammar(srv *s, srv_request *r, char *err, char *param) {
+    if (!r->n_tools)
+        return 0;
+    if (s->tmpl != SRV_TMPL_LLAMA3 && s->tmpl != SRV_TMPL_CHATML && s->tmpl != SRV_TMPL_MISTRAL) {
+        snprintf(err, SRV_ERR_CAP,
+                 "'tools': this model's chat template (%s) has no tool calling (llama-3, chatml "
+                 "and mistral have; choose one with --chat-template)",
+                 srv_tmpl_name(s->tmpl));
+        snprintf(param, SRV_ERR_CAP, "tools");
+        return 400;
+    }
+    if (r->tool_choice != SRV_TOOLS_REQUIRED && r->tool_choice != SRV_TOOLS_NAMED)
+        return 0;
+    if (r->grammar) {
+        snprintf(err, SRV_ERR_CAP, "give one of '%s' and 'tool_choice' (a forced call), not both",
+                 r->grammar_from);
+        snprintf(param, SRV_ERR_CAP, "tool_choice");
+        return 400;
+    }
+    char *gbnf = NULL;
+    st_grammar *g = NULL;
+    if (srv_tools_grammar(s->tmpl, r, &gbnf, err) || st_grammar_parse(gbnf, strlen(gbnf), &g)) {
+        if (gbnf)
+            snprintf(err, SRV_ERR_CAP, "tool_choice: %s", st_last_error());
+        free(gbnf);
+        snprintf(param, SRV_ERR_CAP, "tools");
+        return !strcmp(err, "out of memory") ? 500 : 400;
+    }
+    st_grammar_free(g);
+    r->grammar = gbnf;
+    r->sp.grammar = gbnf;
+    snprintf(r->grammar_from, sizeof r->grammar_from, "tool_choice");
+    return 0;
+}
+
 /* Creates a job from a checked request (moved into it); 0, or an HTTP status with err. */
 unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param) {
     srv_job *j = calloc(1, sizeof *j);
@@ -630,7 +720,9 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char
     snprintf(j->id, sizeof j->id, "%s-%" PRIx64 "-%" PRIu64, j->req.chat ? "chatcmpl" : "cmpl",
              (uint64_t)s->created, seq);
     /* sampling: the request's fields, else the server's flags, else OpenAI's defaults */
-    unsigned code = j->tok_buf ? build_prompt(s, j, err, param) : 500;
+    unsigned code = j->tok_buf ? tools_grammar(s, &j->req, err, param) : 500;
+    if (!code)
+        code = build_prompt(s, j, err, param);
     if (code == 500 && !err[0])
         snprintf(err, SRV_ERR_CAP, "out of memory");
     for (int32_t i = 0; !code && i < j->req.sp.n_logit_bias; i++)

@@ -136,7 +136,11 @@ typedef struct srv_job {
     size_t n_sse, sse_off;
     void *conn; /* struct MHD_Connection * */
     int http11; /* the client speaks HTTP/1.1 (its end of stream may be probed) */
-    int probed; /* its end of stream was probed (http.c's peer_gone) */
+    /* tool calls parsed from the text once done (srv_job_calls), under srv.mu */
+    srv_call *calls;
+    int n_calls;
+    size_t content_len; /* with calls: the bytes of text before them (the answer's content) */
+    int probed;         /* its end of stream was probed (http.c's peer_gone) */
 } srv_job;
 
 struct srv {
@@ -207,6 +211,10 @@ void srv_job_refuse(srv *s, srv_job *j, st_status rc, const char *msg);
  * response. */
 unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char *param);
 const char *srv_finish_reason(const srv_job *j);
+/* With s->mu held, as job j finishes: the tool calls in its text (the request's tools with
+ * tool_choice other than none), named call_...; and whether j's request parses them. */
+void srv_job_calls(srv_job *j);
+int srv_tools_active(const srv_job *j);
 json_t *srv_spec_info(const srv_job *j);
 json_t *srv_usage_obj(const srv_job *j);
 json_t *srv_text_str(const char *t, size_t n);

@@ -77,6 +77,25 @@ static json_t *text_piece(const srv_job *j, const char *t, size_t n) {
     return j->req.chat ? json_pack("{s:o}", "content", srv_text_str(t, n)) : srv_text_str(t, n);
 }
 
+/* A finished choice's tool calls as OpenAI streams them: per call a delta with its index, id,
+ * type and name (arguments ""), then one with its arguments. */
+static int sse_calls(srv_job *j, srv_job *c) {
+    int rc = 0;
+    for (int k = 0; k < c->n_calls; k++) {
+        const srv_call *cl = &c->calls[k];
+        rc |= sse_add(j, chunk(c,
+                               json_pack("{s:[{s:i,s:s?,s:s,s:{s:s,s:s}}]}", "tool_calls", "index",
+                                         k, "id", cl->id, "type", "function", "function", "name",
+                                         cl->name, "arguments", ""),
+                               NULL, c->n_lp_sent));
+        rc |= sse_add(j, chunk(c,
+                               json_pack("{s:[{s:i,s:{s:s}}]}", "tool_calls", "index", k,
+                                         "function", "arguments", cl->args),
+                               NULL, c->n_lp_sent));
+    }
+    return rc;
+}
+
 /* Adds choice c's events that are due to the lead j's stream (s->mu held): its role (chat),
  * its echoed prompt, its new text, and once it is done its last chunk (finish_reason). */
 static int sse_choice(srv_job *j, srv_job *c) {
@@ -93,8 +112,16 @@ static int sse_choice(srv_job *j, srv_job *c) {
     }
     if (c->n_echo && !c->sent_echo)
         return rc;
+    /* with tools: the text that may be a call is held until the answer is done, then sent as
+     * tool_calls deltas if it parses as calls, as content if not */
+    size_t limit = c->n_text;
+    if (srv_tools_active(c) && c->text)
+        limit = c->done ? (c->n_calls ? c->content_len : c->n_text)
+                        : srv_tools_safe_prefix(c->srv->tmpl, c->text, c->n_text);
+    if (limit < c->n_sent)
+        limit = c->n_sent;
     size_t avail =
-        c->text ? c->n_sent + srv_utf8_valid_prefix(c->text + c->n_sent, c->n_text - c->n_sent) : 0;
+        c->text ? c->n_sent + srv_utf8_valid_prefix(c->text + c->n_sent, limit - c->n_sent) : 0;
     if (avail > c->n_sent) {
         int64_t to = j->req.logprobs ? srv_logprobs_upto(c, avail) : 0;
         if (c->done && to > srv_logprobs_kept(c))
@@ -103,6 +130,8 @@ static int sse_choice(srv_job *j, srv_job *c) {
                                to > c->n_lp_sent ? to : c->n_lp_sent));
         c->n_sent = avail;
     }
+    if (c->done && !c->sent_finish && c->status == ST_OK && !j->cut)
+        rc |= sse_calls(j, c);
     if (c->done && !c->sent_finish && c->status == ST_OK && !j->cut) {
         const int64_t kept = j->req.logprobs ? srv_logprobs_kept(c) : 0;
         json_t *last = chunk(c, j->req.chat ? json_object() : json_string(""), srv_finish_reason(c),
