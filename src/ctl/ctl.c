@@ -362,6 +362,11 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
     memcpy(c->shn + ((size_t)b * CTL_RING + (size_t)w) * (size_t)n1, rn, (size_t)cnt * sizeof *rn);
 }
 
+void st_ctl_skip(st_ctl *c, int32_t a, int32_t b, int64_t n_hist) {
+    if (c->autotune && a >= 0 && a < c->bs && b >= 0 && b < c->bs)
+        c->avail[a] = 0, c->seq_from[b] = n_hist; /* (its drafter has nothing to catch up) */
+}
+
 int64_t st_ctl_ranked(const st_ctl *c, int32_t a, int32_t j) {
     if (a < 0 || a >= c->bs || j < 0 || j >= c->avail[a])
         return -1;

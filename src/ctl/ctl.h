@@ -39,6 +39,10 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t 
 void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const float *scores,
                  const int32_t *tokens, const int64_t *level_parents, int64_t n_hist, int32_t conf);
 
+/* Active slot a (sequence b, n_hist tokens of history) proposes nothing this step (its request
+ * speculates not at all): no ranked nodes, and no catch-up is counted for its drafter. */
+void st_ctl_skip(st_ctl *c, int32_t a, int32_t b, int64_t n_hist);
+
 /* The tree size for the na slots ranked this step: 1 (plain) or 2..N; *exp_gain its expected
  * speed-up. A fixed shape: n_real_max + 1 (the most candidates a slot drafted), at most N. */
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain);

@@ -258,8 +258,10 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int64_t *T_out, int6
         ctx += g->seq_lens[a];
         g->cap[a] = g->req[b]->rp.spec_max_tree;
         g->nb[a] = 0; /* (here: its drafted candidates) */
-        if (g->cap[a] == 1)
+        if (g->cap[a] == 1) {
+            st_ctl_skip(g->ctl, a, b, g->n_hist[b]);
             continue;
+        }
         float *sc = g->scores + a * M;
         int32_t *tok = g->cand_tokens + a * M;
         int64_t *lp = g->level_parents + a * LPW;
