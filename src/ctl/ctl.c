@@ -607,26 +607,18 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
     return choose_end(c, na, best, plain, bg, exp_gain) ? (int32_t)best.n : 1;
 }
 
-/* Grows n[0..na) from all 1 by `steps` nodes, each to the sequence whose next ranked node adds
- * the most expected tokens (hi: each one's most); returns the expected tokens, or -1 when no
- * sequence can grow. */
-static double grow(const st_ctl *c, int32_t na, const int32_t *hi, int64_t steps, int32_t *n) {
-    double tok = (double)na;
-    for (int32_t a = 0; a < na; a++)
-        n[a] = 1;
-    for (int64_t s = 0; s < steps; s++) {
-        int32_t w = -1;
-        double dw = -1.0;
-        for (int32_t a = 0; a < na; a++) {
-            const double *E = c->E + (size_t)a * (size_t)(c->N + 1);
-            if (n[a] < hi[a] && E[n[a] + 1] - E[n[a]] > dw)
-                w = a, dw = E[n[a] + 1] - E[n[a]];
-        }
-        if (w < 0)
-            return -1.0;
-        tok += dw, n[w]++;
+/* Grows n[0..na) by one node, to the sequence whose next ranked node adds the most expected
+ * tokens (hi: each one's most); returns what it adds, or -1 when no sequence can grow. */
+static double grow(const st_ctl *c, int32_t na, const int32_t *hi, int32_t *n) {
+    int32_t w = -1;
+    double dw = -1.0;
+    for (int32_t a = 0; a < na; a++) {
+        const double *E = c->E + (size_t)a * (size_t)(c->N + 1);
+        if (n[a] < hi[a] && E[n[a] + 1] - E[n[a]] > dw)
+            w = a, dw = E[n[a] + 1] - E[n[a]];
     }
-    return tok;
+    n[w >= 0 ? w : 0] += w >= 0;
+    return dw;
 }
 
 int64_t st_ctl_choose_each(st_ctl *c, int32_t na, const int32_t *cap, const int64_t *n_real,
@@ -653,15 +645,21 @@ int64_t st_ctl_choose_each(st_ctl *c, int32_t na, const int32_t *cap, const int6
     double vp, rt[2], bg = 0.0;
     const pred plain = plain_pred(c, na, &vp, rt);
     pred best = plain;
-    for (int64_t t = na + 1; t <= Thi; t++) {
-        const double tok = grow(c, na, hi, t - na, n), tt = verify_est(c, t, &meas) + plain.d,
-                     g = tok / tt * (rt[0] * rt[1]) / vp;
+    double tok = (double)na, d;
+    for (int64_t t = na + 1; t <= Thi && (d = grow(c, na, hi, n)) >= 0.0; t++) {
+        const double tt = verify_est(c, t, &meas) + plain.d,
+                     g = (tok += d) / tt * rt[0] * rt[1] / vp;
         if (g > bg)
             bg = g, best = (pred){tok, tt, plain.d, (double)t};
     }
     const int tree = choose_end(c, na, best, plain, bg, exp_gain);
-    if (tree)
-        c->ol.known = 1, c->ol.speedup = bg, c->ol.tree_n = (int32_t)(best.n / na + 0.5);
-    grow(c, na, hi, tree ? (int64_t)best.n - na : 0, n);
+    if (tree) /* (the outlook: per sequence) */
+        c->ol.known = 1, c->ol.speedup = bg, c->ol.tree_n = (int32_t)(best.n / na + 0.5),
+        c->ol.verify_cost = best.t * vp / (rt[1] * (double)na),
+        c->ol.accept = best.tok * rt[0] / (double)na - 1.0;
+    for (int32_t a = 0; a < na; a++) /* the best T's trees, grown again */
+        n[a] = 1;
+    for (int64_t t = na; tree && t < (int64_t)best.n; t++)
+        grow(c, na, hi, n);
     return tree ? (int64_t)best.n : na;
 }
