@@ -863,6 +863,12 @@ typedef struct st_request_params {
      * takes nothing from the prefix cache or a kept slot (their rows' logits were never
      * computed): its whole prompt is evaluated, bs tokens per forward pass. */
     st_request_logprobs_fn on_prompt_logprobs;
+    /* Speculation for this request (the engine's drafter and `auto` otherwise): 0 the engine's
+     * (the default), 1 none (every step of it plain, inside the batch's forward passes, and
+     * no drafting for it), n >= 2 a tree of at most n nodes, the root included (more than the
+     * engine's largest tree N is N). The other requests of a batch keep theirs: each sequence's
+     * tree has its own size (TREE_SPEC §2.5). The tokens are the same whatever it is. */
+    int32_t spec_max_tree;
 } st_request_params;
 
 /* The engine's defaults: its gen.n_predict and gen.sampler, no log-probabilities. */

@@ -287,6 +287,17 @@ void st_verify_mask_free(st_verify_mask *vm);
 st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, int64_t n,
                                  int64_t seq_lens_sum, st_tree_mask *out);
 
+/* A ragged step (TREE_SPEC §2.5): request b has n[b] nodes (1..max_n, root included; 1 is a
+ * plain step inside the same forward) and committed length seq_lens[b]. Request b's mask is its
+ * own single-request mask of n[b] nodes, the requests' blocks one after another; out[b] (bs
+ * entries) describes block b for st_tree_build with shape {1, K, S, n[b]}. The layout is the
+ * one st_verify_mask_prepare picks for the largest n[b]; with every n[b] equal the bytes are
+ * exactly its. Remembers the step for st_session_verify_ragged. ST_ERR_RANGE when the step
+ * exceeds the sizes given at creation. */
+st_status st_verify_mask_prepare_ragged(st_verify_mask *vm, int64_t topk, int64_t bs,
+                                        const int64_t *n, const int64_t *seq_lens,
+                                        st_tree_mask *out);
+
 /* Target-verify forward: scores the bs trees of n nodes (tree->tokens at tree->positions) of
  * sequences seqs[0..bs) in one forward pass, with the attention of vm's backend over the mask
  * that vm's last st_verify_mask_prepare laid out and st_tree_build filled (bs and n must be that
@@ -298,6 +309,15 @@ st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, i
  * (verification walks one path). Requires bs*n <= n_batch and L_b + n <= n_ctx. */
 st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
                             const int32_t *seqs, const st_tree *tree, float *logits);
+
+/* st_session_verify for a ragged step prepared by st_verify_mask_prepare_ragged with the same
+ * n[0..bs): request b's nodes are tree entries [o_b, o_b + n[b]), o_b = n[0] + ... + n[b-1],
+ * built by st_tree_build as a single request (its list entries are indices within the request,
+ * 0..n[b]-1); the forward runs sum n[b] tokens (no padding; at most n_batch). Node i of request
+ * b writes K/V row L_b + i; logits (or st_session_logits) row o_b + i. */
+st_status st_session_verify_ragged(st_session *s, const st_verify_mask *vm, int64_t bs,
+                                   const int64_t *n, const int32_t *seqs, const st_tree *tree,
+                                   float *logits);
 
 /* The logits (n_vocab floats) of node i (0 <= i < bs*n) of the last st_session_verify called
  * with logits NULL, bitwise equal to what that call would have written in row i. Valid until

@@ -11,7 +11,9 @@
  * per rank), and times follow a cost model in plain-token units: a verify of n tokens costs
  * ratio(n), a proposal a catch-up (a fixed part and a part per row since the last proposal) and
  * S-1 level passes. A fixed shape drafts and verifies its N-1 best nodes every step. Speed-up:
- * tokens per unit of time over plain decoding's one.
+ * tokens per unit of time over plain decoding's one. Two sequences in one batch, one drafter
+ * always right and one always wrong: per-sequence trees keep the right one's big and verify the
+ * wrong one's root only, beating every uniform tree.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,14 +117,14 @@ static void propose(const sim_case *sc, int64_t K, int64_t S, float *scores, int
 }
 
 /* Accepted drafts of the first n-1 ranked nodes: the path whose ranks are the text's. */
-static int64_t accepted(const sim_case *sc, const st_ctl *c, int64_t K, const int64_t *lp,
-                        int64_t n0, int32_t n) {
+static int64_t accepted(const sim_case *sc, const st_ctl *c, int32_t a, int64_t K,
+                        const int64_t *lp, int64_t n0, int32_t n) {
     int64_t cur = -1, d = 0; /* the accepted node (candidate index; -1 the root) */
     for (;;) {
         const int r = true_rank(sc, n0 + d);
         int64_t next = -2;
         for (int32_t j = 0; j < n - 1 && next == -2; j++) {
-            const int64_t cand = st_ctl_ranked(c, 0, j);
+            const int64_t cand = st_ctl_ranked(c, a, j);
             if (cand < 0)
                 break;
             const int64_t lvl = cand < K ? 0 : st_tree_candidate_level(K, cand);
@@ -184,7 +186,7 @@ static double simulate(const sim_case *sc, int64_t fK, int64_t fS, int32_t fN, i
             const int64_t M = st_tree_n_candidates(K, S);
             n = autotune ? st_ctl_choose(c, 1, M, &g) : (fN < M + 1 ? fN : (int32_t)(M + 1));
             if (n > 1)
-                emitted = accepted(sc, c, K, lp, n_hist, n) + 1;
+                emitted = accepted(sc, c, 0, K, lp, n_hist, n) + 1;
         }
         /* the first step after the prompt runs cold */
         const double t_unseen = drafted ? slow * sc->unseen : 0.0;
@@ -391,12 +393,97 @@ static void test_wrong_head(void **state) {
     assert_true(vp >= 0.97);
 }
 
+/* Two sequences in one batch, one whose drafter is always right and one always wrong, the same
+ * pool (chains of 8) and the same scores: tokens per unit of time with per-sequence trees
+ * (fK = 0: st_ctl_choose_each) or one uniform tree of fN nodes for both (fN = 1: plain); a
+ * verify of T tokens costs 1 + 0.1 (T - 1) plain tokens (a bandwidth-bound target), proposing a
+ * catch-up and 7 level passes per sequence. *big: the good sequence's mean tree over the second
+ * half, *small: the share of those steps in which the bad one verified its root only. */
+enum { PAIR_STEPS = 1500 };
+static double simulate_pair(int32_t fN, double *big, double *small) {
+    const int64_t K = 1, S = 8;
+    const int autotune = fN == 0;
+    const sim_case good = {.acc = {1.0}, .child = {0.7}}, bad = {.acc = {0.0}, .child = {0.7}};
+    const sim_case *sc[2] = {&good, &bad};
+    st_ctl *c;
+    assert_int_equal(st_ctl_create(2, K, S, autotune ? 9 : (fN > 1 ? fN : 2), 1, 0.1, &c), ST_OK);
+    int32_t *hist[2] = {calloc(HIST * 8, sizeof(int32_t)), calloc(HIST * 8, sizeof(int32_t))};
+    float *scores = malloc(MAXM * sizeof *scores);
+    int32_t *tokens = malloc(MAXM * sizeof *tokens);
+    int64_t *lp = malloc(MAXM * sizeof *lp), n_hist[2] = {1, 1}, last[2] = {0, 0};
+    double time = 0.0, tok = 0.0, sum_big = 0.0, n_small = 0.0;
+    hist[0][0] = hist[1][0] = 1;
+    for (int64_t step = 0; step < PAIR_STEPS; step++) {
+        int64_t k = K, s = S;
+        const int drafted = autotune ? st_ctl_want_draft(c, 2, &k, &s) : fN > 1;
+        int32_t n[2] = {1, 1};
+        int64_t emitted = 0, T = 2;
+        double t_draft = 0.0;
+        if (drafted) {
+            for (int32_t a = 0; a < 2; a++) {
+                const int64_t rows = n_hist[a] - last[a];
+                const double t_catch = 0.04 + 0.01 * (double)rows, t_lvl = 0.025 * (double)(s - 1);
+                t_draft += t_catch + t_lvl;
+                st_ctl_draft_cost(c, k, s, t_catch * 1e-3, rows, t_lvl * 1e-3);
+                last[a] = n_hist[a];
+                propose(sc[a], k, s, scores, tokens, lp);
+                st_ctl_rank(c, a, a, k, s, scores, tokens, lp, n_hist[a], 0);
+            }
+            const int32_t cap[2] = {0, 0};
+            const int64_t n_real[2] = {st_tree_n_candidates(k, s), st_tree_n_candidates(k, s)};
+            double g;
+            if (autotune)
+                T = st_ctl_choose_each(c, 2, cap, n_real, n, &g);
+            else
+                n[0] = n[1] = fN, T = 2 * fN;
+        }
+        for (int32_t a = 0; a < 2; a++) {
+            /* (a chain: the always-right sequence accepts all n - 1 drafts, the other none) */
+            const int64_t e = n[a] > 1 ? accepted(sc[a], c, a, k, lp, n_hist[a], n[a]) + 1 : 1;
+            for (int64_t i = 0; i < e; i++, n_hist[a]++)
+                hist[a][n_hist[a]] = tok_at(true_rank(sc[a], n_hist[a]));
+            emitted += e;
+            if (autotune)
+                st_ctl_observe(c, a, hist[a], n_hist[a], 0);
+        }
+        const double t_fwd = 1.0 + 0.1 * (double)(T - 1);
+        if (autotune)
+            st_ctl_step_end_ragged(c, drafted, T, 2, emitted, (t_draft + t_fwd) * 1e-3,
+                                   t_fwd * 1e-3);
+        time += t_draft + t_fwd, tok += (double)emitted;
+        if (step >= PAIR_STEPS / 2)
+            sum_big += n[0], n_small += n[1] == 1;
+    }
+    *big = sum_big / (PAIR_STEPS / 2), *small = n_small / (PAIR_STEPS / 2);
+    st_ctl_free(c);
+    free(lp), free(tokens), free(scores), free(hist[0]), free(hist[1]);
+    return tok / time;
+}
+
+static void test_pair_per_sequence(void **state) {
+    (void)state;
+    double big, small, best = 0.0;
+    int32_t bn = 1;
+    for (int32_t fN = 1; fN <= 9; fN++) { /* plain, then uniform chains of 2..9 nodes */
+        const double v = simulate_pair(fN, &big, &small);
+        if (v > best)
+            best = v, bn = fN;
+    }
+    const double v = simulate_pair(0, &big, &small);
+    print_message("right + wrong drafter in one batch: per-sequence trees %.3f tok/unit, best "
+                  "uniform (N %d) %.3f (%.2fx); the right one's mean tree %.2f, the wrong one's "
+                  "root only in %.1f%% of steps\n",
+                  v, bn, best, v / best, big, 100.0 * small);
+    assert_true(v > 1.1 * best);
+    assert_true(big >= 7.0);
+    assert_true(small >= 0.95);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_auto_vs_fixed),
-        cmocka_unit_test(test_auto_vs_fixed_seeds),
-        cmocka_unit_test(test_wrong_head),
-        cmocka_unit_test(test_bimodal),
+        cmocka_unit_test(test_auto_vs_fixed),     cmocka_unit_test(test_auto_vs_fixed_seeds),
+        cmocka_unit_test(test_wrong_head),        cmocka_unit_test(test_bimodal),
+        cmocka_unit_test(test_pair_per_sequence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,9 +21,11 @@ typedef struct pred {
     double tok, t, d, n;
 } pred;
 
-/* A ranked node: candidate, bucket, depth, parent (-1 the root, -2 none), token, sibling rank */
+/* A ranked node: candidate, bucket, depth, parent (-1 the root, -2 none), token, sibling rank,
+ * its bucket's acceptance when ranked */
 typedef struct rnode {
     int32_t cand, bucket, depth, par, tok, rank;
+    float p;
 } rnode;
 
 typedef struct shadow { /* n0: history when proposed (depth d predicts hist[n0 + d - 1]) */
@@ -57,6 +59,7 @@ struct st_ctl {
     double *E;                   /* (bs, N+1) expected accepted nodes among the first m-1 */
     int32_t *avail;              /* (bs) ranked nodes */
     int64_t *seq_from, *seq_len; /* (bs) history at the last proposal, and now (0: done) */
+    double *own;                 /* (bs, 2) a sequence's accepted and predicted nodes (decayed) */
     int32_t *map;                /* (Mmax) candidate -> ranked index, -1 */
     int64_t *fin;                /* (Mmax) finite candidates */
     shadow *sh;                  /* (bs, CTL_RING) */
@@ -75,7 +78,8 @@ void st_ctl_free(st_ctl *c) {
 static void ctl_layout(st_ctl *c, st_plan *p) {
     const int64_t R = (int64_t)c->bs * (c->N - 1), T1 = c->Tmax + 1;
     TAKE(rn, R), TAKE(E, c->bs * (c->N + 1)), TAKE(avail, c->bs), TAKE(seq_from, c->bs);
-    TAKE(seq_len, c->bs), TAKE(map, c->Mmax), TAKE(fin, c->Mmax), TAKE(sh, c->bs * CTL_RING);
+    TAKE(seq_len, c->bs), TAKE(own, 2 * c->bs), TAKE(map, c->Mmax), TAKE(fin, c->Mmax),
+        TAKE(sh, c->bs * CTL_RING);
     TAKE(shn, R * CTL_RING), TAKE(tv, T1), TAKE(tv_n, T1);
 }
 #undef TAKE
@@ -255,10 +259,15 @@ static double plain_rate(const st_ctl *c, int32_t na) {
 
 void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
                      double t_fwd) {
-    const int b = bucket(na);
+    st_ctl_step_end_ragged(c, drafted, n > 1 ? (int64_t)n * na : na, na, emitted, t_step, t_fwd);
+}
+
+void st_ctl_step_end_ragged(st_ctl *c, int drafted, int64_t T, int32_t na, int64_t emitted,
+                            double t_step, double t_fwd) {
+    const int b = bucket(na), tree = T > na;
     if (c->autotune && na >= 1 && na <= ST_GEN_MAX_BATCH && t_step > 0.0 && t_fwd >= 0.0) {
         const double tok = (double)emitted;
-        if (n == 1 && emitted > 0)
+        if (!tree && emitted > 0)
             st_ctl_time_plain_batch(c, na, t_fwd), c->last_plain[b] = c->step;
         const double u = unit(c);
         if (u > 0.0) {
@@ -266,21 +275,20 @@ void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emit
             c->t_total = CTL_HORIZON * c->t_total + t, c->spent *= CTL_HORIZON;
             /* exploring lost its time beyond plain's for its tokens (ended plain: proposing) */
             if (c->explore && drafted)
-                c->spent += fmax(0.0, n > 1 ? t - tok / plain_rate(c, na) : pre);
+                c->spent += fmax(0.0, tree ? t - tok / plain_rate(c, na) : pre);
             /* (proposals that ended plain were predicted as such, as the prediction weighs) */
             const pred p =
-                n > 1 ? c->pd
-                      : (pred){(double)na, c->pd.d + (double)na / plain_rate(c, na), 0.0, 1};
+                tree ? c->pd : (pred){(double)na, c->pd.d + (double)na / plain_rate(c, na), 0.0, 1};
             if (drafted && c->pd_set)
                 rec_add(c, &c->rall[b], CTL_FADE, tok, t, p.tok, p.t),
                     rec_add(c, &c->rd[b][c->dk][c->ds], CTL_POOL_FADE, tok, t, p.tok, p.t);
-            if (n > 1 && c->pt_set)
+            if (tree && c->pt_set)
                 rec_add(c, &c->rtree[b], CTL_FADE, tok, t, c->pt.tok, c->pt.t);
-            if (n == 1 && emitted > 0 && t_fwd > 0.0)
+            if (!tree && emitted > 0 && t_fwd > 0.0)
                 rec_add(c, &c->rp[b], CTL_FADE, tok, t_fwd / u, 0.0, 0.0);
         }
-        if (n > 1)
-            st_ctl_time_verify(c, (int64_t)na * n, t_fwd);
+        if (tree)
+            st_ctl_time_verify(c, T, t_fwd);
         if (drafted) /* (proposing: per sequence, in seconds) */
             track(&c->cp[b], c->cp_n[b]++, t_step > t_fwd ? (t_step - t_fwd) / (double)na : 0.0),
                 c->last_draft = c->step;
@@ -302,6 +310,9 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
             c->fin[nf++] = i;
     conf = conf < 0 || conf >= CTL_CLASSES ? 0 : conf;
     double *E = c->E + (size_t)a * (size_t)(c->N + 1);
+    const double *ow = c->own + 2 * (b >= 0 && b < c->bs ? b : 0),
+                 mine =
+                     b >= 0 && b < c->bs ? (ow[0] + CTL_OWN_PRIOR) / (ow[1] + CTL_OWN_PRIOR) : 1.0;
     static const float bins[CTL_BINS - 1] = CTL_BIN_AT;
     E[0] = E[1] = 0.0;
     int32_t cnt = 0, maxd = 0;
@@ -332,7 +343,8 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
         r->bucket = (conf * CTL_DEPTHS + dd - 1) * CTL_BINS + bin;
         const double p = (c->acc[r->bucket] + CTL_PRIOR_WEIGHT * (CTL_PRIOR_SCALE * (double)sc)) /
                          (c->seen[r->bucket] + CTL_PRIOR_WEIGHT);
-        E[cnt + 2] = E[cnt + 1] + (r->par == -2 ? 0.0 : p);
+        r->p = (float)(r->par == -2 ? 0.0 : p); /* (the bucket's; the sequence's own scales it) */
+        E[cnt + 2] = E[cnt + 1] + (r->par == -2 ? 0.0 : fmin(1.0, p * mine));
     }
     for (int32_t j = 0; j < cnt; j++)
         c->map[rn[j].cand] = -1;
@@ -348,6 +360,11 @@ void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const fl
         w = !ring[i].used || ring[i].n0 < ring[w].n0 ? i : w;
     ring[w] = (shadow){n_hist, cnt, maxd, 1};
     memcpy(c->shn + ((size_t)b * CTL_RING + (size_t)w) * (size_t)n1, rn, (size_t)cnt * sizeof *rn);
+}
+
+void st_ctl_skip(st_ctl *c, int32_t a, int32_t b, int64_t n_hist) {
+    if (c->autotune && a >= 0 && a < c->bs && b >= 0 && b < c->bs)
+        c->avail[a] = 0, c->seq_from[b] = n_hist; /* (its drafter has nothing to catch up) */
 }
 
 int64_t st_ctl_ranked(const st_ctl *c, int32_t a, int32_t j) {
@@ -368,6 +385,9 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
     if (!c->autotune || b < 0 || b >= c->bs)
         return;
     c->seq_len[b] = done ? 0 : n_hist, c->seq_from[b] = done ? 0 : c->seq_from[b];
+    double *ow = c->own + 2 * b;
+    if (done) /* a new request starts from the buckets' view */
+        ow[0] = ow[1] = 0.0;
     shadow *ring = c->sh + (size_t)b * CTL_RING;
     for (int32_t w = 0; w < CTL_RING; w++) {
         shadow *r = &ring[w];
@@ -381,6 +401,7 @@ void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, i
             const int reach = p == -1 || (p >= 0 && p < j && ok[p]);
             ok[j] = (uint8_t)(reach && hist[r->n0 + d - 1] == sn[j].tok);
             c->seen[sn[j].bucket] += 1.0, c->acc[sn[j].bucket] += ok[j];
+            ow[0] = CTL_OWN_DECAY * ow[0] + ok[j], ow[1] = CTL_OWN_DECAY * ow[1] + sn[j].p;
             if (reach && d >= 1 && d <= ST_SPEC_MAX_S && rk >= 0 && rk < ST_SPEC_MAX_K)
                 c->q_seen[d - 1][rk] += 1.0, c->q_acc[d - 1][rk] += ok[j];
         }
@@ -529,6 +550,29 @@ int st_ctl_want_draft(st_ctl *c, int32_t na, int64_t *K, int64_t *S) {
     return 1;
 }
 
+/* The plain step's prediction for na sequences and the ratio of realized to predicted tree
+ * steps (rt); *vp plain decoding's rate. */
+static pred plain_pred(const st_ctl *c, int32_t na, double *vp, double *rt) {
+    const int b = bucket(na);
+    const double cp = c->cp_n[b] ? c->cp[b] / unit(c) : 0.0;
+    *vp = plain_rate(c, na), rt[0] = rt[1] = 1.0;
+    if (!c->model_drafter) /* (a model drafter's pool was judged before drafting) */
+        rec_ratio(c, &c->rtree[b], ONE, 1.0, rt);
+    return (pred){(double)na, (double)na / *vp + (double)na * cp, (double)na * cp, 1};
+}
+
+/* The chosen tree (best, its gain bg over plain; pl the plain step's): kept when it pays or
+ * explores; returns whether it is a tree. */
+static int choose_end(st_ctl *c, int32_t na, pred best, pred pl, double bg, double *exp_gain) {
+    const int tree = best.n > 1 && (c->explore || bg >= 1.0 + CTL_MARGIN);
+    c->pt = best, c->pt_set = tree;
+    if (!c->model_drafter)
+        c->pd = c->pb[bucket(na)] = tree ? best : pl, c->pd_set = 1;
+    if (tree && !c->explore && bg >= 1.0 + CTL_MARGIN) /* (an explored tree did not pay) */
+        c->ol_pay = c->step, *exp_gain = bg;
+    return tree;
+}
+
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain) {
     *exp_gain = 1.0;
     if (!c->autotune) /* a fixed shape verifies what was drafted, up to N */
@@ -544,31 +588,78 @@ int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gai
         return mmax;
     if (c->tb_n[na] == 0) /* the yardstick first */
         return 1;
-    const int b = bucket(na);
-    const double vp = plain_rate(c, na), cp = c->cp_n[b] ? c->cp[b] / unit(c) : 0.0;
-    double rt[2] = {1.0, 1.0}, bg = 0.0;
-    if (!c->model_drafter) /* (a model drafter's pool was judged before drafting) */
-        rec_ratio(c, &c->rtree[b], ONE, 1.0, rt);
-    const pred plain = {(double)na, (double)na / vp + (double)na * cp, (double)na * cp, 1};
+    double vp, rt[2], bg = 0.0;
+    const pred plain = plain_pred(c, na, &vp, rt);
     pred best = plain;
     for (int32_t m = 2; m <= mmax; m++) {
         double tok = 0.0;
         for (int32_t a = 0; a < na; a++)
             tok += 1.0 + c->E[(size_t)a * (size_t)(c->N + 1) + m];
-        const double t = verify_est(c, (int64_t)na * m, &meas) + (double)na * cp,
+        const double t = verify_est(c, (int64_t)na * m, &meas) + plain.d,
                      g = tok / t * (rt[0] * rt[1]) / vp;
         if (g > bg) {
-            bg = g, best = (pred){tok, t, (double)na * cp, m};
+            bg = g, best = (pred){tok, t, plain.d, m};
             c->ol.known = 1, c->ol.speedup = g, c->ol.tree_n = m;
             c->ol.verify_cost = t * vp / (rt[1] * (double)na);
             c->ol.accept = tok * rt[0] / (double)na - 1.0;
         }
     }
-    const int tree = best.n > 1 && (c->explore || bg >= 1.0 + CTL_MARGIN);
-    c->pt = best, c->pt_set = tree;
-    if (!c->model_drafter)
-        c->pd = c->pb[b] = tree ? best : plain, c->pd_set = 1;
-    if (tree && !c->explore && bg >= 1.0 + CTL_MARGIN) /* (an explored tree did not pay) */
-        c->ol_pay = c->step, *exp_gain = bg;
-    return tree ? (int32_t)best.n : 1;
+    return choose_end(c, na, best, plain, bg, exp_gain) ? (int32_t)best.n : 1;
+}
+
+/* Grows n[0..na) by one node, to the sequence whose next ranked node adds the most expected
+ * tokens (hi: each one's most); returns what it adds, or -1 when no sequence can grow. */
+static double grow(const st_ctl *c, int32_t na, const int32_t *hi, int32_t *n) {
+    int32_t w = -1;
+    double dw = -1.0;
+    for (int32_t a = 0; a < na; a++) {
+        const double *E = c->E + (size_t)a * (size_t)(c->N + 1);
+        if (n[a] < hi[a] && E[n[a] + 1] - E[n[a]] > dw)
+            w = a, dw = E[n[a] + 1] - E[n[a]];
+    }
+    n[w >= 0 ? w : 0] += w >= 0;
+    return dw;
+}
+
+int64_t st_ctl_choose_each(st_ctl *c, int32_t na, const int32_t *cap, const int64_t *n_real,
+                           int32_t *n, double *exp_gain) {
+    *exp_gain = 1.0;
+    int32_t hi[ST_GEN_MAX_BATCH];
+    int64_t T = 0, Thi = 0;
+    for (int32_t a = 0; a < na && a < ST_GEN_MAX_BATCH; a++) {
+        hi[a] = cap[a] > 0 && cap[a] < c->N ? cap[a] : c->N;
+        const int64_t m = c->autotune ? c->avail[a] + 1 : n_real[a] + 1;
+        hi[a] = m < hi[a] ? (int32_t)m : hi[a];
+        n[a] = c->autotune ? 1 : hi[a]; /* a fixed shape verifies what was drafted */
+        T += n[a], Thi += hi[a];
+    }
+    if (!c->autotune || c->t1_n == 0 || na < 1 || na > c->bs)
+        return T;
+    int meas;
+    /* a start-up chain is verified whole until that size is measured (its first runs cold) */
+    if (c->startup && Thi > na && (verify_est(c, Thi, &meas), !meas))
+        return memcpy(n, hi, (size_t)na * sizeof *n), Thi;
+    if (c->tb_n[na] == 0) /* the yardstick first */
+        return na;
+    /* the value rule over the trees of each total T: each node to the sequence it helps most */
+    double vp, rt[2], bg = 0.0;
+    const pred plain = plain_pred(c, na, &vp, rt);
+    pred best = plain;
+    double tok = (double)na, d;
+    for (int64_t t = na + 1; t <= Thi && (d = grow(c, na, hi, n)) >= 0.0; t++) {
+        const double tt = verify_est(c, t, &meas) + plain.d,
+                     g = (tok += d) / tt * rt[0] * rt[1] / vp;
+        if (g > bg)
+            bg = g, best = (pred){tok, tt, plain.d, (double)t};
+    }
+    const int tree = choose_end(c, na, best, plain, bg, exp_gain);
+    if (tree) /* (the outlook: per sequence) */
+        c->ol.known = 1, c->ol.speedup = bg, c->ol.tree_n = (int32_t)(best.n / na + 0.5),
+        c->ol.verify_cost = best.t * vp / (rt[1] * (double)na),
+        c->ol.accept = best.tok * rt[0] / (double)na - 1.0;
+    for (int32_t a = 0; a < na; a++) /* the best T's trees, grown again */
+        n[a] = 1;
+    for (int64_t t = na; tree && t < (int64_t)best.n; t++)
+        grow(c, na, hi, n);
+    return tree ? (int64_t)best.n : na;
 }

@@ -39,9 +39,22 @@ void st_ctl_draft_cost(st_ctl *c, int64_t K, int64_t S, double catch_s, int64_t 
 void st_ctl_rank(st_ctl *c, int32_t a, int32_t b, int64_t K, int64_t S, const float *scores,
                  const int32_t *tokens, const int64_t *level_parents, int64_t n_hist, int32_t conf);
 
+/* Active slot a (sequence b, n_hist tokens of history) proposes nothing this step (its request
+ * speculates not at all): no ranked nodes, and no catch-up is counted for its drafter. */
+void st_ctl_skip(st_ctl *c, int32_t a, int32_t b, int64_t n_hist);
+
 /* The tree size for the na slots ranked this step: 1 (plain) or 2..N; *exp_gain its expected
  * speed-up. A fixed shape: n_real_max + 1 (the most candidates a slot drafted), at most N. */
 int32_t st_ctl_choose(st_ctl *c, int32_t na, int64_t n_real_max, double *exp_gain);
+
+/* The tree size of each of the na slots ranked this step (a batch's trees may differ: TREE_SPEC
+ * §2.5), by the same value rule over the total T of tree tokens: for each T, each node goes to
+ * the sequence whose next ranked node adds the most expected tokens (its own acceptance
+ * evidence scaling the buckets'), the time is the measured verify of T tokens. cap[a]: slot a's
+ * most (0: N; 1: plain); n_real[a] its drafted candidates (a fixed shape verifies them, up to
+ * N). Writes n[0..na) (1: that sequence's root only) and returns T (na: a plain step). */
+int64_t st_ctl_choose_each(st_ctl *c, int32_t na, const int32_t *cap, const int64_t *n_real,
+                           int32_t *n, double *exp_gain);
 
 /* The candidate ranked j-th for slot a (else -1); the deepest of its first n-1 ranked nodes. */
 int64_t st_ctl_ranked(const st_ctl *c, int32_t a, int32_t j);
@@ -51,6 +64,9 @@ int32_t st_ctl_depth(const st_ctl *c, int32_t a, int32_t n);
  * emitted tokens, t_step its seconds from before proposing, t_fwd from after the choice of n. */
 void st_ctl_step_end(st_ctl *c, int drafted, int32_t n, int32_t na, int64_t emitted, double t_step,
                      double t_fwd);
+/* The same for a step whose trees had T tokens in all (na: plain). */
+void st_ctl_step_end_ragged(st_ctl *c, int drafted, int64_t T, int32_t na, int64_t emitted,
+                            double t_step, double t_fwd);
 
 /* Scores sequence b's pending shadows against its history (done: it ended, they are dropped). */
 void st_ctl_observe(st_ctl *c, int32_t b, const int32_t *hist, int64_t n_hist, int done);

@@ -16,6 +16,8 @@
 #define CTL_PRIOR_WEIGHT    2.0     /* n     ... worth this many nodes (a cell's too) */
 #define CTL_Q_PRIOR_DEPTH1  0.5     /* x     cell (depth 1, rank 0); deeper: the one above */
 #define CTL_Q_PRIOR_RANK    0.15    /* x     cell of rank r: this share of rank r-1's */
+#define CTL_OWN_DECAY       0.98    /* /node a sequence's own accepted/predicted nodes, ... */
+#define CTL_OWN_PRIOR       4.0     /* n     ... shrunk to the buckets' (1) by this many */
 /* -- measured costs, the prediction's inputs -- */
 #define CTL_OUTLIER         1.5     /* x     a time counts at most this times its mean */
 #define CTL_AVG_FIRST       6       /* n     times: the mean of the first few, then ... */

@@ -53,7 +53,7 @@ typedef struct st_gen {
     double verify_s;      /* seconds in verify forwards and the logits they deferred */
     int64_t spec_emitted; /* tokens emitted by speculative steps (for tau) */
     double t_chosen;      /* when the last speculative step had chosen its tree size */
-    int32_t n_cur;        /* this speculative step's tree size */
+    int32_t walk_a;       /* the sequence whose tree the verify walk is in */
     /* the slots: their requests (NULL: free), histories (prompt + generated), counts, state */
     st_req *req[ST_GEN_MAX_BATCH];
     int32_t *hist[ST_GEN_MAX_BATCH]; /* (n_ctx + 1) each */
@@ -62,20 +62,27 @@ typedef struct st_gen {
     int done[ST_GEN_MAX_BATCH];
     /* this step: na active sequences seqs[0..na); row a of every array is sequence seqs[a] */
     int32_t na;
-    int32_t *seqs;                           /* (bs) */
-    int32_t *roots;                          /* (bs) last token of each history: the tree root */
-    int64_t *seq_lens;                       /* (bs) committed KV lengths */
-    float *scores;                           /* (bs, M) the drafters' candidate pools */
-    int32_t *cand_tokens;                    /* (bs, M) */
-    int64_t *level_parents;                  /* (bs, LPW) */
-    int64_t *sel;                            /* (bs, N-1) candidates selected by st_tree_organize */
+    int32_t *seqs;          /* (bs) */
+    int32_t *roots;         /* (bs) last token of each history: the tree root */
+    int64_t *seq_lens;      /* (bs) committed KV lengths */
+    float *scores;          /* (bs, M) the drafters' candidate pools */
+    int32_t *cand_tokens;   /* (bs, M) */
+    int64_t *level_parents; /* (bs, LPW) */
+    int64_t *sel;           /* (bs, N-1) candidates selected by st_tree_organize */
+    /* the trees' arrays below hold the ragged step's sum n_a <= bs*N nodes, sequence a's
+     * from off[a] (node x of its tree at off[a] + x) */
     int64_t *parent_list;                    /* (bs, PW) + 1 */
     int32_t *drafts;                         /* (bs, N-1) */
     int32_t *tree_tokens, *positions, *pred; /* (bs, N) */
     int64_t *ri, *nt, *ns;                   /* (bs, N) */
     int64_t *acc;   /* (bs, S+1) accepted path: root, accepted nodes (rows of St+1 this step) */
     int64_t *n_acc; /* (bs) accepted drafts */
-    float *logits;  /* (bs, V) a plain step's logits; one row per walked node in verify */
+    int32_t *cap;   /* (bs) each request's speculation cap (st_request_params.spec_max_tree) */
+    int32_t *nsz;   /* (bs) the controller's tree sizes */
+    int64_t *nb;    /* (bs) each tree's nodes n_a (drafted candidates before the choice) */
+    int64_t *off;   /* (bs + 1) where each tree starts in the forward: n_0 + ... + n_(a-1) */
+    st_tree_mask *masks;    /* (bs) each tree's block of the verify mask */
+    float *logits;          /* (bs, V) a plain step's logits; one row per walked node in verify */
     st_token_logprobs *lps; /* (bs, N) log-probabilities of the requests that ask: row a of a
                              * plain step, node x of a verify walk */
     void *scratch;          /* the sampler's */
@@ -121,11 +128,12 @@ void st_engine_gen_stats(const st_engine *e, st_gen_stats *out);
 double st_engine_prefill_ms(const st_engine *e);
 
 /* One speculative step of the g->na active sequences with pool (K, S) (at most g->K, g->S):
- * propose, choose the tree size, organize, mask, build, verify forward, targets along the path
- * and accept, commit. When the drafts are not worth verifying (the controller chooses size 1) it
- * runs the plain step instead. *n_out: the tree size verified (1: plain); *emitted: tokens
- * appended. The per-candidate arrays (scores, level_parents, ...) are laid out for (K, S). */
-st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int64_t *emitted);
+ * propose, choose each sequence's tree size, organize, mask, build, verify forward (the trees
+ * ragged), targets along the path and accept, commit. When no drafts are worth verifying (the
+ * controller chooses size 1 for every sequence) it runs the plain step instead. *T_out: the
+ * tree tokens verified (na: plain); *emitted: tokens appended. The per-candidate arrays
+ * (scores, level_parents, ...) are laid out for (K, S). */
+st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int64_t *T_out, int64_t *emitted);
 
 /* One plain decoding step of the g->na active sequences in one forward pass. */
 st_status st_gen_plain_step(st_gen *g, int64_t *emitted);

@@ -309,6 +309,11 @@ st_status st_engine_submit(st_engine *e, const int32_t *prompt, int64_t n_prompt
     st_status rc = st_sampler_check(&r.sampler, e->g.n_tok);
     if (rc)
         return rc;
+    if (r.spec_max_tree < 0)
+        return st_fail(ST_ERR_INVALID,
+                       "engine: spec_max_tree %d is negative (0: the engine's, 1: no speculation, "
+                       "n: at most n tree nodes)",
+                       r.spec_max_tree);
     if (r.top_logprobs < 0 || r.top_logprobs > ST_MAX_TOP_LOGPROBS)
         return st_fail(ST_ERR_INVALID, "engine: top_logprobs %d outside 0..%d", r.top_logprobs,
                        ST_MAX_TOP_LOGPROBS);
@@ -574,12 +579,11 @@ static st_status forward(st_engine *e, int *ran) {
     const int drafted = g->ctl && st_ctl_want_draft(g->ctl, g->na, &K, &S) &&
                         maxL + g->N + 1 + g->K * g->S < e->n_ctx;
     const double ts = st_time_now();
-    int64_t emitted = 0;
-    int32_t n = 1;
+    int64_t emitted = 0, T = g->na;
     const int64_t spec0 = g->stats->spec_steps;
     int64_t hist0[ST_SPEC_MAX_S + 1];
     memcpy(hist0, g->stats->accept_hist, sizeof hist0);
-    st_status rc = drafted ? st_gen_spec_step(g, (int32_t)K, (int32_t)S, &n, &emitted)
+    st_status rc = drafted ? st_gen_spec_step(g, (int32_t)K, (int32_t)S, &T, &emitted)
                            : st_gen_plain_step(g, &emitted);
     if (rc) {
         for (int32_t a = 0; a < g->na; a++)
@@ -600,12 +604,11 @@ static st_status forward(st_engine *e, int *ran) {
         const int32_t b = g->seqs[a];
         st_ctl_observe(g->ctl, b, g->hist[b], g->n_hist[b], g->done[b]);
     }
-    if (n > 1) {
-        g->stats->topk_sum += K * g->na;
-        g->stats->steps_sum += S * g->na;
-    }
-    /* the forward's time: from the choice of the tree size on */
-    st_ctl_step_end(g->ctl, drafted, n, g->na, emitted, te - ts, te - (drafted ? g->t_chosen : ts));
+    g->stats->topk_sum += K * (g->stats->spec_steps - spec0); /* (the sequences that drafted) */
+    g->stats->steps_sum += S * (g->stats->spec_steps - spec0);
+    /* the forward's time: from the choice of the tree sizes on */
+    st_ctl_step_end_ragged(g->ctl, drafted, T, g->na, emitted, te - ts,
+                           te - (drafted ? g->t_chosen : ts));
     return ST_OK;
 }
 

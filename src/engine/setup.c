@@ -90,6 +90,11 @@ static void gen_layout(st_gen *g, st_plan *p, int32_t n_ctx) {
     g->ns = st_plan_take(p, B * N, sizeof *g->ns);
     g->acc = st_plan_take(p, B * (size_t)(g->S + 1), sizeof *g->acc);
     g->n_acc = st_plan_take(p, B, sizeof *g->n_acc);
+    g->cap = st_plan_take(p, B, sizeof *g->cap);
+    g->nsz = st_plan_take(p, B, sizeof *g->nsz);
+    g->nb = st_plan_take(p, B, sizeof *g->nb);
+    g->off = st_plan_take(p, B + 1, sizeof *g->off);
+    g->masks = st_plan_take(p, B, sizeof *g->masks);
     g->logits = st_plan_take(p, B * V, sizeof *g->logits);
     g->lps = st_plan_take(p, B * N, sizeof *g->lps);
     g->scratch = st_plan_take(p, st_sample_scratch_size(g->V), 1);

@@ -158,19 +158,19 @@ static int node_path(const int64_t *nt, const int64_t *ns, const int32_t *tok, i
  * the tokens of x's own path when the request has penalties. */
 static st_status path_target(void *user, int64_t x, int32_t *token) {
     st_gen *g = user;
-    const int64_t a = x / g->n_cur, o = a * g->n_cur;
-    const int32_t b = g->seqs[a];
-    st_status rc = st_session_logits(g->s, x, g->logits);
+    const int32_t a = g->walk_a, b = g->seqs[a];
+    const int64_t o = g->off[a]; /* x: a node of sequence a's tree, o + x in the forward */
+    st_status rc = st_session_logits(g->s, o + x, g->logits);
     if (rc)
         return rc;
     int32_t path[ST_SPEC_MAX_S + 1];
-    int64_t n_path = 0, budget = g->n_cur;
+    int64_t n_path = 0, budget = g->nb[a];
     if ((st_sampler_penalized(&g->req[b]->rp.sampler) || g->req[b]->gm) &&
-        !node_path(g->nt + o, g->ns + o, g->tree_tokens + o, 0, x - o, 0, path, &n_path, &budget))
+        !node_path(g->nt + o, g->ns + o, g->tree_tokens + o, 0, x, 0, path, &n_path, &budget))
         return st_fail(ST_ERR_INVALID, "generate: tree node %lld is not reachable from its root",
-                       (long long)(x - o));
-    return st_gen_target_token(g, b, g->logits, (int64_t)g->positions[x] + 1, path, n_path, token,
-                               g->lps + x);
+                       (long long)x);
+    return st_gen_target_token(g, b, g->logits, (int64_t)g->positions[o + x] + 1, path, n_path,
+                               token, g->lps + o + x);
 }
 
 /* Prunes a drafted candidate pool (K candidates per node; sc, tok: M; lp: level parents) by
@@ -204,13 +204,12 @@ static void grammar_prune(st_gmatcher *gm, int64_t K, int64_t M, float *sc, cons
 }
 
 /* Commits active sequence a after the walk: its accepted nodes' KV rows, then the accepted
- * draft tokens and the target's token after the last of them (the bonus). */
-static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
+ * draft tokens and the target's token after the last of them (the bonus). A tree of one node
+ * (the root) was a plain step inside the forward, and counts as one. */
+static st_status commit(st_gen *g, int32_t a, int64_t *emitted) {
     const int32_t b = g->seqs[a];
-    const int64_t k = g->n_acc[a], o = (int64_t)a * n;
-    int64_t *acc = g->acc + (int64_t)a * (g->St + 1);
-    for (int64_t i = 0; i <= k; i++)
-        acc[i] -= o; /* global node index -> node of this tree */
+    const int64_t k = g->n_acc[a], o = g->off[a], n = g->nb[a];
+    const int64_t *acc = g->acc + (int64_t)a * (g->St + 1); /* nodes of this tree */
     st_status rc = st_session_commit(g->s, b, n, acc, k + 1);
     if (rc)
         return rc;
@@ -225,11 +224,17 @@ static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
         if (st_gen_push(g, b, i <= k ? g->tree_tokens[o + acc[i]] : g->pred[o + acc[k]],
                         g->lps + o + acc[i - 1]))
             break;
+    st_req *r = g->req[b];
+    if (n == 1) {
+        g->stats->plain_steps++;
+        r->st.plain_steps++;
+        *emitted += g->n_gen[b] - before;
+        return ST_OK;
+    }
     g->stats->spec_steps++;
     g->stats->tree_tokens += n;
     g->stats->accept_hist[k]++;
     g->spec_emitted += k + 1;
-    st_req *r = g->req[b];
     r->st.spec_steps++;
     r->st.accept_hist[k]++;
     r->spec_emitted += k + 1;
@@ -237,16 +242,26 @@ static st_status commit(st_gen *g, int32_t a, int32_t n, int64_t *emitted) {
     return ST_OK;
 }
 
-st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int64_t *emitted) {
+st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int64_t *T_out, int64_t *emitted) {
     const int32_t na = g->na;
-    const int64_t M = st_tree_n_candidates(K, S), LPW = st_tree_level_parents_width(K, S);
+    const int64_t M = st_tree_n_candidates(K, S), LPW = st_tree_level_parents_width(K, S),
+                  PW = st_tree_parent_width(K, S), N1 = g->N - 1;
     g->Kt = K, g->St = S;
     st_status rc;
-    /* propose: each sequence's drafter scores its (K, S) candidate pool */
-    int64_t n_real_max = 0, ctx = 0;
+    /* propose: each sequence's drafter scores its (K, S) candidate pool, unless its request
+     * speculates not at all */
+    int64_t ctx = 0;
     for (int32_t a = 0; a < na; a++) {
         const int32_t b = g->seqs[a];
-        int64_t n_real = 0;
+        g->roots[a] = g->hist[b][g->n_hist[b] - 1];
+        g->seq_lens[a] = st_session_seq_len(g->s, b);
+        ctx += g->seq_lens[a];
+        g->cap[a] = g->req[b]->rp.spec_max_tree;
+        g->nb[a] = 0; /* (here: its drafted candidates) */
+        if (g->cap[a] == 1) {
+            st_ctl_skip(g->ctl, a, b, g->n_hist[b]);
+            continue;
+        }
         float *sc = g->scores + a * M;
         int32_t *tok = g->cand_tokens + a * M;
         int64_t *lp = g->level_parents + a * LPW;
@@ -256,53 +271,64 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int32_t *n_out, int6
         const int coupled = g->p.spec.draft_coupling > 0 ||
                             (g->p.spec.draft_coupling == 0 && g->p.spec.algo == ST_SPEC_STANDALONE);
         d->coupling = coupled ? &cp : NULL;
-        rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &n_real);
+        rc = d->propose(d, g->hist[b], g->n_hist[b], K, S, sc, tok, lp, &g->nb[a]);
         d->coupling = NULL;
         if (rc)
             return rc;
         if (g->req[b]->gm)
-            grammar_prune(g->req[b]->gm, K, st_tree_n_candidates(K, S), sc, tok, lp);
+            grammar_prune(g->req[b]->gm, K, M, sc, tok, lp);
         if (d->evals > 0)
             st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->catch_rows, d->levels_s);
-        n_real_max = n_real > n_real_max ? n_real : n_real_max;
         st_ctl_rank(g->ctl, a, b, K, S, sc, tok, lp, g->n_hist[b], g->dr[b]->conf);
-        g->roots[a] = g->hist[b][g->n_hist[b] - 1];
-        g->seq_lens[a] = st_session_seq_len(g->s, b);
-        ctx += g->seq_lens[a];
     }
-    /* choose size: n tree nodes per sequence, root included; 1 verifies nothing */
+    /* choose sizes: n_a tree nodes for each sequence, root included (1: its root only) */
     double gain;
-    const int32_t n = *n_out = st_ctl_choose(g->ctl, na, n_real_max, &gain);
+    const int64_t T = *T_out = st_ctl_choose_each(g->ctl, na, g->cap, g->nb, g->nsz, &gain);
     g->t_chosen = st_time_now();
-    if (n == 1)
+    if (T == na)
         return st_gen_plain_step(g, emitted);
-    /* organize: the n-1 best-scored candidates of each pool, with their parents */
-    g->n_cur = n;
-    const st_tree_shape shape = {na, K, S, n};
-    if ((rc = st_tree_organize(&shape, g->scores, g->cand_tokens, g->level_parents, g->sel,
-                               g->drafts, g->parent_list)))
+    g->off[0] = 0;
+    for (int32_t a = 0; a < na; a++)
+        g->nb[a] = g->nsz[a], g->off[a + 1] = g->off[a] + g->nb[a];
+    /* mask: the verify-mask owner lays out what the attention backend reads, nothing more;
+     * sequence a's block is its own, its tree's nodes are [off[a], off[a+1]) of the forward */
+    if ((rc = st_verify_mask_prepare_ragged(g->vm, K, na, g->nb, g->seq_lens, g->masks)))
         return rc;
-    /* mask: the verify-mask owner lays out what the attention backend reads, nothing more */
-    st_tree_mask mask;
-    if ((rc = st_verify_mask_prepare(g->vm, K, na, n, ctx, &mask)))
-        return rc;
-    /* build: positions, retrieve/next-token/next-sibling lists and the mask */
-    const st_tree_input in = {g->roots, st_tree_parent_width(K, S) ? g->parent_list : NULL, g->sel,
-                              g->drafts, g->seq_lens};
-    const st_tree tree = {g->tree_tokens, g->positions, g->ri, g->nt, g->ns};
-    if ((rc = st_tree_build(&shape, &in, &tree, &mask)))
-        return rc;
-    /* verify forward: one target pass over every tree, the output layer deferred */
+    for (int32_t a = 0; a < na; a++) {
+        /* organize: the n_a-1 best-scored candidates of the pool, with their parents */
+        const st_tree_shape shape = {1, K, S, g->nb[a]};
+        int64_t *sel = g->sel + a * N1, *pl = g->parent_list + a * PW;
+        int32_t *dr = g->drafts + a * N1;
+        if (g->nb[a] > 1 &&
+            (rc = st_tree_organize(&shape, g->scores + a * M, g->cand_tokens + a * M,
+                                   g->level_parents + a * LPW, sel, dr, pl)))
+            return rc;
+        /* build: positions, retrieve/next-token/next-sibling lists and the mask */
+        const int64_t o = g->off[a];
+        const st_tree_input in = {g->roots + a, PW ? pl : NULL, sel, dr, g->seq_lens + a};
+        const st_tree tr = {g->tree_tokens + o, g->positions + o, g->ri + o, g->nt + o, g->ns + o};
+        if ((rc = st_tree_build(&shape, &in, &tr, &g->masks[a])))
+            return rc;
+    }
+    /* verify forward: one target pass over every tree (sum n_a tokens), the output layer
+     * deferred */
     const double t0 = st_time_now();
-    if ((rc = st_session_verify(g->s, g->vm, na, n, g->seqs, &tree, NULL)))
+    const st_tree tree = {g->tree_tokens, g->positions, g->ri, g->nt, g->ns};
+    if ((rc = st_session_verify_ragged(g->s, g->vm, na, g->nb, g->seqs, &tree, NULL)))
         return rc;
     /* targets along the path + accept: one walk per tree; only walked nodes get logits */
-    if ((rc = st_verify_tree_walk(na, n, S, &tree, path_target, g, g->pred, g->acc, g->n_acc)))
-        return rc;
+    for (int32_t a = 0; a < na; a++) {
+        const int64_t o = g->off[a];
+        const st_tree tr = {g->tree_tokens + o, g->positions + o, g->ri + o, g->nt + o, g->ns + o};
+        g->walk_a = a;
+        if ((rc = st_verify_tree_walk(1, g->nb[a], S, &tr, path_target, g, g->pred + o,
+                                      g->acc + (int64_t)a * (S + 1), g->n_acc + a)))
+            return rc;
+    }
     g->verify_s += st_time_now() - t0;
     /* commit: accepted KV rows into place, accepted tokens and the bonus emitted */
     for (int32_t a = 0; a < na; a++)
-        if ((rc = commit(g, a, n, emitted)))
+        if ((rc = commit(g, a, emitted)))
             return rc;
     return ST_OK;
 }

@@ -34,18 +34,24 @@ static const char *reads_name(st_attn_reads r) {
                                      : "the tree block";
 }
 
-st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
-                            const int32_t *seqs, const st_tree *tree, float *logits) {
+/* Both verify entry points: nb NULL is a uniform step of n nodes per request. */
+static st_status verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
+                        const int64_t *nb, const int32_t *seqs, const st_tree *tree,
+                        float *logits) {
     if (!s || !vm || !seqs || !tree || !tree->tokens || !tree->positions)
         return st_fail(ST_ERR_INVALID, "verify: NULL argument");
     int64_t mbs = 0, mn = 0, topk = 0;
     st_attn_backend attn = ST_ATTN_CASCADE;
     const st_tree_mask *mask = st_verify_mask_view(vm, &mbs, &mn, &attn, &topk);
-    if (!mask || mbs != bs || mn != n)
+    const int64_t *vnb = st_verify_mask_nodes(vm);
+    int same = mask && mbs == bs && (nb || mn == n);
+    for (int64_t b = 0; same && b < bs; b++)
+        same = vnb[b] == (nb ? nb[b] : n);
+    if (!same)
         return st_fail(ST_ERR_INVALID,
-                       "verify: the mask was prepared for %lld requests x %lld nodes, not %lld x "
-                       "%lld (call st_verify_mask_prepare and st_tree_build for this step)",
-                       (long long)mbs, (long long)mn, (long long)bs, (long long)n);
+                       "verify: the mask was prepared for %lld requests x %lld nodes, not this "
+                       "step's %lld (call st_verify_mask_prepare and st_tree_build for this step)",
+                       (long long)mbs, (long long)mn, (long long)bs);
     /* the backend's attention reads the mask as it declares, in the layout laid out for that */
     const st_attn_reads reads = s->be->attn_reads(attn, topk);
     if (reads != layout_reads(mask->layout))
@@ -54,41 +60,44 @@ st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs,
                        "backend %s reads %s there",
                        st_attn_backend_name(attn), (long long)topk,
                        reads_name(layout_reads(mask->layout)), s->be->name, reads_name(reads));
-    if (bs < 1 || n < 1 || bs * n > s->p.n_batch)
-        return st_fail(ST_ERR_INVALID, "verify: %lld requests x %lld nodes exceed the batch of %d",
-                       (long long)bs, (long long)n, s->p.n_batch);
-    /* Mask extent check, and each request's committed length and FULL_MASK base. */
-    int64_t sum = 0;
+    /* Token count, each request's committed length, and the mask's extent. */
+    int64_t T = 0;
+    size_t need = 0;
     for (int64_t b = 0; b < bs; b++) {
         st_status sq = check_seq(s, "verify", seqs, b);
         if (sq)
             return sq;
-        int64_t L = s->seq_len[seqs[b]];
-        if (L + n > s->p.n_ctx)
+        const int64_t L = s->seq_len[seqs[b]], nr = nb ? nb[b] : n;
+        if (L + nr > s->p.n_ctx)
             return st_fail(ST_ERR_RANGE, "verify: context full (%lld + %lld nodes > %d)",
-                           (long long)L, (long long)n, s->p.n_ctx);
-        sum += L;
+                           (long long)L, (long long)nr, s->p.n_ctx);
+        size_t bytes = 0;
+        if ((sq = st_tree_mask_bytes(mask->layout, 1, nr, L, &bytes)))
+            return sq;
+        need += bytes, T += nr;
     }
-    size_t need = 0;
-    st_status st = st_tree_mask_bytes(mask->layout, bs, n, sum, &need);
-    if (st)
-        return st;
+    if (bs < 1 || T > s->p.n_batch)
+        return st_fail(ST_ERR_INVALID, "verify: %lld requests, %lld nodes exceed the batch of %d",
+                       (long long)bs, (long long)T, s->p.n_batch);
     if (mask->bytes < need)
         return st_fail(ST_ERR_RANGE, "verify: mask buffer of %zu bytes, %zu needed", mask->bytes,
                        need);
     int32_t *off = s->b_extra_off;
     off[0] = 0;
-    int64_t base = 0; /* FULL_MASK: start of request b */
+    size_t base = 0; /* request b's block: its own single-request mask (TREE_SPEC §2.5) */
+    int64_t i = 0;
     for (int64_t b = 0; b < bs; b++) {
-        int32_t L = s->seq_len[seqs[b]];
-        for (int64_t t = 0; t < n; t++) {
-            int64_t i = b * n + t;
+        const int32_t L = s->seq_len[seqs[b]];
+        const int64_t nr = nb ? nb[b] : n;
+        const st_tree_mask blk = {mask->layout, mask->fill_prefix,
+                                  mask->data ? (char *)mask->data + base : NULL, 0};
+        for (int64_t t = 0; t < nr; t++, i++) {
             s->b_seq[i] = seqs[b];
             s->b_row[i] = L + (int32_t)t;
             const uint8_t *row_tree = NULL; /* FULL_MASK: the tree part of the row */
             s->b_pmask[i] = NULL;
             if (reads == ST_READS_FULL_ROWS) {
-                const uint8_t *row = (const uint8_t *)mask->data + base + t * (L + n);
+                const uint8_t *row = (const uint8_t *)blk.data + t * (L + nr);
                 s->b_pmask[i] = row;
                 row_tree = row + L;
             }
@@ -97,16 +106,17 @@ st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs,
                 s->b_prefix[i] = L + (int32_t)t + 1; /* a chain: causal over prefix + nodes */
             } else {
                 s->b_prefix[i] = L;
-                for (int64_t j = 0; j < n; j++)
-                    if (st_tree_mask_cell(mask, b, n, t, j, row_tree))
+                for (int64_t j = 0; j < nr; j++)
+                    if (st_tree_mask_cell(&blk, 0, nr, t, j, row_tree))
                         s->b_extra[k++] = L + (int32_t)j;
             }
             off[i + 1] = k;
         }
-        base += n * (L + n);
+        size_t bytes = 0;
+        st_tree_mask_bytes(mask->layout, 1, nr, L, &bytes);
+        base += bytes;
     }
-    int64_t T = bs * n;
-    for (int64_t i = 0; i < T; i++) {
+    for (i = 0; i < T; i++) {
         int32_t p = tree->positions[i];
         if (p < 0 || p >= s->p.n_ctx)
             return st_fail(ST_ERR_RANGE, "verify: node %lld position %d outside the context",
@@ -125,6 +135,19 @@ st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs,
                 .logits = logits,
                 .defer_logits = logits == NULL};
     return st_forward(s, &f);
+}
+
+st_status st_session_verify(st_session *s, const st_verify_mask *vm, int64_t bs, int64_t n,
+                            const int32_t *seqs, const st_tree *tree, float *logits) {
+    return verify(s, vm, bs, n, NULL, seqs, tree, logits);
+}
+
+st_status st_session_verify_ragged(st_session *s, const st_verify_mask *vm, int64_t bs,
+                                   const int64_t *n, const int32_t *seqs, const st_tree *tree,
+                                   float *logits) {
+    if (!n)
+        return st_fail(ST_ERR_INVALID, "verify: NULL node counts");
+    return verify(s, vm, bs, 0, n, seqs, tree, logits);
 }
 
 st_status st_session_commit(st_session *s, int32_t seq, int64_t n, const int64_t *accept_nodes,

@@ -41,8 +41,9 @@ struct st_verify_mask {
     size_t cap;
     /* the step of the last st_verify_mask_prepare, which st_session_verify reads */
     st_tree_mask cur;
-    int64_t cur_bs, cur_n; /* 0 until prepared */
+    int64_t cur_bs, cur_n; /* 0 until prepared; cur_n: the largest request's nodes */
     int64_t cur_topk;
+    int64_t *cur_nb; /* (max_bs) each request's nodes (all cur_n unless ragged) */
 };
 
 st_status st_verify_mask_create(st_attn_backend backend, int64_t max_bs, int64_t max_n,
@@ -69,11 +70,13 @@ st_status st_verify_mask_create(st_attn_backend backend, int64_t max_bs, int64_t
     st_plan pl = {0};
     st_plan_take(&pl, 1, sizeof(st_verify_mask));
     st_plan_take(&pl, need, 1);
+    st_plan_take(&pl, (size_t)max_bs, sizeof(int64_t));
     st_verify_mask *vm = st_plan_alloc(&pl);
     if (!vm)
         return st_fail(ST_ERR_NOMEM, "verify mask: cannot allocate %zu bytes", pl.off);
     st_plan_take(&pl, 1, sizeof *vm);
     vm->buf = st_plan_take(&pl, need, 1);
+    vm->cur_nb = st_plan_take(&pl, (size_t)max_bs, sizeof(int64_t));
     vm->backend = backend;
     vm->max_bs = max_bs;
     vm->max_n = max_n;
@@ -85,10 +88,20 @@ st_status st_verify_mask_create(st_attn_backend backend, int64_t max_bs, int64_t
 
 void st_verify_mask_free(st_verify_mask *vm) { st_free_aligned(vm); }
 
-st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, int64_t n,
-                                 int64_t seq_lens_sum, st_tree_mask *out) {
-    if (!vm || !out)
-        return st_fail(ST_ERR_INVALID, "verify mask: NULL argument");
+/* The layout vm's backend reads at this topk for trees of at most n nodes. */
+static st_mask_layout layout_for(const st_verify_mask *vm, int64_t topk, int64_t n) {
+    switch (st_attn_backend_reads(vm->backend, topk)) {
+    case ST_READS_NOTHING:
+        return ST_MASK_NONE;
+    case ST_READS_TREE_BLOCK:
+        return n <= ST_TREE_MAX_N_BITS ? ST_MASK_BITS : ST_MASK_QLEN;
+    default:
+        return ST_MASK_FULL;
+    }
+}
+
+static st_status step_fits(const st_verify_mask *vm, int64_t topk, int64_t bs, int64_t n,
+                           int64_t seq_lens_sum) {
     if (bs < 1 || bs > vm->max_bs || n < 1 || n > vm->max_n || seq_lens_sum < 0 ||
         seq_lens_sum > vm->max_ctx_sum || topk < 1)
         return st_fail(ST_ERR_RANGE,
@@ -96,26 +109,76 @@ st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, i
                        "was made for (%lld, %lld, %lld)",
                        (long long)bs, (long long)n, (long long)seq_lens_sum, (long long)vm->max_bs,
                        (long long)vm->max_n, (long long)vm->max_ctx_sum);
+    return ST_OK;
+}
+
+/* Remembers the step for st_session_verify. */
+static void remember(st_verify_mask *vm, const st_tree_mask *m, int64_t topk, int64_t bs,
+                     int64_t n_max) {
+    vm->cur = *m;
+    vm->cur_bs = bs;
+    vm->cur_n = n_max;
+    vm->cur_topk = topk;
+}
+
+st_status st_verify_mask_prepare(st_verify_mask *vm, int64_t topk, int64_t bs, int64_t n,
+                                 int64_t seq_lens_sum, st_tree_mask *out) {
+    if (!vm || !out)
+        return st_fail(ST_ERR_INVALID, "verify mask: NULL argument");
+    st_status rc = step_fits(vm, topk, bs, n, seq_lens_sum);
+    if (rc)
+        return rc;
     memset(out, 0, sizeof *out);
-    switch (st_attn_backend_reads(vm->backend, topk)) {
-    case ST_READS_NOTHING:
-        out->layout = ST_MASK_NONE;
-        break;
-    case ST_READS_TREE_BLOCK:
-        out->layout = n <= ST_TREE_MAX_N_BITS ? ST_MASK_BITS : ST_MASK_QLEN;
-        break;
-    case ST_READS_FULL_ROWS:
-        out->layout = ST_MASK_FULL;
-        out->fill_prefix = 1;
-        break;
-    }
+    out->layout = layout_for(vm, topk, n);
+    out->fill_prefix = out->layout == ST_MASK_FULL;
     out->data = vm->buf;
     out->bytes = vm->cap;
-    vm->cur = *out;
-    vm->cur_bs = bs;
-    vm->cur_n = n;
-    vm->cur_topk = topk;
+    for (int64_t b = 0; b < bs; b++)
+        vm->cur_nb[b] = n;
+    remember(vm, out, topk, bs, n);
     return ST_OK;
+}
+
+st_status st_verify_mask_prepare_ragged(st_verify_mask *vm, int64_t topk, int64_t bs,
+                                        const int64_t *n, const int64_t *seq_lens,
+                                        st_tree_mask *out) {
+    if (!vm || !n || !seq_lens || !out)
+        return st_fail(ST_ERR_INVALID, "verify mask: NULL argument");
+    int64_t n_max = 1, sum = 0;
+    for (int64_t b = 0; b < bs && b < vm->max_bs; b++) {
+        if (n[b] < 1 || n[b] > vm->max_n)
+            return st_fail(ST_ERR_RANGE, "verify mask: request %lld has %lld nodes (1..%lld)",
+                           (long long)b, (long long)n[b], (long long)vm->max_n);
+        if (seq_lens[b] < 0 || seq_lens[b] > vm->max_ctx_sum)
+            return st_fail(ST_ERR_RANGE, "verify mask: request %lld has length %lld", (long long)b,
+                           (long long)seq_lens[b]);
+        n_max = n[b] > n_max ? n[b] : n_max;
+        sum += seq_lens[b];
+    }
+    st_status rc = step_fits(vm, topk, bs, n_max, sum);
+    if (rc)
+        return rc;
+    /* request b's block is its own single-request mask; the blocks follow in request order */
+    const st_mask_layout layout = layout_for(vm, topk, n_max);
+    size_t base = 0;
+    for (int64_t b = 0; b < bs; b++) {
+        size_t bytes = 0;
+        if ((rc = st_tree_mask_bytes(layout, 1, n[b], seq_lens[b], &bytes)))
+            return rc;
+        out[b] = (st_tree_mask){layout, layout == ST_MASK_FULL,
+                                layout == ST_MASK_NONE ? NULL : (char *)vm->buf + base, bytes};
+        base += bytes;
+        vm->cur_nb[b] = n[b];
+    }
+    if (base > vm->cap) /* (unreachable: each block is at most a uniform one's) */
+        return st_fail(ST_ERR_RANGE, "verify mask: %zu bytes needed, %zu held", base, vm->cap);
+    const st_tree_mask all = {layout, layout == ST_MASK_FULL, vm->buf, vm->cap};
+    remember(vm, &all, topk, bs, n_max);
+    return ST_OK;
+}
+
+const int64_t *st_verify_mask_nodes(const st_verify_mask *vm) {
+    return vm && vm->cur_bs ? vm->cur_nb : NULL;
 }
 
 const st_tree_mask *st_verify_mask_view(const st_verify_mask *vm, int64_t *bs, int64_t *n,

@@ -12,6 +12,10 @@
 const st_tree_mask *st_verify_mask_view(const st_verify_mask *vm, int64_t *bs, int64_t *n,
                                         st_attn_backend *attn, int64_t *topk);
 
+/* The nodes of each request of that step ((bs) entries, all n unless it was ragged); NULL
+ * before the first prepare. */
+const int64_t *st_verify_mask_nodes(const st_verify_mask *vm);
+
 /* Whether node t of request b (of n nodes) sees node j, in any layout; full_row_tree is the tree
  * part of t's FULL_MASK row (used only for ST_MASK_FULL). ST_MASK_NONE: a chain, j <= t. */
 int st_tree_mask_cell(const st_tree_mask *mk, int64_t b, int64_t n, int64_t t, int64_t j,

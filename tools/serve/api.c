@@ -625,6 +625,42 @@ static int sampling_field(const char *k, const char *name, const json_t *v, srv_
     return 0;
 }
 
+/* "speculative": false | true | {"enabled": BOOL, "num_draft_tokens": N (SGLang's name for the
+ * tree's nodes, the root included; 1: none)}: this request's speculation cap (spec_max_tree). */
+static int get_speculative(const json_t *v, srv_request *r, char *err, char *param) {
+    if (json_is_null(v))
+        return 0;
+    int on = 1;
+    if (json_is_boolean(v)) {
+        r->spec_max_tree = json_is_true(v) ? 0 : 1;
+        return 0;
+    }
+    if (!json_is_object(v))
+        return fail(err, param, "speculative",
+                    "'speculative' must be a boolean or an object, not %s", type_name(v));
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        json_int_t n = 0;
+        if (json_is_null(x))
+            continue;
+        if (!strcmp(k, "enabled")) {
+            if (get_bool(x, "speculative.enabled", &on, err, param))
+                return -1;
+        } else if (!strcmp(k, "num_draft_tokens")) {
+            if (get_int(x, "speculative.num_draft_tokens", 1, ST_SPEC_MAX_N, &n, err, param))
+                return -1;
+            r->spec_max_tree = (int32_t)n;
+        } else {
+            return fail(err, param, "speculative",
+                        "unknown field 'speculative.%s' (enabled, num_draft_tokens)", k);
+        }
+    }
+    if (!on)
+        r->spec_max_tree = 1;
+    return 0;
+}
+
 static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char *param) {
     if (!json_is_object(root))
         return fail(err, param, NULL, "the request body must be a JSON object, not %s",
@@ -657,6 +693,9 @@ static int parse_fields(json_t *root, int chat, srv_request *r, char *err, char 
                 return -1;
         } else if (!strcmp(k, "stream_options")) {
             stream_options = v;
+        } else if (!strcmp(k, "speculative")) {
+            if (get_speculative(v, r, err, param))
+                return -1;
         } else if (!strcmp(k, "n") || (!chat && !strcmp(k, "best_of"))) {
             json_int_t i;
             if (json_is_null(v))
@@ -868,6 +907,8 @@ int srv_generate_parse(const char *body, size_t len, srv_request *r, char *err, 
             have_input = 1;
         } else if (!strcmp(k, "sampling_params")) {
             rc = json_is_null(v) ? 0 : sglang_sampling(v, r, err, param);
+        } else if (!strcmp(k, "speculative")) {
+            rc = get_speculative(v, r, err, param);
         } else if (!strcmp(k, "stream")) {
             int b = 0;
             rc = json_is_null(v) ? 0 : get_bool(v, k, &b, err, param);

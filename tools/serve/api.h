@@ -103,17 +103,19 @@ typedef struct srv_request {
     char *stops[SRV_MAX_STOPS];
     int n_stops;
     int stream, include_usage;
-    int logprobs;      /* each completion token's log-probability (chat: "logprobs": true;
-                        * completions: "logprobs": N) */
-    int top_logprobs;  /* with it the N most likely tokens (0..ST_MAX_TOP_LOGPROBS) */
-    int lp_text;       /* SGLang's return_text_in_logprobs */
-    int sglang;        /* SGLang's /generate (srv_generate_parse): its answer's shape */
-    int n;             /* choices answered (1..SRV_MAX_CHOICES) */
-    int best_of;       /* completions: choices generated (n..SRV_MAX_CHOICES), the n with the
-                        * highest cumulative log-probability answered */
-    int echo;          /* completions: the prompt before each choice's text */
-    char zero_max[48]; /* the field that set max_tokens to 0 (as named in errors) */
-    srv_tool *tools;   /* (n_tools) chat's tools, owned */
+    int logprobs;          /* each completion token's log-probability (chat: "logprobs": true;
+                            * completions: "logprobs": N) */
+    int top_logprobs;      /* with it the N most likely tokens (0..ST_MAX_TOP_LOGPROBS) */
+    int lp_text;           /* SGLang's return_text_in_logprobs */
+    int sglang;            /* SGLang's /generate (srv_generate_parse): its answer's shape */
+    int n;                 /* choices answered (1..SRV_MAX_CHOICES) */
+    int best_of;           /* completions: choices generated (n..SRV_MAX_CHOICES), the n with the
+                            * highest cumulative log-probability answered */
+    int echo;              /* completions: the prompt before each choice's text */
+    char zero_max[48];     /* the field that set max_tokens to 0 (as named in errors) */
+    int32_t spec_max_tree; /* "speculative": st_request_params.spec_max_tree (0: the server's,
+                            * 1: none, n: at most n tree nodes) */
+    srv_tool *tools;       /* (n_tools) chat's tools, owned */
     int n_tools;
     srv_choice_mode tool_choice;
     int tool_named;         /* SRV_TOOLS_NAMED: the index of the named tool */

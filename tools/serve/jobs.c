@@ -323,7 +323,8 @@ void *srv_engine_main(void *arg) {
                                     .sampler = j->req.sp,
                                     .on_logprobs = j->collect_lp ? on_logprobs : NULL,
                                     .top_logprobs = j->req.top_logprobs,
-                                    .on_prompt_logprobs = j->plps ? on_prompt_logprobs : NULL};
+                                    .on_prompt_logprobs = j->plps ? on_prompt_logprobs : NULL,
+                                    .spec_max_tree = j->req.spec_max_tree};
             uint64_t id = 0;
             st_status rc = st_engine_submit(s->engine, j->prompt, j->n_prompt, &rp, on_emit,
                                             on_finish, j, &id);
