@@ -5,7 +5,8 @@
  * Q2_K .. Q6_K), row-major and packed (st_pack_f32, st_pack_q8_0, st_pack_q4_0, st_pack_kq)
  * kernels, N = 1 .. 17, 31, 32, 33, 63 and 64 tokens, row counts that are no multiple of any
  * tile or group (1, 15, 17, 47), whole row ranges and ranges cut inside groups, outputs with
- * guard values between them (nothing outside the range may change).
+ * guard values between them (nothing outside the range may change); then rows of 1031 or 4096
+ * elements.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -145,8 +146,8 @@ static void guards(float *y, int64_t n) {
         y[i] = -7.0f;
 }
 
-static void check_case(uint32_t type, int64_t rows, int64_t M) {
-    const int64_t K = k_of(type), ldy = rows + 3;
+static void check_case(uint32_t type, int64_t K, int64_t rows, int64_t M) {
+    const int64_t ldy = rows + 3;
     const int kq = st_kquant_block_bytes(type) != 0;
     const int q8 = type == ST_DTYPE_Q8_0 || type == ST_DTYPE_Q4_0;
     size_t rb;
@@ -229,7 +230,11 @@ static void test_matrix(void **state) {
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t r = 0; r < sizeof rowss / sizeof rowss[0]; r++)
             for (size_t n = 0; n < sizeof ns / sizeof ns[0]; n++)
-                check_case(types[t], rowss[r], ns[n]);
+                check_case(types[t], k_of(types[t]), rowss[r], ns[n]);
+    /* long rows (the packed kernels prefetch the next group while a tile computes) */
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (int64_t M = 3; M <= 33; M += 30)
+            check_case(types[t], k_of(types[t]) == 41 ? 1031 : 4096, 47, M);
 }
 
 /* st_pack_q4_0 in place gives the bytes of packing into a copy; the layout of kernels.h. */
