@@ -96,8 +96,9 @@ double st_time_seconds(void);
  *                    Read once, when the first kernel is needed.
  *   ST_PACK=0        no packed copy of small F32 models' matrices (read by each st_model_load;
  *                    the copy, 1.3-1.9x faster on stories260K, is made for models with at most
- *                    16 MB of F32 matrices), and Q8_0 matrices stay row-major (else the AVX-512
- *                    table gets them packed at load, in place when the weights are copied).
+ *                    16 MB of F32 matrices), and Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices
+ *                    stay row-major (else the kernel table gets them packed at load, in place
+ *                    when the weights are copied).
  *   ST_LOAD=mmap|copy  how ST_LOAD_AUTO loads (st_load_mode; read by each load; an explicit
  *                    mode in st_load_params wins).
  *   ST_CLOCK=cpu     the library's clock (st_time_seconds, the statistics' times, the timings
@@ -106,9 +107,9 @@ double st_time_seconds(void);
  *                    not disturb. Read once, at the first reading of the clock.
  *   ST_AMX=0         the AVX-512 table never uses the AMX matrix unit (Q8_0 batches of 3 or
  *                    more tokens use it where the CPU and the OS allow). Read once.
- *   ST_AVXVNNI=0     the AVX2 table's packed Q8_0 matmul never uses AVX-VNNI (it does where the
- *                    CPU has it: Intel client cores since Alder Lake, AMD since Zen 5). Read
- *                    once.
+ *   ST_AVXVNNI=0     the AVX2 table's packed Q8_0 and Q4_0 matmuls never use AVX-VNNI (they do
+ *                    where the CPU has it: Intel client cores since Alder Lake, AMD since
+ *                    Zen 5). Read once.
  * The name of the kernel table in use: "ref", "avx2" or "avx512". */
 const char *st_kernels_name(void);
 

@@ -278,8 +278,15 @@ static void test_load_modes(void **state) {
              "--kv-heads 4 --type q8_0 --seed 5 --ctx 512 2>/dev/null",
              ST_BUILD_DIR, q8, tu_data("models/stories260K.gguf"));
     assert_int_equal(system(cmd), 0);
-    const char *paths[] = {tu_data("models/stories260K.gguf"), q8};
-    for (int pi = 0; pi < 2; pi++) {
+    char q4[1024]; /* Q4_0, packed by st_pack_q4_0 */
+    snprintf(q4, sizeof q4, "%s/test_load_modes_q4_0.gguf", ST_BUILD_DIR);
+    snprintf(cmd, sizeof cmd,
+             "%s/spectree-mkmodel %s --vocab %s --dim 512 --ff 1024 --layers 4 --heads 8 "
+             "--kv-heads 4 --type q4_0 --seed 5 --ctx 512 2>/dev/null",
+             ST_BUILD_DIR, q4, tu_data("models/stories260K.gguf"));
+    assert_int_equal(system(cmd), 0);
+    const char *paths[] = {tu_data("models/stories260K.gguf"), q8, q4};
+    for (int pi = 0; pi < 3; pi++) {
         progress_log lm = {.monotonic = 1}, lc = {.monotonic = 1};
         st_model *mm = load_mode(paths[pi], ST_LOAD_MMAP, &lm);
         st_model *mc = load_mode(paths[pi], ST_LOAD_COPY, &lc);
@@ -292,7 +299,8 @@ static void test_load_modes(void **state) {
         if (!wc->q8p) {
             assert_memory_equal(bm, bc, nm);
         } else {
-            /* Q8_0 matrices packed for the kernels (st_pack_q8_0): in place in the copy, into a
+            /* Q8_0 / Q4_0 matrices packed for the kernels (st_pack_q8_0, st_pack_q4_0): in
+             * place in the copy, into a
              * copy of their own beside the mapping; the rest of the file as it was */
             assert_memory_equal(bm, bc, st_gguf_data_offset(mm->gguf));
             assert_ptr_equal(wc->q8p, wc->data);
@@ -330,7 +338,7 @@ static void test_load_modes(void **state) {
             for (int threads = 1; threads <= 2; threads++) {
                 logits_in_chunks(mr, threads, toks, T, b);
                 if (memcmp(a, b, (size_t)T * V * 4) != 0)
-                    fail_msg("%s: packed Q8_0 weights give other logits than row-major ones (%d "
+                    fail_msg("%s: packed weights give other logits than row-major ones (%d "
                              "threads)",
                              paths[pi], threads);
             }
@@ -342,6 +350,7 @@ static void test_load_modes(void **state) {
         st_model_free(mc);
     }
     remove(q8);
+    remove(q4);
 
     /* the environment decides ST_LOAD_AUTO, not an explicit mode */
     const char *env = getenv("ST_LOAD");

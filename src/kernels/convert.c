@@ -94,9 +94,21 @@ void st_pack_f32(float *wp, const float *w, size_t row_bytes, int64_t rows, int6
         }
 }
 
-int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K) {
+/* Block b of a row as its group-block: the scale at 2n, then 4-byte pieces of the quants (Q8_0:
+ * eight, q[4k ..], Q4_0: four, qs[4k ..]) at 32 + 64k + 4n. */
+static void pack_block(uint8_t *o, const uint8_t *row, int64_t b, int n, int q4) {
+    const size_t bb = q4 ? sizeof(st_block_q4_0) : sizeof(st_block_q8_0);
+    const uint8_t *blk = row + (size_t)b * bb;
+    memcpy(o + 2 * n, blk, 2); /* d comes first in both blocks */
+    for (int k = 0; k < (q4 ? ST_QK / 8 : ST_QK / 4); k++)
+        memcpy(o + 2 * ST_PACK_ROWS + 64 * k + 4 * n, blk + 2 + 4 * k, 4);
+}
+
+static int pack_groups(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K,
+                       int q4) {
     const int64_t nb = K / ST_QK, groups = rows / ST_PACK_ROWS;
     const size_t gbytes = (size_t)ST_PACK_ROWS * row_bytes;
+    const size_t gb = q4 ? ST_Q4P_GROUP_BYTES : ST_Q8P_GROUP_BYTES;
     uint8_t *tmp = NULL;
     if (dst == src && groups > 0 && !(tmp = malloc(gbytes)))
         return -1;
@@ -107,15 +119,9 @@ int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int
             memcpy(tmp, in, gbytes);
             in = tmp;
         }
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = out + (size_t)b * ST_Q8P_GROUP_BYTES;
-            for (int n = 0; n < ST_PACK_ROWS; n++) {
-                const st_block_q8_0 *blk = (const st_block_q8_0 *)(in + (size_t)n * row_bytes) + b;
-                memcpy(o + 2 * n, &blk->d, 2);
-                for (int k = 0; k < ST_QK / 4; k++)
-                    memcpy(o + 2 * ST_PACK_ROWS + 64 * k + 4 * n, blk->q + 4 * k, 4);
-            }
-        }
+        for (int64_t b = 0; b < nb; b++)
+            for (int n = 0; n < ST_PACK_ROWS; n++)
+                pack_block(out + (size_t)b * gb, in + (size_t)n * row_bytes, b, n, q4);
     }
     free(tmp);
     if (dst != src && rows > groups * ST_PACK_ROWS)
@@ -123,4 +129,12 @@ int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int
                (const uint8_t *)src + (size_t)groups * gbytes,
                (size_t)(rows - groups * ST_PACK_ROWS) * row_bytes);
     return 0;
+}
+
+int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K) {
+    return pack_groups(dst, src, row_bytes, rows, K, 0);
+}
+
+int st_pack_q4_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K) {
+    return pack_groups(dst, src, row_bytes, rows, K, 1);
 }

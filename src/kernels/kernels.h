@@ -90,6 +90,18 @@ typedef void (*st_matmul_q8p_fn)(float *y, int64_t ldy, const void *wp, size_t r
  * a scratch of 16 rows: -1, nothing changed, if it cannot be allocated), else 0. */
 int st_pack_q8_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K);
 
+/* Q4_0 weights packed for batches (st_pack_q4_0), in place and the same size: each full group of
+ * 16 rows becomes, block by block, the 16 rows' fp16 scales (32 bytes) then four 64-byte rows
+ * k = 0 .. 3 of quant bytes, row k holding bytes 4k .. 4k+3 of qs of rows 16g .. 16g+15 in turn:
+ * P[g][b] = {d[n] = W[16g+n].d_b; q[k][4n+i] = W[16g+n].qs_b[4k+i]}, 288 bytes per group and
+ * block; rows past the last full group stay row-major after the groups. The low nibbles of row k
+ * are the elements of lane k of the per-lane canonical Q4_0 product, the high nibbles those of
+ * lane k + 4, so a 32-bit broadcast of four activation bytes against row k gives 16 rows'
+ * canonical lanes in one vector (no horizontal sums). st_matmul_q8p_fn contract, bitwise the
+ * row-major kernel's results. */
+enum { ST_Q4P_GROUP_BYTES = ST_PACK_ROWS * (int)sizeof(st_block_q4_0) };
+int st_pack_q4_0(void *dst, const void *src, size_t row_bytes, int64_t rows, int64_t K);
+
 typedef struct st_kernels {
     const char *name;
     st_matmul_fn matmul_f32;
@@ -104,6 +116,8 @@ typedef struct st_kernels {
     st_matmul_packed_fn matmul_f32_packed;
     /* Q8_0 weights packed by st_pack_q8_0 (every table has it). */
     st_matmul_q8p_fn matmul_q8_0_packed;
+    /* Q4_0 weights packed by st_pack_q4_0 (every table has it). */
+    st_matmul_q8p_fn matmul_q4_0_packed;
     /* Q4_K / Q5_K / Q6_K weights packed by st_pack_kq (kquant.h; the AVX2 and AVX-512 tables
      * have them, kqp_avx2.c, kqp_avx512.c); NULL would keep them row-major. */
     st_matmul_q8p_fn matmul_q4_k_packed, matmul_q5_k_packed, matmul_q6_k_packed;
@@ -177,6 +191,18 @@ void st_matmul_q8_0_packed_avx2(float *y, int64_t ldy, const void *wp, size_t rb
                                 const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                 int64_t r1);
 void st_matmul_q8_0_packed_avxvnni(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                   const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                   int64_t r1);
+/* The Q4_0 matmuls on packed weights (st_pack_q4_0): AVX-512 VNNI (q4p_avx512.c), AVX2
+ * (q4p_avx2.c), which hands the work to the AVX-VNNI kernel (q4p_avxvnni.c) where
+ * st_avxvnni_ready(). */
+void st_matmul_q4_0_packed_avx512(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                  const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                  int64_t r1);
+void st_matmul_q4_0_packed_avx2(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
+                                const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
+                                int64_t r1);
+void st_matmul_q4_0_packed_avxvnni(float *y, int64_t ldy, const void *wp, size_t rb, int64_t rows,
                                    const void *x, int64_t ldx, int64_t K, int64_t M, int64_t r0,
                                    int64_t r1);
 int st_avxvnni_ready(void);

@@ -837,6 +837,7 @@ static const st_kernels st_kernels_avx2_table = {
     .matmul_q5_k = st_matmul_q5_k_avx2,
     .matmul_q6_k = st_matmul_q6_k_avx2,
     .matmul_q8_0_packed = st_matmul_q8_0_packed_avx2,
+    .matmul_q4_0_packed = st_matmul_q4_0_packed_avx2,
     .matmul_q4_k_packed = st_matmul_q4_k_packed_avx2,
     .matmul_q5_k_packed = st_matmul_q5_k_packed_avx2,
     .matmul_q6_k_packed = st_matmul_q6_k_packed_avx2,

@@ -681,6 +681,7 @@ static void table_init(void) {
     st_kernels_avx512_table.matmul_f32_packed = matmul_f32_packed_avx512;
     /* Q8_0 row-major stays the AVX2 kernel (the per-block order); packed weights take AMX/VNNI */
     st_kernels_avx512_table.matmul_q8_0_packed = st_matmul_q8_0_packed_avx512;
+    st_kernels_avx512_table.matmul_q4_0_packed = st_matmul_q4_0_packed_avx512;
     st_kernels_avx512_table.matmul_q4_k_packed = st_matmul_q4_k_packed_avx512;
     st_kernels_avx512_table.matmul_q5_k_packed = st_matmul_q5_k_packed_avx512;
     st_kernels_avx512_table.matmul_q6_k_packed = st_matmul_q6_k_packed_avx512;

@@ -265,6 +265,37 @@ static void matmul_q8_0_packed_ref(float *y, int64_t ldy, const void *wp, size_t
         matmul_q8_0_ref(y, ldy, wp, row_bytes, x, ldx, K, M, r, r1);
 }
 
+/* The per-lane Q4_0 product on weights packed by st_pack_q4_0: each block read back into its
+ * row-major form first (rows past the last full group are row-major). */
+static void matmul_q4_0_packed_ref(float *y, int64_t ldy, const void *wp, size_t row_bytes,
+                                   int64_t rows, const void *x, int64_t ldx, int64_t K, int64_t M,
+                                   int64_t r0, int64_t r1) {
+    const st_block_q8x *xq = x;
+    const int64_t nb = K / ST_QK, rfull = rows / ST_PACK_ROWS * ST_PACK_ROWS;
+    int64_t r = r0;
+    for (; r < r1 && r < rfull; r++) {
+        const uint8_t *gp =
+            (const uint8_t *)wp + (size_t)(r / ST_PACK_ROWS) * ST_PACK_ROWS * row_bytes;
+        const int n = (int)(r % ST_PACK_ROWS);
+        for (int64_t m = 0; m < M; m++) {
+            float acc[8] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *p = gp + (size_t)b * ST_Q4P_GROUP_BYTES;
+                st_block_q4_0 blk;
+                int8_t unpacked[ST_QK];
+                memcpy(&blk.d, p + 2 * n, 2);
+                for (int k = 0; k < ST_QK / 8; k++)
+                    memcpy(blk.qs + 4 * k, p + 2 * ST_PACK_ROWS + 64 * k + 4 * n, 4);
+                st_q4_0_unpack(&blk, unpacked);
+                qdot_block(acc, unpacked, blk.d, xq + m * ldx + b);
+            }
+            y[m * ldy + r] = reduce8(acc);
+        }
+    }
+    if (r < r1)
+        matmul_q4_0_ref(y, ldy, wp, row_bytes, x, ldx, K, M, r, r1);
+}
+
 static void quantize_q8x_ref(st_block_q8x *y, const float *x, int64_t K) {
     for (int64_t b = 0; b < K / ST_QK; b++) {
         const float *xb = x + b * ST_QK;
@@ -293,6 +324,7 @@ static const st_kernels st_kernels_ref_table = {
     .matmul_q6_k = st_matmul_q6_k_ref,
     .matmul_f32_packed = matmul_f32_packed_ref,
     .matmul_q8_0_packed = matmul_q8_0_packed_ref,
+    .matmul_q4_0_packed = matmul_q4_0_packed_ref,
     .matmul_q4_k_packed = st_matmul_q4_k_packed_ref,
     .matmul_q5_k_packed = st_matmul_q5_k_packed_ref,
     .matmul_q6_k_packed = st_matmul_q6_k_packed_ref,

@@ -253,9 +253,10 @@ static void mm_task(void *ctx, int ith, int nth) {
                                     r0, r1);
             continue;
         }
-        if (w->q8p && j->k->matmul_q8_0_packed) {
-            j->k->matmul_q8_0_packed(j->y[i], w->n_out, w->q8p, w->row_bytes, w->n_out, j->x[i],
-                                     j->ldx[i], w->n_in, j->M, r0, r1);
+        if (w->q8p) { /* Q8_0 or Q4_0, packed by the table in use at load */
+            (w->type == ST_DTYPE_Q4_0 ? j->k->matmul_q4_0_packed : j->k->matmul_q8_0_packed)(
+                j->y[i], w->n_out, w->q8p, w->row_bytes, w->n_out, j->x[i], j->ldx[i], w->n_in,
+                j->M, r0, r1);
             continue;
         }
         if (w->kqp) {

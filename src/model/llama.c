@@ -262,15 +262,17 @@ static void pack_matrices(st_model *m) {
 static st_matmul_q8p_fn packed_fn(uint32_t type) {
     const st_kernels *k = st_kernels_get();
     return type == ST_DTYPE_Q8_0   ? k->matmul_q8_0_packed
+           : type == ST_DTYPE_Q4_0 ? k->matmul_q4_0_packed
            : type == ST_DTYPE_Q4_K ? k->matmul_q4_k_packed
            : type == ST_DTYPE_Q5_K ? k->matmul_q5_k_packed
            : type == ST_DTYPE_Q6_K ? k->matmul_q6_k_packed
                                    : NULL;
 }
 
-/* Packs the Q8_0, Q4_K and Q6_K matrices (not the embedding, nor a tied output layer: their
- * rows are read) for the table's packed matmuls, which need no horizontal reductions (Q8_0:
- * st_pack_q8_0, kernels.h; the K-quants: st_pack_kq, kquant.h): in place where the model holds
+/* Packs the Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices (not the embedding, nor a tied output
+ * layer: their rows are read) for the table's packed matmuls, which need no horizontal
+ * reductions (Q8_0 and Q4_0: st_pack_q8_0, st_pack_q4_0, kernels.h; the K-quants: st_pack_kq,
+ * kquant.h): in place where the model holds
  * its own copy of the file (COPY loads), else into a copy, after which the file mapping's pages
  * of the matrix are dropped (their row-major bytes are not read again; the kernel would re-read
  * them if they were). A failed allocation leaves the rest row-major (same results). ST_PACK=0
@@ -281,7 +283,7 @@ static void pack_quant(st_model *m) {
     const int kind = st_gguf_data_kind(m->gguf);
     for (int64_t i = 0; i < n_mats(m); i++) {
         st_wt *w = mat_at(m, i);
-        const int q8 = w->type == ST_DTYPE_Q8_0;
+        const int q8 = w->type == ST_DTYPE_Q8_0 || w->type == ST_DTYPE_Q4_0; /* 16-row groups */
         if (!packed_fn(w->type) || w->n_out < (q8 ? ST_PACK_ROWS : ST_KQP_ROWS) || w->q8p ||
             w->kqp || (w == &m->output && m->hp.tied_output))
             continue;
@@ -289,8 +291,10 @@ static void pack_quant(st_model *m) {
         void *dst = (void *)w->data;
         if (kind != 2 && !(dst = st_malloc_aligned(bytes, 64)))
             return;
-        if (q8 ? st_pack_q8_0(dst, w->data, w->row_bytes, w->n_out, w->n_in)
-               : st_pack_kq(w->type, dst, w->data, w->row_bytes, w->n_out, w->n_in)) {
+        if (w->type == ST_DTYPE_Q8_0 ? st_pack_q8_0(dst, w->data, w->row_bytes, w->n_out, w->n_in)
+            : w->type == ST_DTYPE_Q4_0
+                ? st_pack_q4_0(dst, w->data, w->row_bytes, w->n_out, w->n_in)
+                : st_pack_kq(w->type, dst, w->data, w->row_bytes, w->n_out, w->n_in)) {
             if (dst != w->data)
                 st_free_aligned(dst);
             return;

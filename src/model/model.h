@@ -21,8 +21,9 @@ typedef struct st_wt {
     size_t row_bytes;
     float *packed; /* F32 only: the copy packed for matmul_f32_packed (kernels.h), owned by the
                     * model, or NULL (see ST_PACK_MAX_BYTES) */
-    /* Q8_0 only: the weights packed by st_pack_q8_0, which the matmuls read with the table's
-     * matmul_q8_0_packed (the table in use at load has it), or NULL. Either data itself, packed
+    /* Q8_0 and Q4_0 only: the weights packed by st_pack_q8_0 / st_pack_q4_0, which the
+     * matmuls read with the table's matmul_q8_0_packed / matmul_q4_0_packed (the table in use
+     * at load has them), or NULL. Either data itself, packed
      * in place (the model's own copy of the file: then data is not row-major, and nothing but
      * the matmuls reads it) or q8p_own, a copy the model frees (borrowers clear q8p_own). */
     const void *q8p;

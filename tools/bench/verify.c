@@ -17,8 +17,8 @@
 #include "bench.h"
 #include "peak.h"
 
-/* Read-only queries of the library's choices: whether the AVX-512 table packs Q8_0 matrices
- * (ST_PACK) and runs them on AMX; the roofline's table needs both. */
+/* Read-only queries of the library's choices: whether the tables pack Q8_0 / Q4_0 / K-quant
+ * matrices (ST_PACK) and run Q8_0 on AMX; the roofline's table needs both. */
 #include "core/core.h"
 #include "kernels/kernels.h"
 
@@ -114,9 +114,10 @@ static void roof_add(roofline *r, const st_gguf *g, const char *name, int packab
     roof_mat *m = &r->mats[r->n_mats++];
     m->type = (int)t->type;
     m->macs = (double)t->ne[0] * (double)t->ne[1];
-    /* llama.c's pack_quant: Q8_0 matrices of 16 rows or more, Q4_K/Q5_K/Q6_K of 8 or more (the
-     * AVX-512 and AVX2 tables), not a tied output layer */
-    const int q8 = t->type == ST_DTYPE_Q8_0, kq = st_kq_packable(t->type);
+    /* llama.c's pack_quant: Q8_0 and Q4_0 matrices of 16 rows or more, Q4_K/Q5_K/Q6_K of 8 or
+     * more (the AVX-512 and AVX2 tables), not a tied output layer */
+    const int q8 = t->type == ST_DTYPE_Q8_0 || t->type == ST_DTYPE_Q4_0;
+    const int kq = st_kq_packable(t->type);
     m->packed = packable && st_env_get().pack &&
                 ((q8 && t->ne[1] >= ST_PACK_ROWS &&
                   (!strcmp(r->table, "avx512") || !strcmp(r->table, "avx2"))) ||
