@@ -20,6 +20,7 @@ import shlex
 import struct
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -111,6 +112,18 @@ def add_train_args(ap, epochs, warmup):
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="storage type of the weights in model.safetensors")
     ap.add_argument("--log-every", type=positive(int), default=50, help="steps between progress lines")
+    ap.add_argument("--stop-after", type=positive(int), default=None,
+                    help="stop after this many steps without changing the schedule (a run cut "
+                         "short, reproducibly; with --checkpoint, resumable)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="a file the run's whole state (head, optimizer, random generators, place "
+                    "in the data) is written to every --checkpoint-every steps, and read by "
+                    "--resume")
+    ap.add_argument("--checkpoint-every", type=positive(int), default=100,
+                    help="steps between --checkpoint writes")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run saved in --checkpoint (if the file exists; the same "
+                    "options): it ends with the bytes the uninterrupted run writes")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the head trains (the data is always generated on the CPU; on "
                     "cuda deterministic, with other bytes than on the CPU)")
@@ -124,6 +137,56 @@ def add_gen_prompt_args(ap):
                     "the start of text, then continued like the listed prompts")
     ap.add_argument("--gen-prompt-len", type=positive(int), default=16,
                     help="the longest --gen-prompts opening, in tokens")
+
+
+# Options that do not change what a run computes: a resumed run may differ in them.
+RUN_NEUTRAL = ("out", "log_every", "checkpoint", "checkpoint_every", "resume", "save_every",
+               "stop_after", "data_cache")
+
+
+def run_key(args):
+    """The options a checkpoint is valid for (every one but RUN_NEUTRAL), as a sorted list."""
+    return sorted((k, v) for k, v in vars(args).items() if k not in RUN_NEUTRAL)
+
+
+def save_checkpoint(args, state):
+    """Writes --checkpoint whole (write_whole): state plus the options and every random
+    generator's state."""
+    state = dict(state, key=run_key(args), torch_rng=torch.get_rng_state())
+    write_whole(args.checkpoint, lambda f: torch.save(state, f))
+    log("checkpoint: step %d written to %s" % (state["step"], args.checkpoint))
+
+
+def load_checkpoint(args):
+    """--resume: the state save_checkpoint wrote, or None when there is no checkpoint yet (a
+    first run); the options must be those of the saved run."""
+    if not (args.resume and os.path.exists(args.checkpoint)):
+        return None
+    try:
+        state = torch.load(args.checkpoint)
+    except Exception as e:  # torch raises many kinds on a bad file
+        raise InputError("%s: not a checkpoint the trainers wrote: %s" % (args.checkpoint, e))
+    if not isinstance(state, dict) or "key" not in state:
+        raise InputError("%s: not a checkpoint the trainers wrote" % args.checkpoint)
+    if state["key"] != run_key(args):
+        mine, theirs = dict(run_key(args)), dict(state["key"])
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        raise InputError("%s: written by a run with other options (%s); --resume needs the "
+                         "same ones" % (args.checkpoint, ", ".join("--" + k.replace("_", "-")
+                                                                   for k in diff)))
+    torch.set_rng_state(state["torch_rng"])
+    log("resuming at step %d from %s" % (state["step"], args.checkpoint))
+    return state
+
+
+def eta(t_start, done, todo):
+    """'ETA 3m07s': the time left for todo more units at the rate of the done ones since
+    t_start."""
+    if done <= 0:
+        return "ETA ?"
+    left = int(round((time.time() - t_start) / done * todo))
+    return "ETA %dh%02dm" % (left // 3600, left % 3600 // 60) if left >= 3600 else \
+        "ETA %dm%02ds" % (left // 60, left % 60)
 
 
 def setup_device(name):

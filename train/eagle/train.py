@@ -158,55 +158,76 @@ def train(args):
     total = args.epochs * steps_per_epoch
     if args.steps is not None:
         total = min(total, args.steps)
-    step, t1, first_loss, last_loss = 0, time.time(), None, None
+    step, first_loss, last_loss = 0, None, None
     acc_sum = loss_sum = cnt = 0.0
-    while step < total:
-        order = torch.randperm(N, generator=gen)
-        for i in range(0, N, args.batch):
-            if step >= total:
-                break
-            idx = order[i:i + args.batch].to(dev)
-            m = mask[idx][:, :, None]
-            fi = f_in[idx]
-            if args.noise > 0:
-                fi = fi + ((torch.rand(fi.shape, generator=gen) - 0.5) * args.noise).to(dev)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, args)
-            preds = head.unrolled(fi, x_in[idx], args.unroll)
-            with torch.no_grad():
-                tgt_logits = f_next[idx] @ lm.T
-                tgt_p = torch.softmax(tgt_logits, -1)
-            loss = 0.0
-            for j, pred in enumerate(preds):
-                mj = m * step_mask[j]
-                out_logits = pred @ lm.T
-                denom = mj.sum() + 1e-5
-                ploss = -(mj * tgt_p * torch.log_softmax(out_logits, -1)).sum() / denom
-                vloss = (mj * torch.nn.functional.smooth_l1_loss(pred, f_next[idx],
-                                                                 reduction="none")
-                         .mean(-1, keepdim=True)).sum() / denom
-                loss = loss + step_w[j] * (vloss + args.w_cls * ploss)
-                if j == 0:
-                    m0, logits0, vloss0, ploss0 = mj, out_logits, vloss, ploss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
-            opt.step()
-            step += 1
-            with torch.no_grad():
-                hit = (logits0.argmax(-1) == tgt_logits.argmax(-1)).float()
-                acc_sum += float((hit * m0[:, :, 0]).sum())
-                cnt += float(m0.sum())
-                loss_sum += float(loss)
-            if first_loss is None:
-                first_loss = float(loss)
-            if step % args.log_every == 0 or step == total:
-                last_loss = loss_sum / ((step - 1) % args.log_every + 1)
-                el.log("step %d/%d epoch %d loss %.5f (step 0: vloss %.5f ploss %.4f) acc %.4f "
-                    "lr %.2e %.1f s" % (step, total, (step - 1) // steps_per_epoch + 1, last_loss,
-                                float(vloss0), float(ploss0), acc_sum / max(cnt, 1),
-                                lr_at(step - 1, total, args), time.time() - t1))
+    order, i = None, N  # this epoch's order of the sequences and the place in it
+    state = el.load_checkpoint(args)
+    if state is not None:
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        step, first_loss, last_loss, order, i = (state[k] for k in (
+            "step", "first_loss", "last_loss", "order", "i"))
+        acc_sum, loss_sum, cnt = state["sums"]
+    t1, step0 = time.time(), step
+    stop = min(total, args.stop_after) if args.stop_after else total
+    while step < stop:
+        if i >= N:
+            order, i = torch.randperm(N, generator=gen), 0
+        idx = order[i:i + args.batch].to(dev)
+        i += args.batch
+        m = mask[idx][:, :, None]
+        fi = f_in[idx]
+        if args.noise > 0:
+            fi = fi + ((torch.rand(fi.shape, generator=gen) - 0.5) * args.noise).to(dev)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, args)
+        preds = head.unrolled(fi, x_in[idx], args.unroll)
+        with torch.no_grad():
+            tgt_logits = f_next[idx] @ lm.T
+            tgt_p = torch.softmax(tgt_logits, -1)
+        loss = 0.0
+        for j, pred in enumerate(preds):
+            mj = m * step_mask[j]
+            out_logits = pred @ lm.T
+            denom = mj.sum() + 1e-5
+            ploss = -(mj * tgt_p * torch.log_softmax(out_logits, -1)).sum() / denom
+            vloss = (mj * torch.nn.functional.smooth_l1_loss(pred, f_next[idx],
+                                                             reduction="none")
+                     .mean(-1, keepdim=True)).sum() / denom
+            loss = loss + step_w[j] * (vloss + args.w_cls * ploss)
+            if j == 0:
+                m0, logits0, vloss0, ploss0 = mj, out_logits, vloss, ploss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
+        opt.step()
+        step += 1
+        with torch.no_grad():
+            hit = (logits0.argmax(-1) == tgt_logits.argmax(-1)).float()
+            acc_sum += float((hit * m0[:, :, 0]).sum())
+            cnt += float(m0.sum())
+            loss_sum += float(loss)
+        if first_loss is None:
+            first_loss = float(loss)
+        if step % args.log_every == 0 or step in (stop, total):
+            avg = loss_sum / ((step - 1) % args.log_every + 1)
+            el.log("step %d/%d epoch %d loss %.5f (step 0: vloss %.5f ploss %.4f) acc %.4f "
+                "lr %.2e %.1f s %s" % (step, total, (step - 1) // steps_per_epoch + 1, avg,
+                                    float(vloss0), float(ploss0), acc_sum / max(cnt, 1),
+                                    lr_at(step - 1, total, args), time.time() - t1,
+                                    el.eta(t1, step - step0, stop - step)))
+            if step % args.log_every == 0 or step == total:  # (--stop-after: the sums go on)
+                last_loss = avg
                 acc_sum = loss_sum = cnt = 0.0
+        if args.checkpoint and (step % args.checkpoint_every == 0 or step == stop) and \
+                step < total:
+            el.save_checkpoint(args, {
+                "step": step, "head": head.state_dict(), "opt": opt.state_dict(),
+                "gen": gen.get_state(), "order": order, "i": i, "first_loss": first_loss,
+                "last_loss": last_loss, "sums": (acc_sum, loss_sum, cnt)})
+    if last_loss is None:
+        last_loss = loss_sum / max(1, (step - 1) % args.log_every + 1)
     train_s = time.time() - t1
     el.log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
         (step, train_s, first_loss, last_loss))
@@ -220,7 +241,7 @@ def train(args):
     cfg["spectree"] = {
         "target": os.path.basename(args.target),
         "target_sha256": el.sha256_file(args.target),
-        "command": el.portable_command("train.py", sys.argv[1:]),
+        "command": el.portable_command("train.py", [a for a in sys.argv[1:] if a != "--resume"]),
         "seed": args.seed,
         "threads": args.threads,
         "init": None if init is None else {
@@ -250,6 +271,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.warmup < 0 or args.gen_prompts < 0:
         el.die("--warmup and --gen-prompts must be >= 0")
+    if args.resume and not args.checkpoint:
+        el.die("--resume needs --checkpoint FILE")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         el.die("--out %s exists and is not a directory" % args.out)
     try:

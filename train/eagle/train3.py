@@ -19,6 +19,7 @@ target's is used), with the layers read recorded as SGLang's eagle_aux_hidden_st
 Deterministic for a given --seed and --threads.
 """
 import argparse
+import json
 import math
 import os
 import sys
@@ -52,17 +53,19 @@ def parse_args(argv):
     ap.add_argument("--layers", type=layer_list, default=None,
                     help="the three target layers whose input the head reads, 0-based, as "
                          "EAGLE-3 counts (L: the last layer's output); default 2,L/2,L-3")
-    ap.add_argument("--draft-vocab", type=el.positive(int), default=32000,
-                    help="draft vocabulary size (at most the target's)")
+    ap.add_argument("--draft-vocab", type=el.positive(int), default=None,
+                    help="draft vocabulary size (at most the target's; default 32000, or the "
+                    "--init head's)")
     ap.add_argument("--ttt-steps", type=el.positive(int), default=7,
                     help="draft steps unrolled per batch (training-time test; EAGLE-3: 7)")
-    ap.add_argument("--stop-after", type=el.positive(int), default=None,
-                    help="stop after this many steps without changing the schedule (a run cut "
-                         "short, reproducibly)")
     ap.add_argument("--save-every", type=el.positive(int), default=None,
                     help="also write the head every this many steps (overwritten)")
     ap.add_argument("--intermediate-size", type=el.positive(int), default=None,
                     help="the head's MLP width (default: the target's feed_forward_length)")
+    ap.add_argument("--init", default=None,
+                    help="start from this EAGLE-3 head (a directory in the published layout, for "
+                    "the same target) instead of random weights: fine-tuning, e.g. with more "
+                    "--ttt-steps; its layers, draft vocabulary and MLP width are kept")
     el.add_gen_prompt_args(ap)
     ap.add_argument("--data-cache", default=None,
                     help="a file to keep the generated training data in (every layer's input, so "
@@ -195,6 +198,52 @@ class Head3(torch.nn.Module):
         }
 
 
+def load_head3(dirpath, target):
+    """Reads an EAGLE-3 head (DIR/config.json, DIR/model.safetensors) for --init and checks it
+    against the target: returns {"cfg", "layers" (as --layers counts), "used" (the target ids of
+    the draft vocabulary, ascending), "tensors" (numpy arrays by published name)}."""
+    cpath, spath = os.path.join(dirpath, "config.json"), os.path.join(dirpath, "model.safetensors")
+    try:
+        with open(cpath, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise el.InputError("%s: cannot read: %s" % (cpath, e))
+    try:
+        ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        H, I, D = cfg["hidden_size"], cfg["intermediate_size"], cfg["draft_vocab_size"]
+        nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    except (KeyError, TypeError) as e:
+        raise el.InputError("%s: not an EAGLE-3 head config (%s missing)" % (cpath, e))
+    if (H, nh, nkv, cfg.get("vocab_size")) != (target.dim, target.n_head, target.n_kv,
+                                               target.vocab):
+        raise el.InputError("%s: hidden_size %s, heads %s/%s, vocab_size %s do not match the "
+                            "target's %d, %d/%d, %d" % (cpath, H, nh, nkv, cfg.get("vocab_size"),
+                                                        target.dim, target.n_head, target.n_kv,
+                                                        target.vocab))
+    tensors, _ = el.read_safetensors(spath, maps=True)
+    hd = H // nh
+    want = {"fc.weight": (H, 3 * H), "midlayer.input_layernorm.weight": (H,),
+            "midlayer.hidden_norm.weight": (H,), "midlayer.self_attn.q_proj.weight": (nh * hd, 2 * H),
+            "midlayer.self_attn.k_proj.weight": (nkv * hd, 2 * H),
+            "midlayer.self_attn.v_proj.weight": (nkv * hd, 2 * H),
+            "midlayer.self_attn.o_proj.weight": (H, nh * hd),
+            "midlayer.post_attention_layernorm.weight": (H,), "midlayer.mlp.gate_proj.weight": (I, H),
+            "midlayer.mlp.up_proj.weight": (I, H), "midlayer.mlp.down_proj.weight": (H, I),
+            "norm.weight": (H,), "lm_head.weight": (D, H), "d2t": (D,), "t2d": (target.vocab,)}
+    for k, shape in want.items():
+        if k not in tensors:
+            raise el.InputError("%s: tensor %s is missing" % (spath, k))
+        if tuple(tensors[k].shape) != shape:
+            raise el.InputError("%s: tensor %s has shape %s, expected %s" %
+                                (spath, k, list(tensors[k].shape), list(shape)))
+    used = [i + int(d) for i, d in enumerate(tensors["d2t"])]
+    if used != sorted(set(used)) or not 0 <= used[0] <= used[-1] < target.vocab or \
+            sorted(used) != [int(t) for t in tensors["t2d"].nonzero()[0]]:
+        raise el.InputError("%s: d2t and t2d do not describe one ascending draft vocabulary" %
+                            spath)
+    return {"cfg": cfg, "layers": [c + 1 for c in ids], "used": used, "tensors": tensors}
+
+
 def lr_at(step, total, args):
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -220,7 +269,19 @@ def train(args):
     t0 = time.time()
     target = el.Target(args.target)
     L = target.n_layer
+    init = load_head3(args.init, target) if args.init else None
+    if init is not None:
+        for opt, val, have in (("--layers", args.layers, init["layers"]),
+                               ("--intermediate-size", args.intermediate_size,
+                                init["cfg"]["intermediate_size"]),
+                               ("--draft-vocab", args.draft_vocab, len(init["used"]))):
+            if val is not None and val != have:
+                raise el.InputError("%s %s differs from the --init head's %s" % (opt, val, have))
+        args.layers, args.intermediate_size = init["layers"], init["cfg"]["intermediate_size"]
+        args.draft_vocab = len(init["used"])
     layers = args.layers if args.layers is not None else [2, L // 2, L - 3]
+    if args.draft_vocab is None:
+        args.draft_vocab = 32000
     for c in layers:
         if not 0 <= c <= L:
             raise el.InputError("--layers %s: layer %d outside 0..%d (%d: the last layer's "
@@ -282,7 +343,7 @@ def train(args):
     aux = states[:, :, layers].reshape(states.shape[0], states.shape[1], 3 * target.dim)
     # the draft vocabulary: the D most frequent generated tokens (ties: lower id), sorted
     ranked = sorted(range(target.vocab), key=lambda t: (-freq.get(t, 0), t))
-    used = sorted(ranked[:D])
+    used = sorted(ranked[:D]) if init is None else init["used"]
     n_gen = sum(freq.values())
     coverage = sum(freq.get(t, 0) for t in used) / max(1, n_gen)
     d2t = torch.tensor([u - i for i, u in enumerate(used)], dtype=torch.int64)
@@ -317,6 +378,9 @@ def train(args):
     head = Head3(cfg, target.emb)
     with torch.no_grad():  # start the draft lm_head from the target's rows of its tokens
         head.lm_head.weight.copy_(target.out[used_t])
+        if init is not None:
+            for k, v in head.state().items():
+                v.copy_(torch.from_numpy(init["tensors"][k].copy()))
     head.to(dev)
     out_w, t2d_d, used_d = target.out.to(dev), t2d.to(dev), used_t.to(dev)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95))
@@ -329,7 +393,7 @@ def train(args):
     info = {
         "target": os.path.basename(args.target),
         "target_sha256": el.sha256_file(args.target),
-        "command": el.portable_command("train3.py", sys.argv[1:]),
+        "command": el.portable_command("train3.py", [a for a in sys.argv[1:] if a != "--resume"]),
         "seed": args.seed,
         "threads": args.threads,
         "torch": torch.__version__,
@@ -340,56 +404,75 @@ def train(args):
         "ttt_steps": J,
         "training_pairs": int(m_next.sum()),
     }
-    step, t1, first_loss, last_loss = 0, time.time(), None, None
+    if init is not None:
+        info["init"] = {"dir": el.portable_path(args.init),
+                        "model_sha256": el.sha256_file(os.path.join(args.init,
+                                                                    "model.safetensors"))}
+    step, first_loss, last_loss = 0, None, None
     loss_sum, acc = 0.0, [[0.0, 0.0] for _ in range(J)]
+    order, i = None, N  # this epoch's order of the sequences and the place in it
+    state = el.load_checkpoint(args)
+    if state is not None:
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        step, first_loss, last_loss, order, i, loss_sum, acc = (state[k] for k in (
+            "step", "first_loss", "last_loss", "order", "i", "loss_sum", "acc"))
+    t1, step0 = time.time(), step
     stop = min(n_steps, args.stop_after) if args.stop_after else n_steps
     while step < stop:
-        order = torch.randperm(N, generator=gen)
-        for i in range(0, N, args.batch):
-            if step >= stop:
-                break
-            idx = order[i:i + args.batch].to(dev)
-            for grp in opt.param_groups:
-                grp["lr"] = lr_at(step, n_steps, args)
-            g = head.fc(a_in[idx])
-            cache = [[], []]
-            loss = 0.0
-            with torch.no_grad():  # the target's distributions, restricted to the draft vocabulary
-                tl = f_next[idx] @ out_w.T
-                in_d = t2d_d[tl.argmax(-1)]
-                tp0 = torch.softmax(tl[..., used_d], -1)
-            for j in range(J):
-                xj = shift(x_in[idx], j, 0)
-                mj = shift(m_next[idx], j, False)
-                pm = (mj & shift(in_d, j, False)).float()
-                tp = shift(tp0, j, 0.0)
-                g, logits = head.step(xj, g, pos + j, cache)
-                lj = -(pm * (tp * torch.log_softmax(logits, -1)).sum(-1)).sum() / \
-                    (mj.float().sum() + 1e-5)
-                loss = loss + (0.8 ** j) * lj
-                with torch.no_grad():  # whole numbers: tensor sums are exact (no sync here)
-                    hit = (logits.argmax(-1) == tp.argmax(-1)).float() * pm
-                    acc[j][0] += hit.sum()
-                    acc[j][1] += mj.float().sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
-            opt.step()
-            step += 1
-            loss_sum += float(loss)
-            if first_loss is None:
-                first_loss = float(loss)
-            if step % args.log_every == 0 or step == n_steps:
-                last_loss = loss_sum / ((step - 1) % args.log_every + 1)
-                el.log("step %d/%d epoch %d loss %.5f acc per step %s lr %.2e %.1f s" %
-                    (step, n_steps, (step - 1) // steps_per_epoch + 1, last_loss,
-                     " ".join("%.3f" % (float(a) / max(float(c), 1)) for a, c in acc),
-                     lr_at(step - 1, n_steps, args), time.time() - t1))
-                loss_sum, acc = 0.0, [[0.0, 0.0] for _ in range(J)]
-            if args.save_every and step % args.save_every == 0 and step < stop:
-                save(args, cfg, head, d2t, t2d, dict(info, steps=step, loss_first=round(
-                    first_loss, 6), loss_last=round(last_loss or first_loss, 6),
-                    command=info["command"] + " --stop-after %d" % step))
+        if i >= N:
+            order, i = torch.randperm(N, generator=gen), 0
+        idx = order[i:i + args.batch].to(dev)
+        i += args.batch
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step, n_steps, args)
+        g = head.fc(a_in[idx])
+        cache = [[], []]
+        loss = 0.0
+        with torch.no_grad():  # the target's distributions, restricted to the draft vocabulary
+            tl = f_next[idx] @ out_w.T
+            in_d = t2d_d[tl.argmax(-1)]
+            tp0 = torch.softmax(tl[..., used_d], -1)
+        for j in range(J):
+            xj = shift(x_in[idx], j, 0)
+            mj = shift(m_next[idx], j, False)
+            pm = (mj & shift(in_d, j, False)).float()
+            tp = shift(tp0, j, 0.0)
+            g, logits = head.step(xj, g, pos + j, cache)
+            lj = -(pm * (tp * torch.log_softmax(logits, -1)).sum(-1)).sum() / \
+                (mj.float().sum() + 1e-5)
+            loss = loss + (0.8 ** j) * lj
+            with torch.no_grad():  # whole numbers: tensor sums are exact (no sync here)
+                hit = (logits.argmax(-1) == tp.argmax(-1)).float() * pm
+                acc[j][0] += hit.sum()
+                acc[j][1] += mj.float().sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
+        opt.step()
+        step += 1
+        loss_sum += float(loss)
+        if first_loss is None:
+            first_loss = float(loss)
+        if step % args.log_every == 0 or step == n_steps:
+            last_loss = loss_sum / ((step - 1) % args.log_every + 1)
+            el.log("step %d/%d epoch %d loss %.5f acc per step %s lr %.2e %.1f s %s" %
+                (step, n_steps, (step - 1) // steps_per_epoch + 1, last_loss,
+                 " ".join("%.3f" % (float(a) / max(float(c), 1)) for a, c in acc),
+                 lr_at(step - 1, n_steps, args), time.time() - t1,
+                 el.eta(t1, step - step0, stop - step)))
+            loss_sum, acc = 0.0, [[0.0, 0.0] for _ in range(J)]
+        if args.checkpoint and (step % args.checkpoint_every == 0 or step == stop) and \
+                step < n_steps:
+            el.save_checkpoint(args, {
+                "step": step, "head": head.state_dict(), "opt": opt.state_dict(),
+                "gen": gen.get_state(), "order": order, "i": i, "first_loss": first_loss,
+                "last_loss": last_loss, "loss_sum": loss_sum, "acc": acc})
+        if args.save_every and step % args.save_every == 0 and step < stop:
+            save(args, cfg, head, d2t, t2d, dict(info, steps=step, loss_first=round(
+                first_loss, 6), loss_last=round(last_loss or first_loss, 6),
+                command=info["command"] + " --stop-after %d" % step))
     if last_loss is None:
         last_loss = loss_sum / max(1, step % args.log_every)
     el.log("trained %d steps in %.1f s; loss %.5f at step 1, %.5f at the end" %
@@ -417,6 +500,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.warmup < 0:
         el.die("--warmup must be >= 0")
+    if args.resume and not args.checkpoint:
+        el.die("--resume needs --checkpoint FILE")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         el.die("--out %s exists and is not a directory" % args.out)
     try:
