@@ -80,31 +80,6 @@ static uint8_t *make_weights(uint32_t type, int64_t rows, int64_t K, size_t *rb)
     return w;
 }
 
-static st_matmul_fn rowmajor_of(const st_kernels *k, uint32_t t) {
-    switch (t) {
-    case ST_DTYPE_F32:
-        return k->matmul_f32;
-    case ST_DTYPE_F16:
-        return k->matmul_f16;
-    case ST_DTYPE_BF16:
-        return k->matmul_bf16;
-    case ST_DTYPE_Q8_0:
-        return k->matmul_q8_0;
-    case ST_DTYPE_Q4_0:
-        return k->matmul_q4_0;
-    case ST_DTYPE_Q2_K:
-        return k->matmul_q2_k;
-    case ST_DTYPE_Q3_K:
-        return k->matmul_q3_k;
-    case ST_DTYPE_Q4_K:
-        return k->matmul_q4_k;
-    case ST_DTYPE_Q5_K:
-        return k->matmul_q5_k;
-    default:
-        return k->matmul_q6_k;
-    }
-}
-
 /* The table's packed quantized matmul for the type, or NULL. */
 static st_matmul_q8p_fn packed_of(const st_kernels *k, uint32_t t) {
     return t == ST_DTYPE_Q8_0   ? k->matmul_q8_0_packed
@@ -172,7 +147,7 @@ static void check_case(uint32_t type, int64_t K, int64_t rows, int64_t M) {
     const size_t ybytes = (size_t)(M * ldy) * 4;
     float *want = malloc(ybytes), *got = malloc(ybytes);
     guards(want, M * ldy);
-    rowmajor_of(st_kernels_ref(), type)(want, ldy, w, rb, x, ldx, K, M, 0, rows);
+    st_kernels_matmul(st_kernels_ref(), type)(want, ldy, w, rb, x, ldx, K, M, 0, rows);
     const ctx c = {type, K, rows, M, ldy, want};
     /* the packed copies: quantized in place-compatible layout, float into its own buffer */
     uint8_t *wp = malloc(rb * (size_t)rows);
@@ -194,10 +169,10 @@ static void check_case(uint32_t type, int64_t K, int64_t rows, int64_t M) {
             st_avxvnni_set(sw);
             st_amx_set(sw);
             guards(got, M * ldy);
-            rowmajor_of(k, type)(got, ldy, w, rb, x, ldx, K, M, 0, rows);
+            st_kernels_matmul(k, type)(got, ldy, w, rb, x, ldx, K, M, 0, rows);
             expect(&c, got, k->name, "row-major", sw, 0, rows);
             guards(got, M * ldy);
-            rowmajor_of(k, type)(got, ldy, w, rb, x, ldx, K, M, cut0, cut1);
+            st_kernels_matmul(k, type)(got, ldy, w, rb, x, ldx, K, M, cut0, cut1);
             expect(&c, got, k->name, "row-major", sw, cut0, cut1);
             const st_matmul_q8p_fn pf = packed_of(k, type);
             if (qpacked && pf)

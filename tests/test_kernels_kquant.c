@@ -63,14 +63,6 @@ static uint8_t *make_weights(uint32_t type, int64_t rows, int64_t K, size_t *rb)
     return w;
 }
 
-static st_matmul_fn matmul_of(const st_kernels *k, uint32_t type) {
-    return type == ST_DTYPE_Q2_K   ? k->matmul_q2_k
-           : type == ST_DTYPE_Q3_K ? k->matmul_q3_k
-           : type == ST_DTYPE_Q4_K ? k->matmul_q4_k
-           : type == ST_DTYPE_Q5_K ? k->matmul_q5_k
-                                   : k->matmul_q6_k;
-}
-
 static void check_case(uint32_t type, int64_t K, int64_t rows, int64_t M) {
     const st_kernels *ref = st_kernels_ref();
     const st_kernels *fast[2] = {st_kernels_avx2(), st_kernels_avx512()};
@@ -85,11 +77,11 @@ static void check_case(uint32_t type, int64_t K, int64_t rows, int64_t M) {
         st_quantize_q8k(xq + m * nb, x + m * K, K);
     const size_t ybytes = (size_t)(M * rows) * 4;
     float *y1 = malloc(ybytes), *y2 = malloc(ybytes);
-    matmul_of(ref, type)(y1, rows, w, rb, xq, nb, K, M, 0, rows);
+    st_kernels_matmul(ref, type)(y1, rows, w, rb, xq, nb, K, M, 0, rows);
     for (int f = 0; f < 2; f++) {
         if (!fast[f])
             continue;
-        const st_matmul_fn fn = matmul_of(fast[f], type);
+        const st_matmul_fn fn = st_kernels_matmul(fast[f], type);
         memset(y2, 0xff, ybytes);
         fn(y2, rows, w, rb, xq, nb, K, M, 0, rows);
         if (memcmp(y1, y2, ybytes) != 0)
@@ -173,7 +165,7 @@ static void check_packed(uint32_t type, int64_t K, int64_t rows, int64_t M) {
     float *y1 = malloc((size_t)(M * ldy) * 4), *y2 = malloc((size_t)(M * ldy) * 4);
     for (int64_t i = 0; i < M * ldy; i++)
         y1[i] = -7.0f;
-    matmul_of(tabs[0], type)(y1, ldy, w, rb, xq, nb, K, M, 0, rows);
+    st_kernels_matmul(tabs[0], type)(y1, ldy, w, rb, xq, nb, K, M, 0, rows);
     const int64_t cuts[][2] = {{0, rows}, {0, rows / 2}, {rows / 2, rows},
                                {8, rows}, {3, rows - 1}, {9, 10}};
     for (int it = 0; it < 3; it++) {

@@ -99,3 +99,28 @@ const st_kernels *st_kernels_get(void) {
 }
 
 const char *st_kernels_name(void) { return st_kernels_get()->name; }
+
+st_matmul_fn st_kernels_matmul(const st_kernels *k, uint32_t type) {
+    switch (type) {
+    case ST_DTYPE_F32:
+        return k->matmul_f32;
+    case ST_DTYPE_F16:
+        return k->matmul_f16;
+    case ST_DTYPE_BF16:
+        return k->matmul_bf16;
+    case ST_DTYPE_Q8_0:
+        return k->matmul_q8_0;
+    case ST_DTYPE_Q4_0:
+        return k->matmul_q4_0;
+    case ST_DTYPE_Q2_K:
+        return k->matmul_q2_k;
+    case ST_DTYPE_Q3_K:
+        return k->matmul_q3_k;
+    case ST_DTYPE_Q4_K:
+        return k->matmul_q4_k;
+    case ST_DTYPE_Q5_K:
+        return k->matmul_q5_k;
+    default:
+        return k->matmul_q6_k;
+    }
+}

@@ -160,6 +160,9 @@ const st_kernels *st_kernels_get(void);
  * NULL). The AVX-512 table differs from the AVX2 one in its batch matmuls, packed float matmul
  * (which the AVX2 table lacks), exp_sum, softmax and small-head attn_scores. */
 const st_kernels *st_kernels_ref(void);
+/* k's row-major matmul for weights of a type (ST_DTYPE_*; any other type: the Q6_K kernel, as
+ * the loader admits no other). */
+st_matmul_fn st_kernels_matmul(const st_kernels *k, uint32_t type);
 const st_kernels *st_kernels_avx2(void);
 const st_kernels *st_kernels_avx512(void);
 

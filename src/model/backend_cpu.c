@@ -197,31 +197,6 @@ typedef struct mm_job {
     atomic_llong next;   /* next work item, over the matrices in order */
 } mm_job;
 
-static st_matmul_fn matmul_for(const st_kernels *k, uint32_t type) {
-    switch (type) {
-    case ST_DTYPE_F32:
-        return k->matmul_f32;
-    case ST_DTYPE_F16:
-        return k->matmul_f16;
-    case ST_DTYPE_BF16:
-        return k->matmul_bf16;
-    case ST_DTYPE_Q8_0:
-        return k->matmul_q8_0;
-    case ST_DTYPE_Q4_0:
-        return k->matmul_q4_0;
-    case ST_DTYPE_Q2_K:
-        return k->matmul_q2_k;
-    case ST_DTYPE_Q3_K:
-        return k->matmul_q3_k;
-    case ST_DTYPE_Q4_K:
-        return k->matmul_q4_k;
-    case ST_DTYPE_Q5_K:
-        return k->matmul_q5_k;
-    default:
-        return k->matmul_q6_k;
-    }
-}
-
 /* The input a weight type multiplies: float, Q8 blocks of 32 (Q8_0, Q4_0) or Q8_K super-blocks
  * (the K-quants). */
 enum { ACT_F32, ACT_Q8, ACT_Q8K };
@@ -275,8 +250,8 @@ static void mm_task(void *ctx, int ith, int nth) {
             st_matmul_kq_ggml(w->type, j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
                               w->n_in, j->M, r0, r1);
         else
-            matmul_for(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x[i], j->ldx[i],
-                                      w->n_in, j->M, r0, r1);
+            st_kernels_matmul(j->k, w->type)(j->y[i], w->n_out, w->data, w->row_bytes, j->x[i],
+                                             j->ldx[i], w->n_in, j->M, r0, r1);
     }
 }
 
