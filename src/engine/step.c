@@ -250,12 +250,10 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int64_t *T_out, int6
     st_status rc;
     /* propose: each sequence's drafter scores its (K, S) candidate pool, unless its request
      * speculates not at all */
-    int64_t ctx = 0;
     for (int32_t a = 0; a < na; a++) {
         const int32_t b = g->seqs[a];
         g->roots[a] = g->hist[b][g->n_hist[b] - 1];
         g->seq_lens[a] = st_session_seq_len(g->s, b);
-        ctx += g->seq_lens[a];
         g->cap[a] = g->req[b]->rp.spec_max_tree;
         g->nb[a] = 0; /* (here: its drafted candidates) */
         if (g->cap[a] == 1) {
