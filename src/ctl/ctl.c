@@ -284,8 +284,12 @@ void st_ctl_step_end_ragged(st_ctl *c, int drafted, int64_t T, int32_t na, int64
                     rec_add(c, &c->rd[b][c->dk][c->ds], CTL_POOL_FADE, tok, t, p.tok, p.t);
             if (tree && c->pt_set)
                 rec_add(c, &c->rtree[b], CTL_FADE, tok, t, c->pt.tok, c->pt.t);
-            if (!tree && emitted > 0 && t_fwd > 0.0)
-                rec_add(c, &c->rp[b], CTL_FADE, tok, t_fwd / u, 0.0, 0.0);
+            /* (plain steps are recorded once their cost, the least of the first few, is set,
+             * each at most CTL_OUTLIER times it: a plain step preempted early must not make
+             * plain decoding look slow while trees are chosen, which take no plain steps) */
+            if (!tree && emitted > 0 && t_fwd > 0.0 && c->tb_n[na] > CTL_MIN_OF)
+                rec_add(c, &c->rp[b], CTL_FADE, tok,
+                        fmin(t_fwd, CTL_OUTLIER * (double)na * c->tb[na]) / u, 0.0, 0.0);
         }
         if (tree)
             st_ctl_time_verify(c, T, t_fwd);
