@@ -1035,7 +1035,7 @@ def streamed_logprobs(events, chat):
 
 def test_logprobs():
     # logprobs of each completion token (the target's log-softmax at its position): the same
-    # bits from a plain server and from NGRAM and EAGLE servers verifying fixed trees
+    # bits from a plain server and from NGRAM, EAGLE and EAGLE-3 servers verifying fixed trees
     fixed = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
              "--speculative-num-draft-tokens", "6"]
     runs = {}
@@ -1043,7 +1043,10 @@ def test_logprobs():
                        ("NGRAM", ["--speculative-algorithm", "NGRAM"] + fixed),
                        ("EAGLE", ["--speculative-algorithm", "EAGLE",
                                   "--speculative-draft-model-path",
-                                  os.path.join(SRC, "models", "eagle-stories260K")] + fixed)]:
+                                  os.path.join(SRC, "models", "eagle-stories260K")] + fixed),
+                       ("EAGLE3", ["--speculative-algorithm", "EAGLE3",
+                                   "--speculative-draft-model-path",
+                                   os.path.join(SRC, "models", "eagle3-stories260K")] + fixed)]:
         with Server(BUILD, MODEL, "--chat-template", "llama-2", "--log-level", "warn",
                     *args) as s:
             runs[name] = lp_requests(s.url)
@@ -1080,7 +1083,7 @@ def test_logprobs():
                                                    lp["top_logprobs"], lp["text_offset"]))
         got = streamed_logprobs(ev, chat)
         check(got == want, "%s: streamed logprobs differ:\n%s\n%s" % (body, got, want))
-    for name in ("NGRAM", "EAGLE"):
+    for name in ("NGRAM", "EAGLE", "EAGLE3"):
         spec = 0
         for (body, d0, ev0), (_, d1, ev1) in zip(runs["plain"], runs[name]):
             c0, c1 = d0["choices"][0], d1["choices"][0]
