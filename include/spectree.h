@@ -719,6 +719,9 @@ typedef struct st_gen_stats {
      * `auto` plans it each step for a model drafter) */
     int64_t topk_sum, steps_sum;
     st_spec_outlook outlook; /* auto's view of drafting at the end */
+    /* a draft model's level passes (S-1 per proposal, each over up to K nodes) and their time */
+    int64_t level_passes;
+    double level_ms;
 } st_gen_stats;
 
 /* Everything st_generate needs besides the model and the prompt. Start from

@@ -1,7 +1,8 @@
 /*
  * test_e2e_bench.c: `spectree-bench e2e` as an honest benchmark, on stories260K.
  * - A normal run exits 0 and reports plain and speculative tok/s beside the speed-up, greedy and
- *   sampled, and says how many speculative runs it found token-identical to plain decoding.
+ *   sampled, and says how many speculative runs it found token-identical to plain decoding;
+ *   with an EAGLE head, the cost of one draft level in plain-token times.
  * - The token check fails loudly: the engine is lossless by construction, so no drafter can make
  *   its output differ; --debug-corrupt-spec alters the speculative runs' record instead, and the
  *   run must exit 3 with a MISMATCH line naming the drafter, shape, prompt, position and both
@@ -61,6 +62,21 @@ static void test_reports_tok_s(void **state) {
     assert_int_equal(count(r.out, "\"spec_tok_s\": "), 2);
     assert_int_equal(count(r.out, "\"speedup\": "), 2);
     assert_int_equal(count(r.out, "\"reps\": 2, \"spec_runs_checked\": 3}"), 2);
+    assert_int_equal(count(r.out, "\"draft_level\": 0.0000, "), 2); /* (no draft model) */
+    tu_result_free(&r);
+
+    /* an EAGLE head drafting chains of 4: the time of one of its level passes, in plain-token
+     * times; a drafter without a model has none */
+    char args[512];
+    snprintf(args, sizeof args, "--reps 1 --no-self --topk 1 --steps 4 --eagle %s",
+             tu_data("models/eagle-stories260K"));
+    r = bench(args);
+    if (r.code != 0)
+        fail_msg("exit %d:\n%s", r.code, r.err);
+    const char *lv = strstr(r.out, "; a draft level ");
+    assert_non_null(lv);
+    assert_true(strtod(lv + strlen("; a draft level "), NULL) > 0.0);
+    assert_int_equal(count(r.out, "; a draft level "), 1);
     tu_result_free(&r);
 }
 

@@ -275,8 +275,11 @@ st_status st_gen_spec_step(st_gen *g, int32_t K, int32_t S, int64_t *T_out, int6
             return rc;
         if (g->req[b]->gm)
             grammar_prune(g->req[b]->gm, K, M, sc, tok, lp);
-        if (d->evals > 0)
+        if (d->evals > 0) {
             st_ctl_draft_cost(g->ctl, K, S, d->catch_s, d->catch_rows, d->levels_s);
+            if (S > 1 && d->levels_s > 0.0)
+                g->stats->level_passes += S - 1, g->stats->level_ms += d->levels_s * 1e3;
+        }
         st_ctl_rank(g->ctl, a, b, K, S, sc, tok, lp, g->n_hist[b], g->dr[b]->conf);
     }
     /* choose sizes: n_a tree nodes for each sequence, root included (1: its root only) */

@@ -25,6 +25,8 @@ typedef struct e2e_result {
      * the prompts */
     double plain, spec, ratio, tau, mean_k, mean_s;
     double draft; /* drafting time per verified tree in plain-token times */
+    double
+        level; /* auto's measured draft level pass (a model drafter), plain-token times; 0: none */
     int64_t steps, plain_steps;
     int checked; /* speculative runs whose tokens were compared with plain decoding's */
 } e2e_result;
@@ -113,8 +115,8 @@ static int check(const e2e_case *c, int i, int rep, const char *what) {
 static int measure(const e2e_case *c, int reps, e2e_result *out) {
     const prompts *pr = c->pr;
     double plain[MAX_PROMPTS][MAX_REPS], specr[MAX_PROMPTS][MAX_REPS], ratio[MAX_PROMPTS][MAX_REPS];
-    double draft[MAX_PROMPTS][MAX_REPS], mp[MAX_PROMPTS], ms[MAX_PROMPTS], mr[MAX_PROMPTS],
-        md[MAX_PROMPTS];
+    double draft[MAX_PROMPTS][MAX_REPS], level[MAX_PROMPTS][MAX_REPS], mp[MAX_PROMPTS],
+        ms[MAX_PROMPTS], mr[MAX_PROMPTS], md[MAX_PROMPTS], ml[MAX_PROMPTS];
     int64_t emitted = 0, ksum = 0, ssum = 0;
     memset(out, 0, sizeof *out);
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
@@ -138,6 +140,9 @@ static int measure(const e2e_case *c, int reps, e2e_result *out) {
              * in plain-token times */
             draft[i][r] =
                 b.spec_steps ? b.draft_ms / (double)b.spec_steps * a.gen_tok_s / 1e3 : 0.0;
+            /* one level pass of a draft model, in plain-token times */
+            level[i][r] =
+                b.level_passes ? b.level_ms / (double)b.level_passes * a.gen_tok_s / 1e3 : 0.0;
             if (r == reps - 1) {
                 emitted += (int64_t)(b.tau * (double)b.spec_steps + 0.5);
                 out->steps += b.spec_steps;
@@ -152,7 +157,9 @@ static int measure(const e2e_case *c, int reps, e2e_result *out) {
         ms[i] = st_bench_median(specr[i], reps);
         mr[i] = st_bench_median(ratio[i], reps);
         md[i] = st_bench_median(draft[i], reps);
+        ml[i] = st_bench_median(level[i], reps);
     }
+    out->level = st_bench_median(ml, pr->n);
     out->draft = st_bench_median(md, pr->n);
     out->plain = st_bench_median(mp, pr->n);
     out->spec = st_bench_median(ms, pr->n);
@@ -171,17 +178,21 @@ static void report(int json, const char *model_path, const char *name, const cha
         printf("{\"model\": \"%s\", \"drafter\": \"%s\", \"shape\": \"%s\", \"gen_tokens\": %ld, "
                "\"plain_tok_s\": %.1f, \"spec_tok_s\": %.1f, \"speedup\": %.3f, \"tau\": %.3f, "
                "\"spec_steps\": %lld, \"plain_steps\": %lld, \"mean_topk\": %.2f, "
-               "\"mean_steps\": %.2f, \"draft_per_tree\": %.3f, \"reps\": %d, "
-               "\"spec_runs_checked\": %d}\n",
+               "\"mean_steps\": %.2f, \"draft_per_tree\": %.3f, \"draft_level\": %.4f, "
+               "\"reps\": %d, \"spec_runs_checked\": %d}\n",
                model_path, name, shape, n_gen, e->plain, e->spec, e->ratio, e->tau,
-               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft, reps,
-               e->checked);
-    else
+               (long long)e->steps, (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft,
+               e->level, reps, e->checked);
+    else {
+        char lv[64] = "";
+        if (e->level > 0.0)
+            snprintf(lv, sizeof lv, "; a draft level %.3f plain tokens", e->level);
         printf("%-28s %-10s plain %9.1f tok/s  speculative %9.1f tok/s  speed-up %.3fx  tau %.2f "
                "(%lld speculative + %lld plain steps; mean pool K %.1f S %.1f; drafting %.3f "
-               "plain tokens per tree; reps %d; %d speculative runs token-identical to plain)\n",
+               "plain tokens per tree%s; reps %d; %d speculative runs token-identical to plain)\n",
                name, shape, e->plain, e->spec, e->ratio, e->tau, (long long)e->steps,
-               (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft, reps, e->checked);
+               (long long)e->plain_steps, e->mean_k, e->mean_s, e->draft, lv, reps, e->checked);
+    }
     fflush(stdout);
 }
 
