@@ -184,6 +184,11 @@ def test_sticky():
             check(not cold, "session %d: turns %s found nothing cached" % (s, cold))
         per = {name: sorted(s for s in home if home[s] == name) for name in reps}
         check(all(per.values()), "every session on one replica: %s" % per)
+        # request ids are unique across the replicas (started in the same second, each counts
+        # its requests from 1: the ids' random per-process part keeps them apart)
+        ids = [r["id"] for att in attempts for r in att]
+        check(len(set(ids)) == len(ids), "request ids repeat across replicas: %s" %
+              sorted(i for i in set(ids) if ids.count(i) > 1)[:4])
         for name, srv in reps.items():
             m = metrics(srv.url)
             want = len(per[name]) * (turns - 1)

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -519,6 +520,14 @@ static size_t default_prefix_cache(const st_model *m, const st_engine_params *ep
     return ctx_bytes > (double)floor ? (size_t)ctx_bytes : floor;
 }
 
+/* 32 random bits for request ids (getrandom); without them, the time and the process id. */
+static uint64_t id_nonce(int64_t now) {
+    uint32_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+        r = (uint32_t)now ^ ((uint32_t)getpid() << 16) ^ (uint32_t)getpid();
+    return r;
+}
+
 int serve_cmd(int argc, char **argv) {
     static srv s; /* one server per process; the signal thread finds it here */
     memset(&s, 0, sizeof s);
@@ -565,6 +574,7 @@ int serve_cmd(int argc, char **argv) {
     s.model_name = o->model_name ? o->model_name : base_name(o->model, name_buf, sizeof name_buf);
     s.created = (int64_t)time(NULL);
     s.t_start = st_time_seconds();
+    s.id_nonce = id_nonce(s.created);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.engine_cv, NULL);
     pthread_cond_init(&s.drain_cv, NULL);

@@ -717,8 +717,8 @@ unsigned srv_job_create(srv *s, srv_request *req, srv_job **out, char *err, char
     s->live_jobs++;
     uint64_t seq = ++s->next_id;
     pthread_mutex_unlock(&s->mu);
-    snprintf(j->id, sizeof j->id, "%s-%" PRIx64 "-%" PRIu64, j->req.chat ? "chatcmpl" : "cmpl",
-             (uint64_t)s->created, seq);
+    snprintf(j->id, sizeof j->id, "%s-%08" PRIx64 "-%" PRIu64, j->req.chat ? "chatcmpl" : "cmpl",
+             s->id_nonce, seq);
     /* sampling: the request's fields, else the server's flags, else OpenAI's defaults */
     unsigned code = j->tok_buf ? tools_grammar(s, &j->req, err, param) : 500;
     if (!code)

@@ -155,6 +155,9 @@ struct srv {
     int32_t n_ctx;
     int port;
     int64_t created;
+    /* the first part of every request id, random per process: replicas behind one balancer,
+     * started in the same second, never repeat each other's ids */
+    uint64_t id_nonce;
     double t_start;
     void *daemon; /* struct MHD_Daemon * */
     pthread_t watchdog;
