@@ -270,11 +270,12 @@ def metrics(url):
 
 
 def generate(build, model, prompt, n, temp=0.0, seed=None, top_k=0, top_p=1.0, min_p=0.0,
-             stops=()):
-    """What `spectree generate` prints for these parameters (the continuation)."""
+             stops=(), extra=()):
+    """What `spectree generate` prints for these parameters (the continuation); extra: more
+    flags."""
     cmd = [os.path.join(build, "spectree"), "generate", "-m", model, "-p", prompt, "-n", str(n),
            "--temp", str(temp), "--top-k", str(top_k), "--top-p", str(top_p), "--min-p",
-           str(min_p), "--seed", str(seed if seed is not None else 0)]
+           str(min_p), "--seed", str(seed if seed is not None else 0)] + list(extra)
     for s in stops:
         cmd += ["--stop", s]
     r = subprocess.run(cmd, capture_output=True, timeout=300)
