@@ -657,7 +657,7 @@ int64_t st_ctl_choose_each(st_ctl *c, int32_t na, const int32_t *cap, const int6
             bg = g, best = (pred){tok, tt, plain.d, (double)t};
     }
     const int tree = choose_end(c, na, best, plain, bg, exp_gain);
-    if (tree) /* (the outlook: per sequence) */
+    if (best.n > na) /* (the outlook, per sequence: the best tree, verified or not) */
         c->ol.known = 1, c->ol.speedup = bg, c->ol.tree_n = (int32_t)(best.n / na + 0.5),
         c->ol.verify_cost = best.t * vp / (rt[1] * (double)na),
         c->ol.accept = best.tok * rt[0] / (double)na - 1.0;
