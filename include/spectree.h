@@ -283,6 +283,14 @@ typedef void (*st_convert_progress_fn)(void *user, int64_t tensors_done, int64_t
 /* st_convert_hf with a progress callback (may be NULL; user is passed to it). */
 st_status st_convert_hf_ex(const char *dir, const char *out_path, int type,
                            st_convert_progress_fn progress, void *user);
+/* The same for a GGUF model `src` of any type the engine loads (every check st_model_load makes
+ * is made first): its keys copied in their order (general.file_type set for the new type), its
+ * tensors in their order, the matrices converted to `type` as above (each row dequantized and
+ * quantized again: a quantized source keeps its rounding; to F32 it is exact), vectors F32; -1
+ * copies every tensor as stored. For tools that read only some types (F32 for the EAGLE
+ * trainers). ST_ERR_INVALID when out_path is src. progress may be NULL. */
+st_status st_convert_gguf(const char *src, const char *out_path, int type,
+                          st_convert_progress_fn progress, void *user);
 /* Loads a GGUF Llama model from a caller-owned buffer of `size` bytes holding the whole file, with
  * the same checks as st_model_load (for tests, fuzzers and embedded models). The weights are not
  * copied: the buffer must stay valid and unchanged until st_model_free. `name` (NULL: "<memory>")

@@ -3,7 +3,8 @@
  * - generate: the greedy continuation of "Once upon a time" is llama2.c's run.c text (its
  *   test_all.py expected output), speculative runs print the same text, --json has its keys,
  *   --stop cuts the text before the stop string.
- * - tokenize works on vocabulary-only files; info prints metadata and tensors, tells a Hugging
+ * - tokenize works on vocabulary-only files, --file gives each line the ids of the line given
+ *   alone, --model-bos generate's BOS; info prints metadata and tensors, tells a Hugging
  *   Face checkpoint (refused as generate refuses it) from an EAGLE head; a head given as the
  *   model or as a STANDALONE draft model is named as such.
  * - Bad arguments and files: a one-line message on stderr and a non-zero exit, no crash; every
@@ -152,6 +153,53 @@ static void test_load_flags(void **state) {
     }
 }
 
+/* `tokenize --file`: line i of the output is what `tokenize TEXT` prints for line i. */
+static void check_tokenize_file(void) {
+    char dir[] = "/tmp/st_cli_XXXXXX", path[256], args[2048];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/lines.txt", dir);
+    const char *lines[] = {"Once upon a time", "", " Hello world, said the cat.", "caf\xc3\xa9 42"};
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "%s\n", lines[i]);
+    fclose(f);
+    const char *models[] = {"models/stories260K.gguf", "tests/data/tokenizer/ggml-vocab-gpt-2.gguf",
+                            "models/TinyStories-656K"};
+    const char *bos[] = {"--add-bos", "--model-bos", ""};
+    for (int m = 0; m < 3; m++) {
+        for (int b = 0; b < 3; b++) {
+            for (int stdin_ = 0; stdin_ < 2; stdin_++) {
+                snprintf(args, sizeof args, "tokenize -m %s %s --file %s", tu_data(models[m]),
+                         bos[b], stdin_ ? "-" : path);
+                result r = run_in(args, stdin_ ? path : "/dev/null");
+                if (r.code != 0)
+                    fail_msg("spectree %s: exit %d: %s", args, r.code, r.err);
+                assert_int_equal(count_lines(r.out), 4);
+                const char *at = r.out;
+                for (int i = 0; i < 4; i++) {
+                    /* --model-bos is --add-bos for SentencePiece and this checkpoint, none for
+                     * GPT-2 */
+                    const char *one = b == 0 || (b == 1 && m != 1) ? "--add-bos" : "";
+                    snprintf(args, sizeof args, "tokenize -m %s %s -- '%s'", tu_data(models[m]),
+                             one, lines[i]);
+                    result w = run(args);
+                    assert_int_equal(w.code, 0);
+                    const size_t len = strlen(w.out);
+                    if (strncmp(at, w.out, len) != 0)
+                        fail_msg("%s, %s, line %d: %.*s, alone %s", models[m], bos[b], i + 1,
+                                 (int)(strchr(at, '\n') - at), at, w.out);
+                    at += len;
+                    done(&w);
+                }
+                done(&r);
+            }
+        }
+    }
+    remove(path);
+    rmdir(dir);
+}
+
 static void test_stop_and_tokenize(void **state) {
     (void)state;
     char args[2048];
@@ -176,6 +224,7 @@ static void test_stop_and_tokenize(void **state) {
     assert_int_equal(r.code, 0);
     assert_string_equal(r.out, "18435 995\n");
     done(&r);
+    check_tokenize_file();
     snprintf(args, sizeof args, "info -m %s", tu_data("models/stories260K.gguf"));
     r = run(args);
     assert_int_equal(r.code, 0);
@@ -331,6 +380,8 @@ static void test_option_names(void **state) {
     snprintf(args, sizeof args, "generate -p hi -m");
     expect_usage_error(args, "missing value for option '-m'");
     expect_usage_error("tokenize --frobnicate x", "unknown option '--frobnicate'");
+    expect_usage_error("tokenize -m x --file a b", "--file takes no TEXT argument");
+    expect_usage_error("tokenize -m x --add-bos --model-bos t", "do not go together");
     expect_usage_error("info -q", "unknown option '-q'");
     snprintf(args, sizeof args, "generate -m %s -p hi -f %s", m, m);
     expect_usage_error(args, "not both");

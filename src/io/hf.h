@@ -19,6 +19,17 @@
  * the public ST_CONVERT_Q4_K_M ...). */
 enum { ST_HF_KEEP = -1, ST_HF_MIX = 0x100 };
 
+/* The type a matrix `name` (GGUF names; rows of n_in elements, stored as src) gets for wtype:
+ * src for ST_HF_KEEP, llama-quantize's choice for a mix (n_layer blocks, n_gqa query heads per
+ * KV head, tied: no output.weight), else wtype with the fallbacks described below. Shared by
+ * st_hf_to_gguf and st_convert_gguf. */
+uint32_t st_convert_matrix_type(int wtype, const char *name, int64_t n_in, int64_t n_layer,
+                                int64_t n_gqa, int tied, uint32_t src);
+/* Whether wtype is one of the types below; general.file_type (llama_ftype: ALL_F32 0,
+ * MOSTLY_F16 1, Q4_0 2, Q8_0 7, BF16 32, the K-quant mixes 10 .. 18) of a file of that type. */
+int st_convert_type_valid(int wtype);
+uint32_t st_convert_file_type(int wtype);
+
 /* Builds the GGUF of checkpoint `dir` in a new writer (*out, freed with st_gguf_writer_free),
  * holding copies of every tensor (the safetensors files are closed on return). wtype: the type
  * of the 2-D weights (ST_HF_KEEP, or ST_DTYPE_F32, F16, BF16, Q8_0, Q4_0; a quantized type

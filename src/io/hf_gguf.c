@@ -208,14 +208,13 @@ static st_status get_tensor(const st_safetensors *sf, const char *name, int64_t 
 
 static int is_kquant(int type) { return type >= ST_DTYPE_Q2_K && type <= ST_DTYPE_Q6_K; }
 
-/* The type GGUF matrix `gg` (rows of n_in elements, stored as src) gets for wtype. */
-static uint32_t matrix_type(int wtype, const hf_hp *hp, const char *gg, int64_t n_in,
-                            st_dtype src) {
+uint32_t st_convert_matrix_type(int wtype, const char *name, int64_t n_in, int64_t n_layer,
+                                int64_t n_gqa, int tied, uint32_t src) {
     if (wtype == ST_HF_KEEP)
-        return (uint32_t)src;
+        return src;
     if (wtype > ST_HF_MIX) /* llama-quantize's choice for this tensor */
-        return st_kquant_tensor_type((uint32_t)(wtype - ST_HF_MIX), gg, n_in, hp->n_layer,
-                                     hp->n_head / hp->n_head_kv, hp->tied);
+        return st_kquant_tensor_type((uint32_t)(wtype - ST_HF_MIX), name, n_in, n_layer, n_gqa,
+                                     tied);
     if (is_kquant(wtype))
         return st_kquant_fit_type((uint32_t)wtype, n_in);
     if ((wtype == ST_DTYPE_Q8_0 || wtype == ST_DTYPE_Q4_0) && n_in % 32 != 0)
@@ -223,8 +222,37 @@ static uint32_t matrix_type(int wtype, const hf_hp *hp, const char *gg, int64_t 
     return (uint32_t)wtype;
 }
 
+int st_convert_type_valid(int wtype) {
+    return wtype == ST_HF_KEEP || wtype == ST_DTYPE_F32 || wtype == ST_DTYPE_F16 ||
+           wtype == ST_DTYPE_BF16 || wtype == ST_DTYPE_Q8_0 || wtype == ST_DTYPE_Q4_0 ||
+           is_kquant(wtype) ||
+           (wtype > ST_HF_MIX && st_kquant_ftype_name((uint32_t)(wtype - ST_HF_MIX)) != NULL);
+}
+
+uint32_t st_convert_file_type(int wtype) {
+    /* a single K-quant type as the mix closest to it, as spectree-mkmodel labels it */
+    static const uint32_t kq_ftype[] = {ST_FTYPE_Q2_K, ST_FTYPE_Q3_K_S, ST_FTYPE_Q4_K_S,
+                                        ST_FTYPE_Q5_K_S, ST_FTYPE_Q6_K};
+    if (wtype > ST_HF_MIX)
+        return (uint32_t)(wtype - ST_HF_MIX);
+    if (is_kquant(wtype))
+        return kq_ftype[wtype - ST_DTYPE_Q2_K];
+    switch (wtype) {
+    case ST_DTYPE_F16:
+        return 1;
+    case ST_DTYPE_Q4_0:
+        return 2;
+    case ST_DTYPE_Q8_0:
+        return 7;
+    case ST_DTYPE_BF16:
+        return 32;
+    default:
+        return 0;
+    }
+}
+
 /* Adds HF tensor `hf` as GGUF tensor `gg`: rows x cols (cols 0: a vector, written F32), type
- * matrix_type(wtype) (ST_HF_KEEP: as stored), q/k rows permuted when rope_heads > 0. */
+ * st_convert_matrix_type, q/k rows permuted when rope_heads > 0. */
 static st_status add_tensor(st_gguf_writer *w, const st_safetensors *sf, const hf_hp *hp,
                             const char *hf, const char *gg, int64_t rows, int64_t cols,
                             int32_t rope_heads, int wtype) {
@@ -234,7 +262,9 @@ static st_status add_tensor(st_gguf_writer *w, const st_safetensors *sf, const h
     if (s)
         return s;
     const int64_t n_in = cols ? cols : rows, n_rows = cols ? rows : 1;
-    const uint32_t dst = cols ? matrix_type(wtype, hp, gg, n_in, src) : ST_DTYPE_F32;
+    const uint32_t dst = cols ? st_convert_matrix_type(wtype, gg, n_in, hp->n_layer,
+                                                       hp->n_head / hp->n_head_kv, hp->tied, src)
+                              : ST_DTYPE_F32;
     int64_t ne[2] = {n_in, n_rows};
     size_t dst_row;
     if ((s = st_gguf_tensor_bytes(dst, 1, ne, &dst_row)))
@@ -325,24 +355,7 @@ static st_status check_names(const st_safetensors *sf, const hf_hp *hp) {
 static st_status add_hparams(st_gguf_writer *w, const char *dir, const hf_hp *hp, int wtype) {
     const char *base = strrchr(dir, '/');
     base = base && base[1] ? base + 1 : dir;
-    /* general.file_type: llama_ftype of the matrices (ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7,
-     * BF16 32, the K-quant mixes 10 .. 18; a single K-quant type as the mix closest to it, as
-     * spectree-mkmodel labels it) */
-    static const uint32_t kq_ftype[] = {ST_FTYPE_Q2_K, ST_FTYPE_Q3_K_S, ST_FTYPE_Q4_K_S,
-                                        ST_FTYPE_Q5_K_S, ST_FTYPE_Q6_K};
-    uint32_t ft = 0;
-    if (wtype > ST_HF_MIX)
-        ft = (uint32_t)(wtype - ST_HF_MIX);
-    else if (is_kquant(wtype))
-        ft = kq_ftype[wtype - ST_DTYPE_Q2_K];
-    else if (wtype == ST_DTYPE_F16)
-        ft = 1;
-    else if (wtype == ST_DTYPE_Q4_0)
-        ft = 2;
-    else if (wtype == ST_DTYPE_Q8_0)
-        ft = 7;
-    else if (wtype == ST_DTYPE_BF16)
-        ft = 32;
+    const uint32_t ft = st_convert_file_type(wtype);
     const char *arch = hp->qwen2 ? "qwen2" : "llama";
     char k[12][64];
     static const char *const suf[12] = {"context_length",
@@ -385,10 +398,7 @@ st_status st_hf_to_gguf(const char *dir, int wtype, st_gguf_writer **out) {
     if (!dir || !out)
         return st_fail(ST_ERR_INVALID, "st_hf_to_gguf: NULL argument");
     *out = NULL;
-    if (wtype != ST_HF_KEEP && wtype != ST_DTYPE_F32 && wtype != ST_DTYPE_F16 &&
-        wtype != ST_DTYPE_BF16 && wtype != ST_DTYPE_Q8_0 && wtype != ST_DTYPE_Q4_0 &&
-        !is_kquant(wtype) &&
-        !(wtype > ST_HF_MIX && st_kquant_ftype_name((uint32_t)(wtype - ST_HF_MIX))))
+    if (!st_convert_type_valid(wtype))
         return st_fail(ST_ERR_INVALID, "st_hf_to_gguf: unsupported output type %d", wtype);
     hf_hp hp = {0};
     st_safetensors *sf = NULL;

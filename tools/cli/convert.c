@@ -1,5 +1,5 @@
-/* convert.c: `spectree convert`, a Hugging Face checkpoint written as a GGUF file, with its
- * progress (tensors and MB written) and a summary on stderr. */
+/* convert.c: `spectree convert`, a Hugging Face checkpoint or a GGUF model written as a GGUF
+ * file, with its progress (tensors and MB written) and a summary on stderr. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
@@ -14,9 +14,13 @@
 
 static const char *convert_help =
     "usage: spectree convert DIR OUT.gguf [--type TYPE]\n"
+    "       spectree convert SRC.gguf OUT.gguf [--type TYPE]\n"
     "\n"
     "Writes the GGUF file of a Hugging Face checkpoint directory (config.json, safetensors,\n"
-    "tokenizer.json): llama.cpp's llama architecture keys and tensor names.\n"
+    "tokenizer.json): llama.cpp's llama architecture keys and tensor names. A GGUF model of\n"
+    "any type the engine loads is written again with its matrices in TYPE (each row\n"
+    "dequantized by the engine, then quantized to TYPE; f32 keeps a quantized model's values\n"
+    "exactly), its keys, the tokenizer's among them, copied.\n"
     "\n"
     "  --type TYPE   the matrices' type (default keep: each as stored); norms are always f32:\n"
     "                f32, f16, bf16, q8_0, q4_0 (rows not a multiple of 32 stay f16);\n"
@@ -108,15 +112,21 @@ int cli_cmd_convert(int argc, char **argv) {
         }
     }
     if (argc - optind != 2)
-        cli_die_usage("convert", "expected DIR and OUT.gguf");
-    const char *dir = argv[optind], *out = argv[optind + 1];
+        cli_die_usage("convert", "expected DIR (or SRC.gguf) and OUT.gguf");
+    const char *src = argv[optind], *out = argv[optind + 1];
     struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "spectree: %s: not a checkpoint directory\n", dir);
+    if (stat(src, &sb) != 0) {
+        fprintf(stderr, "spectree: %s: %s\n", src, strerror(errno));
+        return 1;
+    }
+    if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "spectree: %s: neither a checkpoint directory nor a GGUF file\n", src);
         return 1;
     }
     progress pr = {.tty = isatty(STDERR_FILENO), .t0 = st_time_seconds()};
-    if (st_convert_hf_ex(dir, out, type, on_progress, &pr) != ST_OK) {
+    const st_status s = S_ISDIR(sb.st_mode) ? st_convert_hf_ex(src, out, type, on_progress, &pr)
+                                            : st_convert_gguf(src, out, type, on_progress, &pr);
+    if (s != ST_OK) {
         if (pr.tty)
             fputc('\n', stderr);
         fprintf(stderr, "spectree: %s\n", st_last_error());

@@ -19,7 +19,7 @@ static const char *main_help =
     "  chat       a conversation in the terminal with the model's chat template\n"
     "  tokenize   print the token ids of a text\n"
     "  info       print a GGUF file's metadata and tensors\n"
-    "  convert    write a Hugging Face checkpoint as a GGUF file\n"
+    "  convert    write a Hugging Face checkpoint or a GGUF model as a GGUF file\n"
     "  serve      an OpenAI-compatible HTTP server (continuous batching)\n"
     "\n"
     "'spectree COMMAND --help' describes each command; 'spectree --version' prints the version,\n"

@@ -1,4 +1,5 @@
-/* tokenize.c: `spectree tokenize`, the token ids of a text (a vocabulary-only GGUF will do). */
+/* tokenize.c: `spectree tokenize`, the token ids of a text, or of each line of a file (a
+ * vocabulary-only GGUF will do). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
@@ -12,21 +13,55 @@
 #include <unistd.h>
 
 static const char *tokenize_help =
-    "usage: spectree tokenize -m MODEL [--add-bos] TEXT\n"
+    "usage: spectree tokenize -m MODEL [--add-bos | --model-bos] TEXT\n"
+    "       spectree tokenize -m MODEL [--add-bos | --model-bos] --file FILE\n"
     "\n"
-    "Prints the token ids of TEXT, space separated. MODEL may be a vocabulary-only GGUF file.\n"
+    "Prints the token ids of TEXT, space separated. With --file, each line of FILE ('-':\n"
+    "standard input) is tokenized on its own (without its newline) and gives one line of ids,\n"
+    "in order (an empty line for an empty one without BOS). MODEL may be a vocabulary-only\n"
+    "GGUF file or a Hugging Face checkpoint directory.\n"
     "\n"
     "  -m, --model PATH   GGUF file with a tokenizer (required)\n"
     "      --add-bos      prepend the BOS token\n"
+    "      --model-bos    prepend it when the vocabulary asks for it, as generate does\n"
+    "      --file FILE    tokenize each line of FILE\n"
     "  -h, --help         this help\n";
 
+/* Prints the ids of each line of f, one line each. 0, or -1 with the error printed. */
+static int tokenize_lines(const st_tokenizer *tok, FILE *f, const char *name, int add_bos) {
+    char *line = NULL;
+    size_t cap = 0;
+    int32_t *ids = NULL;
+    int rc = 0;
+    for (ssize_t len; (len = getline(&line, &cap, f)) >= 0;) {
+        if (len > 0 && line[len - 1] == '\n')
+            len--;
+        int64_t n = 0;
+        if (cli_tokenize_all(tok, line, (size_t)len, add_bos, &ids, &n) != 0) {
+            fprintf(stderr, "spectree: %s: %s\n", name, ids ? st_last_error() : "out of memory");
+            rc = -1;
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            printf(i ? " %d" : "%d", ids[i]);
+        printf("\n");
+    }
+    if (!rc && ferror(f)) {
+        fprintf(stderr, "spectree: %s: %s\n", name, strerror(errno));
+        rc = -1;
+    }
+    free(ids);
+    free(line);
+    return rc;
+}
+
 int cli_cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL;
-    int add_bos = 0;
-    static const struct option lo[] = {{"model", required_argument, 0, 'm'},
-                                       {"add-bos", no_argument, 0, 'b'},
-                                       {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    const char *model = NULL, *file = NULL;
+    int add_bos = 0, model_bos = 0;
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'}, {"add-bos", no_argument, 0, 'b'},
+        {"model-bos", no_argument, 0, 'B'},   {"file", required_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     int c;
     argc = cli_common_argv("tokenize", argc, argv, "m:h", lo);
     optind = 1;
@@ -38,6 +73,12 @@ int cli_cmd_tokenize(int argc, char **argv) {
             break;
         case 'b':
             add_bos = 1;
+            break;
+        case 'B':
+            model_bos = 1;
+            break;
+        case 'f':
+            file = optarg;
             break;
         case 'h':
             fputs(tokenize_help, stdout);
@@ -51,11 +92,18 @@ int cli_cmd_tokenize(int argc, char **argv) {
     }
     if (!model)
         cli_die_usage("tokenize", "-m MODEL is required");
-    if (argc - optind != 1)
-        cli_die_usage("tokenize", "expected exactly one TEXT argument");
-    const char *text = argv[optind];
+    if (add_bos && model_bos)
+        cli_die_usage("tokenize", "--add-bos and --model-bos do not go together");
+    if (argc - optind != (file ? 0 : 1))
+        cli_die_usage("tokenize", file ? "--file takes no TEXT argument"
+                                       : "expected exactly one TEXT argument");
     if (!cli_model_path_ok(model, 0))
         return 1;
+    FILE *in = NULL;
+    if (file && !(in = strcmp(file, "-") == 0 ? stdin : fopen(file, "r"))) {
+        fprintf(stderr, "spectree: %s: %s\n", file, strerror(errno));
+        return 1;
+    }
     st_gguf *g = NULL;
     st_tokenizer *tok = NULL;
     const st_tokenizer *ctok = NULL;
@@ -75,6 +123,13 @@ int cli_cmd_tokenize(int argc, char **argv) {
     } else {
         ctok = tok;
     }
+    if (model_bos)
+        add_bos = st_tokenizer_add_bos_default(ctok);
+    if (file) {
+        rc = tokenize_lines(ctok, in, file, add_bos) == 0 ? 0 : 1;
+        goto done;
+    }
+    const char *text = argv[optind];
     int64_t n = 0;
     if (cli_tokenize_all(ctok, text, strlen(text), add_bos, &ids, &n) != 0) {
         fprintf(stderr, "spectree: %s\n", ids ? st_last_error() : "out of memory");
@@ -85,6 +140,8 @@ int cli_cmd_tokenize(int argc, char **argv) {
     printf("\n");
     rc = 0;
 done:
+    if (in && in != stdin)
+        fclose(in);
     free(ids);
     st_tokenizer_free(tok);
     st_gguf_free(g);

@@ -3,7 +3,10 @@
 A GGUF reader (F32, F16, BF16 and Q8_0 tensors; llama architecture), the target's SentencePiece
 tokenizer, the target's forward pass in torch, the EAGLE-1 head, and a safetensors writer and
 reader. Everything is written here from the format descriptions in FORMATS.md; the only
-dependencies are python3-torch and python3-numpy.
+dependencies are python3-torch and python3-numpy. Other targets go through the engine's own
+tools (engine_target): a Hugging Face checkpoint directory or a GGUF with other tensor types
+(K-quants, Q4_0) is first written as an f32 GGUF by `spectree convert`, and a vocabulary that is
+not SentencePiece is tokenized by `spectree tokenize`.
 
 Layout: the target's q/k projections are permuted on load from GGUF's adjacent-pair RoPE order to
 Hugging Face's half-split order (FORMATS.md b.6), so the target and the head both use the
@@ -16,8 +19,12 @@ import hashlib
 import json
 import math
 import os
+import atexit
+import mmap
 import shlex
+import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -86,7 +93,14 @@ def log(msg):
 
 def add_data_args(ap, here):
     """The options of the training data both trainers share: the target and its continuations."""
-    ap.add_argument("--target", required=True, help="the target model (llama GGUF: F32/F16/BF16/Q8_0)")
+    ap.add_argument("--target", required=True,
+                    help="the target model: a llama GGUF of any type the engine loads, or a "
+                    "Hugging Face checkpoint directory (other than F32/F16/BF16/Q8_0 GGUF files "
+                    "are first converted to f32 by the engine, see --build)")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"),
+                    help="the engine's build directory: its spectree converts targets the "
+                    "trainer does not read itself and tokenizes vocabularies that are not "
+                    "SentencePiece")
     ap.add_argument("--out", required=True, help="output directory (created if missing)")
     ap.add_argument("--prompts", default=os.path.join(here, "prompts.txt"),
                     help="training prompts, one per line")
@@ -141,7 +155,7 @@ def add_gen_prompt_args(ap):
 
 # Options that do not change what a run computes: a resumed run may differ in them.
 RUN_NEUTRAL = ("out", "log_every", "checkpoint", "checkpoint_every", "resume", "save_every",
-               "stop_after", "data_cache")
+               "stop_after", "data_cache", "build")
 
 
 def run_key(args):
@@ -250,6 +264,37 @@ def read_gguf(path):
             buf = f.read()
     except OSError as e:
         raise InputError("%s: cannot read: %s" % (path, e.strerror))
+    kv, infos, data = _parse_gguf(buf, path)
+    tensors = {}
+    for name, ne, typ, o in infos:
+        if typ not in _TYPE_NAMES:
+            raise InputError("%s: tensor %s: ggml type %d is not supported (F32, F16, BF16, Q8_0)"
+                             % (path, name, typ))
+        n = int(np.prod(ne)) if ne else 1
+        if typ == _GGML_Q8_0 and (not ne or ne[0] % 32):
+            raise InputError("%s: tensor %s: Q8_0 rows of %s elements" % (path, name, ne[:1]))
+        end = data + o + _tensor_bytes(typ, n)
+        if end > len(buf):
+            raise InputError("%s: tensor %s: data [%d, %d) past the end of the file (%d bytes)" %
+                             (path, name, data + o, end, len(buf)))
+        tensors[name] = _decode(buf, typ, ne, data + o)
+    return kv, tensors
+
+
+def gguf_header(path):
+    """(metadata dict, [(name, ne, ggml type, offset)]) of a GGUF file, read from a mapping
+    without its tensor data (a target of any size)."""
+    try:
+        with open(path, "rb") as f:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                kv, infos, _ = _parse_gguf(buf, path)
+    except (OSError, ValueError) as e:  # mmap of an empty file is a ValueError
+        raise InputError("%s: cannot read: %s" % (path, getattr(e, "strerror", None) or e))
+    return kv, infos
+
+
+def _parse_gguf(buf, path):
+    """The header of a GGUF file in buf: (metadata, tensor infos, offset of the data)."""
     off = 0
     what = "header"
 
@@ -325,21 +370,75 @@ def read_gguf(path):
     align = kv.get("general.alignment", 32)
     if not isinstance(align, int) or align <= 0 or align & (align - 1):
         raise InputError("%s: general.alignment %r is not a power of two" % (path, align))
-    data = (off + align - 1) // align * align
-    tensors = {}
-    for name, ne, typ, o in infos:
-        if typ not in _TYPE_NAMES:
-            raise InputError("%s: tensor %s: ggml type %d is not supported (F32, F16, BF16, Q8_0)"
-                             % (path, name, typ))
-        n = int(np.prod(ne)) if ne else 1
-        if typ == _GGML_Q8_0 and (not ne or ne[0] % 32):
-            raise InputError("%s: tensor %s: Q8_0 rows of %s elements" % (path, name, ne[:1]))
-        end = data + o + _tensor_bytes(typ, n)
-        if end > len(buf):
-            raise InputError("%s: tensor %s: data [%d, %d) past the end of the file (%d bytes)" %
-                             (path, name, data + o, end, len(buf)))
-        tensors[name] = _decode(buf, typ, ne, data + o)
-    return kv, tensors
+    return kv, infos, (off + align - 1) // align * align
+
+
+def _sha256_source(path):
+    """sha256 of a target as given: the file, or a directory's regular files (names and bytes,
+    sorted by name)."""
+    if not os.path.isdir(path):
+        return sha256_file(path)
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if os.path.isfile(full):
+            h.update(name.encode("utf-8") + b"\0" + sha256_file(full).encode("ascii"))
+    return h.hexdigest()
+
+
+def _engine_tool(build):
+    """build/spectree, which must exist."""
+    exe = os.path.join(build, "spectree")
+    if not os.access(exe, os.X_OK):
+        raise InputError("%s: not found; build the engine (cmake -S . -B build && cmake --build "
+                         "build) or name its build directory with --build" % exe)
+    return exe
+
+
+def engine_target(target, build, cache_dir=None):
+    """The GGUF the torch reader reads for --target: the file itself when it is a GGUF whose
+    tensors are all F32/F16/BF16/Q8_0, else an f32 GGUF the engine writes (`spectree convert
+    --type f32`: its own loader and dequantizer, the tokenizer's keys copied) into cache_dir,
+    named by the source's sha256 and reused when there, or into a temporary directory removed
+    at exit. Prints what it does."""
+    if os.path.isdir(target):
+        why = "a Hugging Face checkpoint directory"
+    else:
+        _, infos = gguf_header(target)
+        other = sorted({typ for _, _, typ, _ in infos if typ not in _TYPE_NAMES})
+        if not other:
+            return target
+        why = "tensors of ggml type %s, which the trainer does not read" % \
+            ", ".join(str(t) for t in other)
+    exe = _engine_tool(build)
+    base = os.path.basename(os.path.abspath(target))
+    if cache_dir is None:
+        cache_dir = tempfile.mkdtemp(prefix="eagle-target-")
+        atexit.register(shutil.rmtree, cache_dir, True)
+    out = os.path.join(cache_dir, "%s-%s.f32.gguf" % (base, _sha256_source(target)[:16]))
+    if os.path.exists(out):
+        log("target %s: %s; using its f32 conversion %s" % (target, why, out))
+        return out
+    log("target %s: %s; converting it to f32: %s convert %s %s --type f32" %
+        (target, why, exe, target, out))
+    r = subprocess.run([exe, "convert", target, out, "--type", "f32"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        last = r.stderr.strip().splitlines()
+        raise InputError("%s: spectree convert failed: %s" % (target, last[-1] if last else
+                                                               "exit %d" % r.returncode))
+    return out
+
+
+def target_info(source, target):
+    """What a head's config records of its target: the sha256 of --target as given (a
+    directory's: _sha256_source), and of the f32 conversion the trainer read, if any."""
+    info = {"target_sha256": _sha256_source(source)}
+    if os.path.abspath(target.path) != os.path.abspath(source):
+        info["target_f32_sha256"] = sha256_file(target.path)
+        info["target_f32_by"] = "spectree convert --type f32"
+    return info
 
 
 def sha256_file(path):
@@ -399,6 +498,9 @@ class Tokenizer:
                 out.extend(self.byte_ids[b] for b in p.encode("utf-8") if b in self.byte_ids)
         return out
 
+    def encode_all(self, lines):
+        return [self.encode(ln) for ln in lines]
+
     def decode(self, ids):
         out = bytearray()
         for i in ids:
@@ -408,6 +510,33 @@ class Tokenizer:
             elif not (p.startswith("<") and p.endswith(">")):
                 out += p.replace("\u2581", " ").encode("utf-8")
         return out.decode("utf-8", "replace")
+
+
+class EngineTokenizer:
+    """A vocabulary that is not SentencePiece (byte-level BPE ...), tokenized by the engine:
+    `spectree tokenize --model-bos --file`, BOS as `spectree generate` adds it, so the trainer's
+    prompts are the engine's."""
+
+    def __init__(self, kv, path, build):
+        self.exe, self.path = _engine_tool(build), path
+        self.pieces = kv.get("tokenizer.ggml.tokens")
+        if not isinstance(self.pieces, list):
+            raise InputError("%s: tokenizer.ggml.tokens is missing" % path)
+        self.bos = kv.get("tokenizer.ggml.bos_token_id", -1)
+        self.eos = kv.get("tokenizer.ggml.eos_token_id", -1)
+
+    def encode_all(self, lines):
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt") as f:
+            f.write("".join(ln + "\n" for ln in lines))
+            f.flush()
+            r = subprocess.run([self.exe, "tokenize", "-m", self.path, "--model-bos", "--file",
+                                f.name], capture_output=True, text=True)
+        out = r.stdout.splitlines()
+        if r.returncode != 0 or len(out) != len(lines):
+            raise InputError("%s: spectree tokenize failed: %s" %
+                             (self.path, r.stderr.strip() or "%d lines of ids for %d prompts" %
+                              (len(out), len(lines))))
+        return [[int(t) for t in ln.split()] for ln in out]
 
 
 def read_prompts(path, tok):
@@ -420,7 +549,7 @@ def read_prompts(path, tok):
     if not lines:
         raise InputError("%s: no prompts (one per line; empty lines and # comments are skipped)"
                          % path)
-    return lines, [tok.encode(ln) for ln in lines]
+    return lines, tok.encode_all(lines)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -485,7 +614,9 @@ def _get(kv, path, key, types, default=None):
 
 
 class Target:
-    def __init__(self, path):
+    def __init__(self, path, build=None):
+        """path: a GGUF the reader reads (engine_target); build: the engine's build directory,
+        for a vocabulary that is not SentencePiece (None: such a vocabulary is an error)."""
         kv, t = read_gguf(path)
         self.path = path
         arch = kv.get("general.architecture")
@@ -506,7 +637,10 @@ class Target:
         self.hd = self.dim // self.n_head
         if "llama.rope.scaling.type" in kv or "rope_freqs.weight" in t:
             raise InputError("%s: RoPE scaling is not supported by the trainer" % path)
-        self.tok = Tokenizer(kv, path)
+        if kv.get("tokenizer.ggml.model") != "llama" and build is not None:
+            self.tok = EngineTokenizer(kv, path, build)
+        else:
+            self.tok = Tokenizer(kv, path)
         H, kvd = self.dim, self.n_kv * self.hd
 
         def w(name, shape):

@@ -19,7 +19,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main():
     ap = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--target", required=True, help="the target model (llama GGUF)")
+    ap.add_argument("--target", required=True,
+                    help="the target model: a llama GGUF of any type the engine loads, or a "
+                    "Hugging Face checkpoint directory (converted by the engine, see --build)")
+    ap.add_argument("--build", default=os.path.join(el.ROOT, "build"),
+                    help="the engine's build directory (spectree convert and tokenize)")
     ap.add_argument("--head", required=True, help="the head's directory")
     ap.add_argument("--prompts", default=os.path.join(HERE, "heldout.txt"),
                     help="held-out prompts, one per line")
@@ -32,7 +36,7 @@ def main():
     torch.set_num_threads(args.threads)
     try:
         t0 = time.time()
-        target = el.Target(args.target)
+        target = el.Target(el.engine_target(args.target, args.build), args.build)
         head, _ = el.load_head(args.head, target)
         _, prompts = el.read_prompts(args.prompts, target.tok)
         if max(len(p) for p in prompts) + args.gen_tokens > target.n_ctx:

@@ -95,7 +95,9 @@ def train(args):
     gen = torch.Generator().manual_seed(args.seed)  # on the CPU on every device: same batches
 
     t0 = time.time()
-    target = el.Target(args.target)
+    target = el.Target(el.engine_target(args.target, args.build, args.data_cache and
+                                        os.path.dirname(os.path.abspath(args.data_cache))),
+                       args.build)
     texts, prompts = el.read_prompts(args.prompts, target.tok)
     if args.eval:
         _, heldout = el.read_prompts(args.heldout, target.tok)
@@ -117,7 +119,7 @@ def train(args):
         (args.target, target.dim, target.n_layer, target.n_head, target.n_kv, target.n_ff,
          target.vocab, target.theta, "tied to token_embd" if target.tied else "output.weight"))
 
-    key = [el.sha256_file(args.target), prompts, args.gen_tokens, args.samples, args.temp,
+    key = [el.sha256_file(target.path), prompts, args.gen_tokens, args.samples, args.temp,
            args.seed, args.gen_prompts, args.gen_prompt_len]
     cached = None
     if args.data_cache and os.path.exists(args.data_cache):
@@ -240,7 +242,7 @@ def train(args):
     cfg["torch_dtype"] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[args.dtype]
     cfg["spectree"] = {
         "target": os.path.basename(args.target),
-        "target_sha256": el.sha256_file(args.target),
+        **el.target_info(args.target, target),
         "command": el.portable_command("train.py", [a for a in sys.argv[1:] if a != "--resume"]),
         "seed": args.seed,
         "threads": args.threads,

@@ -267,7 +267,9 @@ def train(args):
     gen = torch.Generator().manual_seed(args.seed)  # on the CPU on every device: same batches
 
     t0 = time.time()
-    target = el.Target(args.target)
+    target = el.Target(el.engine_target(args.target, args.build, args.data_cache and
+                                        os.path.dirname(os.path.abspath(args.data_cache))),
+                       args.build)
     L = target.n_layer
     init = load_head3(args.init, target) if args.init else None
     if init is not None:
@@ -300,7 +302,7 @@ def train(args):
         raise el.InputError("--gen-tokens %d plus the longest prompt (%d tokens) exceed the "
                             "target's context of %d" % (args.gen_tokens, total - args.gen_tokens,
                                                         target.n_ctx))
-    key = ["train3", el.sha256_file(args.target), prompts, args.gen_tokens, args.samples,
+    key = ["train3", el.sha256_file(target.path), prompts, args.gen_tokens, args.samples,
            args.temp, args.seed, args.gen_prompts, args.gen_prompt_len]
     cached = None
     if args.data_cache and os.path.exists(args.data_cache):
@@ -392,7 +394,7 @@ def train(args):
     J = args.ttt_steps
     info = {
         "target": os.path.basename(args.target),
-        "target_sha256": el.sha256_file(args.target),
+        **el.target_info(args.target, target),
         "command": el.portable_command("train3.py", [a for a in sys.argv[1:] if a != "--resume"]),
         "seed": args.seed,
         "threads": args.threads,
