@@ -552,12 +552,17 @@ static void test_speed(void **state) {
         st_tokenizer *t = load_tok(vocabs[v]);
         int64_t n;
         free(tokenize(t, text, len, 0, &n)); /* warm-up */
-        double t0 = st_time_now();
-        int32_t *ids = tokenize(t, text, len, 0, &n);
-        double ms = (st_time_now() - t0) * 1e3;
+        /* the least of 5 (a guard against a super-linear tokenizer, not a benchmark: one run
+         * preempted on a busy machine once took 283 ms) */
+        double ms = 1e30;
+        for (int r = 0; r < 5; r++) {
+            const double t0 = st_time_now();
+            free(tokenize(t, text, len, 0, &n));
+            const double m = (st_time_now() - t0) * 1e3;
+            ms = m < ms ? m : ms;
+        }
         fprintf(stderr, "%s: 10 KB -> %lld tokens in %.2f ms\n", vocabs[v], (long long)n, ms);
         assert_true(ms < (SLOW_BUILD ? 1000.0 : 100.0));
-        free(ids);
         st_tokenizer_free(t);
     }
     free(text);
