@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(cmake make gcc clang libclang-rt-14-dev clang-format libcmocka-dev libjansson-dev libmicrohttpd-dev
       nginx-light curl nodejs python3 chromium
-      python3-numpy python3-torch python3-regex python3-jsonschema)
+      python3-numpy python3-torch libopenblas0-serial python3-regex python3-jsonschema)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
