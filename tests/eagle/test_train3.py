@@ -63,9 +63,30 @@ def parse_safetensors(path):
     return header, buf[8 + n:]
 
 
+def check_default_layers():
+    """train3.py's default layers: EAGLE-3's 2, L/2, L-3 where those are three distinct layers,
+    else three distinct ones spread to a shallow target's top; a 1-layer target refused."""
+    sys.path.insert(0, os.path.dirname(TRAIN))
+    import train3  # noqa: E402
+    import eagle_lib  # noqa: E402
+    got = {L: train3.default_layers(L) for L in range(2, 41)}
+    check(all(0 <= v[0] < v[1] < v[2] <= L for L, v in got.items()),
+          "default layers: three distinct layers in 0..L for L = 2..40")
+    check(all(got[L] == [2, L // 2, L - 3] for L in range(7, 41)),
+          "default layers: EAGLE-3's 2, L/2, L-3 from 7 layers on (22: %s)" % got[22])
+    check(got[5] == [1, 3, 5] and got[2] == [0, 1, 2] and got[6] == [2, 4, 6],
+          "default layers of shallow targets: 5 -> %s, 2 -> %s, 6 -> %s" % (got[5], got[2], got[6]))
+    try:
+        train3.default_layers(1)
+        check(False, "a 1-layer target is refused")
+    except eagle_lib.InputError as e:
+        check("needs 2 or more" in str(e), "a 1-layer target is refused (%s)" % e)
+
+
 def main():
     target = os.path.abspath(sys.argv[1])
     build = os.path.abspath(sys.argv[2])
+    check_default_layers()
     with open(os.path.join(ROOT, "train", "eagle", "prompts.txt"), encoding="utf-8") as f:
         prompts = f.read().splitlines()[:16]
     common = ["--target", target, "--out", "head", "--prompts", "prompts.txt", "--samples", "2",

@@ -44,6 +44,21 @@ def layer_list(s):
     return v
 
 
+def default_layers(L):
+    """The layers read when --layers is not given: EAGLE-3's, the inputs of layers 2, L/2 and
+    L-3, where those are three distinct layers of the target (L >= 7); on a shallower one three
+    spread to its top, the inputs of L-2s, L-s and L (s = 2; 1 below 4 layers)."""
+    d = [2, L // 2, L - 3]
+    if 0 <= d[0] < d[1] < d[2] <= L:
+        return d
+    s = 2 if L >= 4 else 1
+    if L - 2 * s < 0:
+        raise el.InputError("the target has %d layer: an EAGLE-3 head reads the inputs of three "
+                            "distinct layers (0..L, L the last one's output), so it needs 2 or "
+                            "more" % L)
+    return [L - 2 * s, L - s, L]
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="train3.py", description=__doc__.split("\n\n")[0],
@@ -52,7 +67,9 @@ def parse_args(argv):
     el.add_train_args(ap, epochs=20, warmup=100)
     ap.add_argument("--layers", type=layer_list, default=None,
                     help="the three target layers whose input the head reads, 0-based, as "
-                         "EAGLE-3 counts (L: the last layer's output); default 2,L/2,L-3")
+                         "EAGLE-3 counts (L: the last layer's output); default 2,L/2,L-3, or on a "
+                         "target of fewer than 7 layers, where those repeat, L-4,L-2,L "
+                         "(L-2,L-1,L below 4 layers)")
     ap.add_argument("--draft-vocab", type=el.positive(int), default=None,
                     help="draft vocabulary size (at most the target's; default 32000, or the "
                     "--init head's)")
@@ -281,7 +298,7 @@ def train(args):
                 raise el.InputError("%s %s differs from the --init head's %s" % (opt, val, have))
         args.layers, args.intermediate_size = init["layers"], init["cfg"]["intermediate_size"]
         args.draft_vocab = len(init["used"])
-    layers = args.layers if args.layers is not None else [2, L // 2, L - 3]
+    layers = args.layers if args.layers is not None else default_layers(L)
     if args.draft_vocab is None:
         args.draft_vocab = 32000
     for c in layers:
